@@ -28,8 +28,7 @@ def shared_data() -> Path:
 
 @pytest.fixture(autouse=True)
 def _isolated_rag_home(tmp_path_factory, monkeypatch):
-    """Every test writes artefacts under a temporary RAG_HOME, never into the checkout, except
-    that the converted smollm2 folder is shared (it is expensive and read-only)."""
+    """Every test writes artefacts under a temporary RAG_HOME, never into the checkout."""
     home = tmp_path_factory.getbasetemp() / "rag_home"
     home.mkdir(exist_ok=True)
     monkeypatch.setenv("RAG_HOME", str(home))
