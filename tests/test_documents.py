@@ -1,0 +1,159 @@
+"""Document loading: formats, headings, and the per-file errors ingest reports."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rag.documents import (
+    Document,
+    DocumentError,
+    clean_text,
+    load_document,
+    load_documents,
+    markdown_headings,
+    rst_headings,
+)
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    else:
+        path.write_text(data, encoding="utf-8")
+    return path
+
+
+def test_markdown_headings_and_heading_path(tmp_path):
+    text = "# Guide\n\nintro\n\n## Install\n\npip install\n\n```\n# not a heading\n```\n\n## Use\n\nrun it\n"
+    doc = load_document(write(tmp_path / "a.md", text))
+    assert [(h.level, h.title) for h in doc.headings] == [(1, "Guide"), (2, "Install"), (2, "Use")]
+    assert doc.heading_path_at(doc.text.index("pip install")) == ("Guide", "Install")
+    assert doc.heading_path_at(doc.text.index("run it")) == ("Guide", "Use")
+    assert doc.heading_path_at(0) == ("Guide",)
+
+
+def test_rst_headings_levels_follow_first_appearance():
+    text = "=====\nTitle\n=====\n\nIntro.\n\nSection\n-------\n\nBody.\n\nSub\n~~~\n\nMore.\n\nOther\n-----\n"
+    heads = rst_headings(text)
+    assert [(h.level, h.title) for h in heads] == [
+        (1, "Title"),
+        (2, "Section"),
+        (3, "Sub"),
+        (2, "Other"),
+    ]
+
+
+def test_sphinx_rst_txt_is_read_as_rst(tmp_path):
+    doc = load_document(write(tmp_path / "io.rst.txt", "Files\n=====\n\nUse open().\n"))
+    assert doc.headings[0].title == "Files"
+
+
+def test_html_drops_scripts_and_keeps_headings(tmp_path):
+    html = (
+        "<html><head><style>p{color:red}</style><script>var x=1;</script></head>"
+        "<body><h1>Title</h1><p>First para.</p><h2>Part</h2><p>Second <b>bold</b>.</p></body></html>"
+    )
+    doc = load_document(write(tmp_path / "p.html", html))
+    assert "var x" not in doc.text and "color" not in doc.text
+    assert "Second bold." in doc.text
+    assert [h.title for h in doc.headings] == ["Title", "Part"]
+    assert doc.heading_path_at(doc.text.index("Second")) == ("Title", "Part")
+
+
+def test_pdf_text_is_extracted(tmp_path):
+    pypdf = pytest.importorskip("pypdf")
+    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
+
+    writer = pypdf.PdfWriter()
+    page = writer.add_blank_page(width=300, height=200)
+    font = DictionaryObject(
+        {
+            NameObject("/Type"): NameObject("/Font"),
+            NameObject("/Subtype"): NameObject("/Type1"),
+            NameObject("/BaseFont"): NameObject("/Helvetica"),
+        }
+    )
+    page[NameObject("/Resources")] = DictionaryObject(
+        {NameObject("/Font"): DictionaryObject({NameObject("/F1"): writer._add_object(font)})}
+    )
+    stream = DecodedStreamObject()
+    stream.set_data(b"BT /F1 12 Tf 20 100 Td (Hello from a PDF) Tj ET")
+    page[NameObject("/Contents")] = writer._add_object(stream)
+    path = tmp_path / "x.pdf"
+    with path.open("wb") as f:
+        writer.write(f)
+    assert "Hello from a PDF" in load_document(path).text
+
+
+def test_docx_headings(tmp_path):
+    docx = pytest.importorskip("docx")
+    d = docx.Document()
+    d.add_heading("Manual", level=1)
+    d.add_paragraph("Read this first.")
+    d.add_heading("Setup", level=2)
+    d.add_paragraph("Install the package.")
+    d.save(tmp_path / "m.docx")
+    doc = load_document(tmp_path / "m.docx")
+    assert doc.heading_path_at(doc.text.index("Install")) == ("Manual", "Setup")
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "reason"),
+    [
+        ("bin.txt", b"\x00\x01\x02binary", "binary"),
+        ("empty.md", b"", "empty"),
+        ("blank.md", b"   \n\n  ", "no text"),
+        ("latin.txt", "caf\u00e9".encode("latin-1"), "UTF-8"),
+        ("zero.pdf", b"", "empty"),
+        ("broken.pdf", b"%PDF-1.4 not really", "PDF"),
+    ],
+)
+def test_bad_files_raise_with_path_and_reason(tmp_path, name, data, reason):
+    path = write(tmp_path / name, data)
+    with pytest.raises(DocumentError) as err:
+        load_document(path)
+    assert err.value.path == str(path)
+    assert reason.lower() in err.value.reason.lower()
+
+
+def test_oversized_file_is_refused(tmp_path):
+    path = write(tmp_path / "big.txt", "x" * 2000)
+    with pytest.raises(DocumentError, match="too large"):
+        load_document(path, max_bytes=1000)
+
+
+def test_load_documents_collects_failures_and_keeps_going(tmp_path):
+    write(tmp_path / "good.md", "# A\n\nfine text")
+    write(tmp_path / "sub" / "good2.txt", "more fine text")
+    write(tmp_path / "bad.txt", b"\x00\x00")
+    write(tmp_path / "ignored.bin", b"\x00")
+    os.symlink(tmp_path / "loop", tmp_path / "loop.md")  # dangling link
+    loop = tmp_path / "self.md"
+    os.symlink(loop, loop)  # a link to itself: ELOOP
+    docs, errors = load_documents([tmp_path])
+    assert sorted(Path(d.path).name for d in docs) == ["good.md", "good2.txt"]
+    reasons = {Path(e.path).name: e.reason for e in errors}
+    assert set(reasons) == {"bad.txt", "loop.md", "self.md"}
+    assert "loop" in reasons["self.md"]
+
+
+def test_missing_path_is_an_error_not_a_crash(tmp_path):
+    docs, errors = load_documents([tmp_path / "nope"])
+    assert docs == [] and "no such file" in errors[0].reason
+
+
+def test_clean_text_normalises_layout():
+    assert clean_text("a\r\nb  \n\n\n\nc\x07") == "a\nb\n\nc"
+    assert clean_text("e\u0301") == "\u00e9"  # NFC
+
+
+def test_markdown_setext_is_not_needed_but_atx_trailing_hashes_are_stripped():
+    assert markdown_headings("## Title ##")[0].title == "Title"
+
+
+def test_document_without_headings_has_empty_path():
+    assert Document(path="x", text="abc").heading_path_at(1) == ()
