@@ -1,0 +1,271 @@
+"""Grounded QA evaluation on SQuAD: EM/F1, citation accuracy, refusal rate and latency.
+
+Two modes, both with the project's prompt format (:mod:`rag.prompt`) and generator
+(:class:`rag.generate.Generator`):
+
+- ``oracle``: the generator sees the question's gold paragraph among ``k - 1`` BM25-retrieved
+  distractor paragraphs of the same file, in a seeded random order. This isolates the reader.
+- ``rag``: the full retrieve-then-answer path: ``rag.retrieve.CorpusRetriever`` over every
+  paragraph of the file (title + text), top ``k`` passages to the generator.
+
+A citation is correct when the answer cites at least one passage and every cited passage holds
+the answer (the gold paragraph, or any passage containing a gold answer string). Citation
+accuracy is over the questions whose passages hold the answer; refusal rate over all questions.
+Questions come from the held-out articles (:data:`evals.datasets.SQUAD_DEV_ARTICLES`) unless
+``--articles`` says otherwise; ``--limit`` takes a seeded sample across those articles.
+
+CLI::
+
+    python -m evals.qa --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
+        --generator smollm2 --mode oracle --k 3 --limit 100 --out qa.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from evals.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
+from evals.metrics import citation_correct, exact_match, f1_score, normalize_answer
+from rag.prompt import build_messages, parse_citations
+
+
+@dataclass
+class QAEvalConfig:
+    """One QA evaluation; every field is written to the output JSON."""
+
+    squad: str = ""  # SQuAD v1.1 JSON file
+    articles: list[str] = field(default_factory=list)  # article titles; empty = fixed dev articles
+    generator: str = "smollm2"  # causal LM alias or folder
+    adapter: str | None = None  # optional LoRA adapter folder
+    mode: str = (
+        "oracle"  # oracle (gold among BM25 distractors) | rag (retrieve over all paragraphs)
+    )
+    retriever: str = "bm25"  # rag mode: bm25 | dense | hybrid
+    encoder: str = "minilm"  # rag mode, dense/hybrid: encoder alias or folder
+    k: int = 3  # passages in the prompt
+    limit: int = 100  # questions (seeded sample across the articles); 0 = all
+    max_new_tokens: int = 32  # answer length cap
+    seed: int = 0  # question sample and passage order
+    device: str = "auto"  # auto | cpu | cuda
+
+
+@dataclass
+class Question:
+    id: str
+    text: str
+    answers: list[str]
+    paragraph: str  # gold paragraph id
+
+
+def select_questions(
+    paragraphs: list[SquadParagraph], articles: list[str], limit: int, seed: int
+) -> list[Question]:
+    """Questions of ``articles`` (seeded sample of ``limit`` when limit > 0), in a fixed order."""
+    titles = {p.title for p in paragraphs}
+    if unknown := sorted(set(articles) - titles):
+        raise DatasetError(f"--articles: unknown article(s) {', '.join(unknown)}")
+    qs = [
+        Question(q.id, q.question, q.answers, p.id)
+        for p in paragraphs
+        if p.title in set(articles)
+        for q in p.questions
+    ]
+    if limit and limit < len(qs):
+        qs = random.Random(seed).sample(qs, limit)
+    return qs
+
+
+def holds_answer(text: str, answers: list[str]) -> bool:
+    """True when a normalised gold answer occurs in the normalised passage."""
+    norm = f" {normalize_answer(text)} "
+    return any(f" {normalize_answer(a)} " in norm for a in answers if normalize_answer(a))
+
+
+class OraclePassages:
+    """Gold paragraph + ``k - 1`` BM25 distractors from the same file, in a seeded order."""
+
+    def __init__(self, paragraphs: list[SquadParagraph], k: int, seed: int):
+        from rag.bm25 import BM25Index
+
+        self.by_id = {p.id: p for p in paragraphs}
+        self.k, self.seed = k, seed
+        self.bm25 = BM25Index(
+            list(self.by_id), [f"{p.title.replace('_', ' ')} {p.context}" for p in paragraphs]
+        )
+
+    def __call__(self, q: Question) -> list[tuple[str, str]]:
+        hits = self.bm25.search(q.text, self.k + 1)
+        ids = [q.paragraph] + [d for d, _ in hits if d != q.paragraph][: self.k - 1]
+        random.Random(f"{self.seed}/{q.id}").shuffle(ids)
+        return [(d, self.by_id[d].context) for d in ids]
+
+
+class RetrievedPassages:
+    """Top ``k`` paragraphs from rag's ``CorpusRetriever`` over the whole file."""
+
+    def __init__(self, paragraphs: list[SquadParagraph], k: int, retriever: str, encoder):
+        from rag.retrieve import CorpusRetriever
+
+        self.by_id = {p.id: p for p in paragraphs}
+        self.k = k
+        texts = [f"{p.title.replace('_', ' ')} {p.context}" for p in paragraphs]
+        self.retriever = CorpusRetriever(
+            list(self.by_id), texts, encoder if retriever != "bm25" else None, retriever
+        )
+
+    def __call__(self, q: Question) -> list[tuple[str, str]]:
+        hits = self.retriever.search_many([q.text], self.k)[0]
+        return [(d, self.by_id[d].context) for d, _ in hits]
+
+
+def answer_one(
+    generator, q: Question, passages: list[tuple[str, str]], max_new_tokens: int
+) -> dict:
+    """Generate, parse citations and score one question; the row saved in ``predictions``."""
+    texts = [t for _, t in passages]
+    texts = generator.fit_passages(q.text, texts, max_new_tokens=max_new_tokens)
+    given = passages[: len(texts)]
+    gold = [
+        i
+        for i, (d, t) in enumerate(given, start=1)
+        if d == q.paragraph or holds_answer(t, q.answers)
+    ]
+    t0 = time.perf_counter()
+    raw = generator.generate(build_messages(q.text, texts), max_new_tokens=max_new_tokens)
+    seconds = time.perf_counter() - t0
+    parsed = parse_citations(raw, len(texts))
+    return {
+        "id": q.id,
+        "question": q.text,
+        "raw": raw,
+        "answer": parsed.text,
+        "gold_answers": q.answers,
+        "passages": [d for d, _ in given],
+        "gold_passages": gold,
+        "cited": parsed.cited,
+        "invalid_citations": parsed.invalid,
+        "refused": parsed.refused,
+        "em": exact_match(parsed.text, q.answers),
+        "f1": f1_score(parsed.text, q.answers),
+        "citation_correct": citation_correct(parsed.cited, gold) if gold else None,
+        "seconds": round(seconds, 3),
+    }
+
+
+def summarize(rows: list[dict]) -> dict[str, float]:
+    """Means over the per-question rows (EM/F1 as fractions, latency in seconds)."""
+    n = len(rows) or 1
+    answerable = [r for r in rows if r["citation_correct"] is not None]
+    lat = sorted(r["seconds"] for r in rows) or [0.0]
+    return {
+        "em": sum(r["em"] for r in rows) / n,
+        "f1": sum(r["f1"] for r in rows) / n,
+        "citation_accuracy": sum(r["citation_correct"] for r in answerable)
+        / (len(answerable) or 1),
+        "answer_in_context": len(answerable) / n,
+        "refusal_rate": sum(r["refused"] for r in rows) / n,
+        "invalid_citation_rate": sum(bool(r["invalid_citations"]) for r in rows) / n,
+        "latency_mean_s": statistics.fmean(lat),
+        "latency_p50_s": lat[len(lat) // 2],
+        "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+    }
+
+
+def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool = True) -> dict:
+    """Run the evaluation; ``generator`` (a :class:`rag.generate.Generator`) and ``encoder`` may
+    be passed in already loaded (the experiment does), else they are loaded from ``cfg``."""
+    if cfg.mode not in ("oracle", "rag"):
+        raise ValueError(f"--mode must be oracle or rag, not {cfg.mode!r}")
+    if cfg.k < 1:
+        raise ValueError(f"--k must be at least 1, not {cfg.k}")
+    paragraphs = load_squad_paragraphs(cfg.squad)
+    articles = cfg.articles or squad_split(cfg.squad)[1]
+    questions = select_questions(paragraphs, articles, cfg.limit, cfg.seed)
+    if generator is None:
+        from rag.generate import Generator
+
+        generator = Generator.load(cfg.generator, adapter=cfg.adapter, device=cfg.device)
+    if cfg.mode == "oracle":
+        source = OraclePassages(paragraphs, cfg.k, cfg.seed)
+    else:
+        if encoder is None and cfg.retriever != "bm25":
+            from rag.models import load_embedder
+
+            encoder = load_embedder(cfg.encoder, device=cfg.device)
+        source = RetrievedPassages(paragraphs, cfg.k, cfg.retriever, encoder)
+    rows = [
+        answer_one(generator, q, source(q), cfg.max_new_tokens)
+        for q in tqdm(questions, desc=f"qa {cfg.mode}", disable=not progress or None)
+    ]
+    return {
+        "config": {**asdict(cfg), "articles": articles},
+        "n_questions": len(rows),
+        "metrics": {m: round(v, 4) for m, v in summarize(rows).items()},
+        "predictions": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m evals.qa", description=__doc__.split("\n\n")[0])
+    p.add_argument("--squad", required=True, help="SQuAD v1.1 JSON file")
+    p.add_argument(
+        "--articles", nargs="+", default=[], help="article titles (default: dev articles)"
+    )
+    p.add_argument("--generator", default="smollm2", help="causal LM alias or folder")
+    p.add_argument("--adapter", default=None, help="LoRA adapter folder")
+    p.add_argument("--mode", default="oracle", choices=["oracle", "rag"])
+    p.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "hybrid"])
+    p.add_argument("--encoder", default="minilm")
+    p.add_argument("--k", type=int, default=3)
+    p.add_argument("--limit", type=int, default=100, help="questions to sample (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--out", help="write results (with every prediction) to this JSON file")
+    p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
+    a = p.parse_args(argv)
+    cfg = QAEvalConfig(
+        a.squad,
+        a.articles,
+        a.generator,
+        a.adapter,
+        a.mode,
+        a.retriever,
+        a.encoder,
+        a.k,
+        a.limit,
+        a.max_new_tokens,
+        a.seed,
+        a.device,
+    )
+    try:
+        result = evaluate_qa(cfg)
+    except (OSError, ValueError, LookupError, RuntimeError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    if a.json:
+        print(json.dumps(result, indent=2))
+    m = result["metrics"]
+    print(
+        f"{cfg.generator} {cfg.mode} k={cfg.k}: EM {m['em']:.3f}  F1 {m['f1']:.3f}  citation acc "
+        f"{m['citation_accuracy']:.3f}  refusals {m['refusal_rate']:.3f}  latency {m['latency_mean_s']:.2f}s"
+        f" ({result['n_questions']} questions)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
