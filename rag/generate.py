@@ -1,0 +1,410 @@
+"""Answer generation: a causal LM with the KV cache on, a reusable prefix cache and streaming.
+
+Decoding itself is ``transformers``' ``model.generate`` (greedy or nucleus sampling, stop strings,
+KV cache) and streaming is its ``TextIteratorStreamer`` run beside a worker thread; what is ours
+is the *prefix cache*. Every grounded prompt starts with the same system turn
+(:data:`rag.prompt.SYSTEM_PROMPT` rendered through the chat template), so its keys and values are
+computed once per generator and a deep copy of that ``DynamicCache`` is handed to ``generate`` for
+each question, which then only encodes the passages and the question. To make the reuse exact,
+a prompt's token ids are built as ``ids(prefix) + ids(rest)``, so the same ids are decoded with
+or without the cache (a test checks the greedy outputs are equal).
+
+Works for any ``AutoModelForCausalLM`` folder: ``smollm2`` (Llama) and our from-scratch
+``ModernBertDecoderForCausalLM``. A tokenizer without a chat template gets a plain ChatML one.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rag.prompt import build_messages
+
+# ChatML without a default system turn: used only when a tokenizer ships no chat template.
+FALLBACK_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+DEFAULT_STOP = ("<|im_end|>",)
+MIN_TRIMMED_PASSAGE_TOKENS = 32  # a passage cut shorter than this is dropped instead
+_MAX_PREFIXES = 4  # distinct system prompts whose KV cache is kept
+
+
+class _FirstTokenClock:
+    """A streamer that only notes when the first new token arrives (time to first token)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.first: float | None = None
+        self.new_tokens = 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 1:  # generate() first pushes the prompt
+            return
+        if self.first is None:
+            self.first = time.perf_counter()
+        self.new_tokens += int(value.numel())
+
+    def end(self) -> None:
+        pass
+
+
+class _Cancel:
+    """A stopping criterion set from the consumer's side when a stream is abandoned."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
+
+
+class Generator:
+    """A causal LM + tokenizer that answers chat messages, with the KV and prefix caches.
+
+    One instance is shared by every request (the UI's sessions included): decoding runs under a
+    lock, so concurrent callers queue instead of fighting for the same CPU cores.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        device: str = "cpu",
+        *,
+        prefix_cache: bool = True,
+        max_context_tokens: int | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = device
+        self.prefix_cache = prefix_cache
+        self.max_context_tokens = max_context_tokens
+        if not getattr(tokenizer, "chat_template", None):
+            tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
+        self._prefixes: dict[tuple[int, ...], Any] = {}
+        self._prefix_lock = threading.Lock()
+        self._decode_lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        name: str | Path = "smollm2",
+        adapter: str | Path | None = None,
+        device: str = "auto",
+        **kwargs: Any,
+    ) -> Generator:
+        """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`."""
+        from rag.models import load_generator, pick_device
+
+        dev = pick_device(device)
+        model, tokenizer = load_generator(name, adapter=adapter, device=dev)
+        return cls(model, tokenizer, dev, **kwargs)
+
+    # ---- prompt and budget -------------------------------------------------------------------
+
+    @property
+    def max_positions(self) -> int:
+        """Longest sequence (prompt + answer) the model accepts, capped by ``max_context_tokens``."""
+        cfg = getattr(self.model, "config", None)
+        n = getattr(cfg, "max_position_embeddings", None)
+        if not n:
+            n = getattr(self.tokenizer, "model_max_length", 0)
+            n = n if 0 < n < 1_000_000 else 2048
+        return min(n, self.max_context_tokens) if self.max_context_tokens else n
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=generation_prompt
+        )
+
+    def prompt_ids(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], int]:
+        """Token ids of the full prompt and how many leading ids are the cacheable system prefix.
+
+        The prefix is the system turn rendered alone; it is used only when it is a textual prefix
+        of the full rendering (true for ChatML-style templates), else the prefix length is 0.
+        """
+        full = self._render(messages, generation_prompt=True)
+        enc = self.tokenizer
+        if messages and messages[0].get("role") == "system":
+            prefix = self._render(messages[:1], generation_prompt=False)
+            if full.startswith(prefix) and len(prefix) < len(full):
+                head = enc(prefix, add_special_tokens=False)["input_ids"]
+                tail = enc(full[len(prefix) :], add_special_tokens=False)["input_ids"]
+                return list(head) + list(tail), len(head)
+        return list(enc(full, add_special_tokens=False)["input_ids"]), 0
+
+    def fit_passages(
+        self, question: str, passages: Sequence[str], max_new_tokens: int = 256
+    ) -> list[str]:
+        """The passages (in rank order) that fit the context budget, the last one maybe trimmed.
+
+        Budget = max positions − ``max_new_tokens`` − the prompt without passages. Passages are
+        taken best-first, so the lowest-ranked are the ones trimmed or dropped.
+        """
+        budget = self.max_positions - max_new_tokens
+        overhead = len(self.prompt_ids(build_messages(question, []))[0])
+        if overhead > budget:
+            raise ValueError(
+                f"the question alone takes {overhead} tokens, over the budget of {budget} "
+                f"({self.max_positions} positions - {max_new_tokens} new tokens)"
+            )
+        left = budget - overhead
+        kept: list[str] = []
+        for i, text in enumerate(passages, start=1):
+            text = " ".join(text.split())
+            cost = self.count_tokens(f"[{i}] {text}\n\n") + 1
+            if cost <= left:
+                kept.append(text)
+                left -= cost
+                continue
+            room = left - self.count_tokens(f"[{i}] \n\n") - 2
+            if room >= MIN_TRIMMED_PASSAGE_TOKENS:
+                kept.append(self._truncate(text, room))
+            break
+        # Token counts of pieces are not exactly additive: check the real prompt and shrink.
+        while kept and len(self.prompt_ids(build_messages(question, kept))[0]) > budget:
+            last = kept.pop()
+            room = self.count_tokens(last) - 16
+            if room >= MIN_TRIMMED_PASSAGE_TOKENS:
+                kept.append(self._truncate(last, room))
+        return kept
+
+    def _truncate(self, text: str, n_tokens: int) -> str:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:n_tokens]
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip() + " …"
+
+    # ---- caches --------------------------------------------------------------------------------
+
+    def _prefix_cache_for(self, prefix: Sequence[int]) -> Any:
+        """A private deep copy of the KV cache for ``prefix`` (computed once, then reused)."""
+        key = tuple(prefix)
+        with self._prefix_lock:
+            cache = self._prefixes.get(key)
+            if cache is None:
+                from transformers import DynamicCache
+
+                ids = torch.tensor([key], device=self.device)
+                with torch.inference_mode():
+                    out = self.model(
+                        input_ids=ids, cache=DynamicCache(config=self.model.config), use_cache=True
+                    )
+                cache = out["cache"] if "cache" in out else out["past_key_values"]
+                if len(self._prefixes) >= _MAX_PREFIXES:
+                    self._prefixes.pop(next(iter(self._prefixes)))
+                self._prefixes[key] = cache
+            return copy.deepcopy(cache)
+
+    def clear_prefix_cache(self) -> None:
+        with self._prefix_lock:
+            self._prefixes.clear()
+
+    # ---- decoding ------------------------------------------------------------------------------
+
+    def _generate_kwargs(
+        self,
+        ids: list[int],
+        prefix_len: int,
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: Sequence[str] | None,
+        use_cache: bool,
+        use_prefix_cache: bool | None,
+        min_new_tokens: int,
+    ) -> dict[str, Any]:
+        input_ids = torch.tensor([ids], device=self.device)
+        kw: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": torch.ones_like(input_ids),
+            "max_new_tokens": max_new_tokens,
+            "use_cache": use_cache,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        if min_new_tokens:
+            kw["min_new_tokens"] = min_new_tokens
+        if temperature > 0:
+            kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        else:
+            kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if stop:
+            kw.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        use_prefix = self.prefix_cache if use_prefix_cache is None else use_prefix_cache
+        if use_cache and use_prefix and 0 < prefix_len < len(ids):
+            kw["cache"] = self._prefix_cache_for(ids[:prefix_len])
+        return kw
+
+    def generate_ids(
+        self,
+        ids: list[int],
+        prefix_len: int = 0,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = None,
+        use_cache: bool = True,
+        use_prefix_cache: bool | None = None,
+        min_new_tokens: int = 0,
+        stats: dict[str, float] | None = None,
+    ) -> list[int]:
+        """New token ids for a prompt given as ids (the benchmark's entry point).
+
+        ``stats``, when given, is filled with prompt_tokens, new_tokens, ttft_s and total_s.
+        """
+        t0 = time.perf_counter()
+        clock = _FirstTokenClock()
+        kw = self._generate_kwargs(
+            ids,
+            prefix_len,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=stop,
+            use_cache=use_cache,
+            use_prefix_cache=use_prefix_cache,
+            min_new_tokens=min_new_tokens,
+        )
+        cached = kw["cache"].get_seq_length() if "cache" in kw else 0
+        with self._decode_lock, torch.inference_mode():
+            out = self.model.generate(**kw, streamer=clock)
+        new = out[0, len(ids) :].tolist()
+        if stats is not None:
+            total = time.perf_counter() - t0
+            stats.update(
+                prompt_tokens=len(ids),
+                cached_prefix_tokens=cached,
+                new_tokens=len(new),
+                ttft_s=(clock.first - t0) if clock.first else total,
+                total_s=total,
+            )
+        return new
+
+    def generate(
+        self,
+        messages: Sequence[dict[str, str]],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = DEFAULT_STOP,
+        *,
+        use_prefix_cache: bool | None = None,
+        stats: dict[str, float] | None = None,
+    ) -> str:
+        """The assistant's reply to chat ``messages`` (greedy when ``temperature`` is 0)."""
+        ids, prefix_len = self.prompt_ids(messages)
+        new = self.generate_ids(
+            ids,
+            prefix_len,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=stop,
+            use_prefix_cache=use_prefix_cache,
+            stats=stats,
+        )
+        text = self.tokenizer.decode(new, skip_special_tokens=True)
+        return cut_at_stop(text, stop)[0].strip()
+
+    def stream(
+        self,
+        messages: Sequence[dict[str, str]],
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop: Sequence[str] | None = DEFAULT_STOP,
+        *,
+        use_prefix_cache: bool | None = None,
+        stats: dict[str, float] | None = None,
+    ) -> Iterator[str]:
+        """Text deltas of the reply as they are decoded; joined they equal :meth:`generate`.
+
+        Closing the iterator early (e.g. a UI "stop" button) cancels decoding.
+        """
+        from transformers import StoppingCriteriaList, TextIteratorStreamer
+
+        t0 = time.perf_counter()
+        ids, prefix_len = self.prompt_ids(messages)
+        kw = self._generate_kwargs(
+            ids,
+            prefix_len,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            stop=stop,
+            use_cache=True,
+            use_prefix_cache=use_prefix_cache,
+            min_new_tokens=0,
+        )
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        cancel = _Cancel()
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                with self._decode_lock, torch.inference_mode():
+                    self.model.generate(
+                        **kw, streamer=streamer, stopping_criteria=StoppingCriteriaList([cancel])
+                    )
+            except BaseException as e:  # surfaced in the consumer's thread below
+                errors.append(e)
+                streamer.end()
+
+        thread = threading.Thread(target=work, name="rag-generate", daemon=True)
+        thread.start()
+        try:
+            yield from _stream_text(streamer, stop, t0, stats)
+        finally:
+            cancel.event.set()
+            thread.join()
+        if errors:
+            raise errors[0]
+        if stats is not None:
+            stats.update(prompt_tokens=len(ids), total_s=time.perf_counter() - t0)
+
+
+def _stream_text(
+    pieces: Iterator[str],
+    stop: Sequence[str] | None,
+    t0: float,
+    stats: dict[str, float] | None,
+) -> Iterator[str]:
+    """Deltas whose concatenation is ``cut_at_stop(text).strip()``, as :meth:`Generator.generate`
+    returns. Text that could still turn into a stop string, and trailing whitespace, is held back
+    until it is decided; everything already sent is a prefix of the final answer.
+    """
+    hold = max((len(s) for s in stop), default=1) - 1 if stop else 0
+    text, sent = "", 0
+    for piece in pieces:
+        if stats is not None and piece and "ttft_s" not in stats:
+            stats["ttft_s"] = time.perf_counter() - t0
+        text += piece
+        cut, stopped = cut_at_stop(text, stop)
+        clean = cut.lstrip()
+        safe = (clean if stopped else clean[: max(0, len(clean) - hold)]).rstrip()
+        if len(safe) > sent:
+            yield safe[sent:]
+            sent = len(safe)
+        if stopped:
+            return
+    final = cut_at_stop(text, stop)[0].strip()
+    if len(final) > sent:
+        yield final[sent:]
+
+
+def cut_at_stop(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:
+    """``text`` up to the earliest stop string, and whether one was found."""
+    hits = [i for i in (text.find(s) for s in stop or ()) if i >= 0]
+    return (text[: min(hits)], True) if hits else (text, False)

@@ -1,0 +1,283 @@
+"""The RAG pipeline: query → retrieve → relevance gate → fit passages → generate → citations.
+
+One :class:`RAGPipeline` serves every caller (CLI, UI sessions, evals). The retriever and the
+generator are loaded lazily, once, under a lock, so the first question pays the load time and
+concurrent sessions share one copy of each model.
+
+Grounding rules, in one place:
+
+- nothing relevant retrieved (no hits, or every hit under the relevance threshold) → the answer
+  is :data:`rag.prompt.REFUSAL` and the model is not called;
+- citation markers ``[n]`` are parsed with :func:`rag.prompt.parse_citations`; each valid number
+  maps to the passage given at that position; a number that names no given passage is dropped
+  from the text, never shown as a source, and listed in ``Answer.invalid_citations``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rag.config import RAGConfig
+from rag.prompt import REFUSAL, build_messages, parse_citations
+from rag.types import Answer, Citation, Hit
+
+History = Sequence[tuple[str, str]]
+RewriteFn = Callable[[str, list[tuple[str, str]]], str]
+
+# Relevance thresholds on Hit.score when RAGConfig.min_score is None. Dense scores are cosine
+# similarities (unrelated text scores ~0.0-0.15 with MiniLM); a BM25 score is > 0 as soon as
+# one query term matches; hybrid (RRF) scores carry no absolute relevance, so a hybrid list
+# passes when any of its hits passes the dense or BM25 rule (see `hybrid_is_relevant`).
+DEFAULT_MIN_SCORE = {"dense": 0.2, "bm25": 1e-6, "hybrid": 0.0}
+
+
+@dataclass
+class Prepared:
+    """Everything decided before decoding: the query used, the hits given, the prompt."""
+
+    question: str
+    query: str
+    hits: list[Hit]  # passages given to the model, in prompt order ([1] first)
+    messages: list[dict[str, str]]
+    timings: dict[str, float]
+
+
+def normalise_history(history: Any) -> list[tuple[str, str]]:
+    """(role, text) pairs from tuples or ``{"role", "content"}`` dicts (gradio's format)."""
+    turns: list[tuple[str, str]] = []
+    for turn in history or []:
+        if isinstance(turn, dict):
+            turns.append((str(turn.get("role", "")), str(turn.get("content", ""))))
+        else:
+            role, text = turn
+            turns.append((str(role), str(text)))
+    return turns
+
+
+def relevant_hits(hits: Sequence[Hit], mode: str, min_score: float | None = None) -> list[Hit]:
+    """The hits that pass the relevance threshold for ``mode`` (in their original order)."""
+    if mode == "hybrid" and min_score is None:
+        return list(hits) if hybrid_is_relevant(hits) else []
+    threshold = DEFAULT_MIN_SCORE.get(mode, 0.0) if min_score is None else min_score
+    return [h for h in hits if h.score >= threshold]
+
+
+def hybrid_is_relevant(hits: Sequence[Hit]) -> bool:
+    """A fused list is relevant when any hit carries a passing dense or BM25 component score.
+
+    Retrievers may attach the component scores of a fused hit as ``dense_score`` /
+    ``bm25_score`` attributes; without them any non-empty list counts as relevant.
+    """
+    if not hits:
+        return False
+    parts = [(getattr(h, "dense_score", None), getattr(h, "bm25_score", None)) for h in hits]
+    if all(d is None and b is None for d, b in parts):
+        return True
+    return any(
+        (d is not None and d >= DEFAULT_MIN_SCORE["dense"])
+        or (b is not None and b >= DEFAULT_MIN_SCORE["bm25"])
+        for d, b in parts
+    )
+
+
+def make_answer(raw: str, prep: Prepared) -> Answer:
+    """Answer from the model's raw text: markers parsed, each valid one mapped to its passage."""
+    parsed = parse_citations(raw, len(prep.hits))
+    citations = []
+    for n in parsed.cited:
+        hit = prep.hits[n - 1]
+        c = hit.chunk
+        citations.append(Citation(n, c.source, tuple(c.heading_path), c.text, hit.score, c.id))
+    return Answer(
+        text=REFUSAL if parsed.refused else parsed.text,
+        citations=citations,
+        raw_text=raw,
+        refused=parsed.refused,
+        invalid_citations=parsed.invalid,
+        passages=list(prep.hits),
+        query=prep.query,
+        timings=prep.timings,
+    )
+
+
+def refusal(prep: Prepared) -> Answer:
+    """The answer when nothing relevant was retrieved (the model is not called)."""
+    return Answer(text=REFUSAL, refused=True, query=prep.query, timings=prep.timings)
+
+
+class RAGPipeline:
+    """Answers questions from an index with citations; share one instance across threads.
+
+    ``retriever`` / ``generator`` may be passed in (tests, evals reusing loaded models); else they
+    are built from ``config`` on first use. ``rewrite_query`` overrides ``config.rewrite_query``.
+    """
+
+    def __init__(
+        self,
+        config: RAGConfig | None = None,
+        *,
+        retriever: Any = None,
+        generator: Any = None,
+        rewrite_query: RewriteFn | None = None,
+    ) -> None:
+        self.config = config or RAGConfig()
+        self._retriever = retriever
+        self._generator = generator
+        self.rewrite_query = rewrite_query or self.config.rewrite_query
+        self._retriever_lock = threading.Lock()
+        self._generator_lock = threading.Lock()
+
+    # ---- lazily loaded, shared models --------------------------------------------------------
+
+    @property
+    def retriever(self) -> Any:
+        if self._retriever is None:
+            with self._retriever_lock:
+                if self._retriever is None:
+                    from rag.retrieve import Retriever
+
+                    cfg = self.config
+                    self._retriever = Retriever.open(
+                        cfg.index, encoder=cfg.encoder, device=cfg.device
+                    )
+        return self._retriever
+
+    @property
+    def generator(self) -> Any:
+        if self._generator is None:
+            with self._generator_lock:
+                if self._generator is None:
+                    from rag.generate import Generator
+
+                    cfg = self.config
+                    self._generator = Generator.load(
+                        cfg.decoder,
+                        adapter=cfg.adapter,
+                        device=cfg.device,
+                        prefix_cache=cfg.prefix_cache,
+                        max_context_tokens=cfg.max_context_tokens,
+                    )
+        return self._generator
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def retrieve(self, query: str, k: int | None = None, mode: str | None = None) -> list[Hit]:
+        """Top-``k`` hits for ``query`` (defaults from the config)."""
+        return list(
+            self.retriever.search(query, k=k or self.config.k, mode=mode or self.config.mode)
+        )
+
+    def standalone_query(self, question: str, history: Any = None) -> str:
+        """The retrieval query: ``rewrite_query(question, history)`` when there is history."""
+        turns = normalise_history(history)
+        if self.rewrite_query is None or not turns:
+            return question.strip()
+        return (self.rewrite_query(question, turns) or question).strip()
+
+    def prepare(
+        self,
+        question: str,
+        *,
+        history: Any = None,
+        k: int | None = None,
+        mode: str | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Prepared:
+        """Rewrite, retrieve, gate on relevance and fit passages; ``hits`` empty = refuse.
+
+        The prompt's question is the standalone query, so a follow-up ("and in Python 2?") is
+        asked in full: the prompt format has no room for history.
+        """
+        if not question or not question.strip():
+            raise ValueError("the question is empty")
+        t0 = time.perf_counter()
+        mode = mode or self.config.mode
+        query = self.standalone_query(question, history)
+        hits = relevant_hits(self.retrieve(query, k=k, mode=mode), mode, self.config.min_score)
+        timings = {"retrieve_s": time.perf_counter() - t0}
+        if not hits:
+            return Prepared(question, query, [], [], timings)
+        budget_new = max_new_tokens or self.config.max_new_tokens
+        kept = self.generator.fit_passages(query, [h.chunk.text for h in hits], budget_new)
+        hits = hits[: len(kept)]
+        return Prepared(question, query, hits, build_messages(query, kept), timings)
+
+    def _decode_args(self, temperature: float | None, max_new_tokens: int | None) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "max_new_tokens": max_new_tokens or cfg.max_new_tokens,
+            "temperature": cfg.temperature if temperature is None else temperature,
+            "top_p": cfg.top_p,
+        }
+
+    # ---- public API --------------------------------------------------------------------------
+
+    def answer(
+        self,
+        question: str,
+        *,
+        history: Any = None,
+        k: int | None = None,
+        mode: str | None = None,
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Answer:
+        """A grounded answer with citations (or the refusal when nothing relevant is found)."""
+        t0 = time.perf_counter()
+        prep = self.prepare(
+            question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens
+        )
+        if not prep.hits:
+            prep.timings["total_s"] = time.perf_counter() - t0
+            return refusal(prep)
+        stats: dict[str, float] = {}
+        raw = self.generator.generate(
+            prep.messages, **self._decode_args(temperature, max_new_tokens), stats=stats
+        )
+        prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
+        return make_answer(raw, prep)
+
+    def stream(
+        self,
+        question: str,
+        *,
+        history: Any = None,
+        k: int | None = None,
+        mode: str | None = None,
+        temperature: float | None = None,
+        max_new_tokens: int | None = None,
+    ) -> Iterator[str | Answer]:
+        """Raw text deltas (citation markers included) as decoded, then the final :class:`Answer`."""
+        t0 = time.perf_counter()
+        prep = self.prepare(
+            question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens
+        )
+        if not prep.hits:
+            prep.timings["total_s"] = time.perf_counter() - t0
+            yield REFUSAL
+            yield refusal(prep)
+            return
+        stats: dict[str, float] = {}
+        parts: list[str] = []
+        for delta in self.generator.stream(
+            prep.messages, **self._decode_args(temperature, max_new_tokens), stats=stats
+        ):
+            parts.append(delta)
+            yield delta
+        prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
+        yield make_answer("".join(parts), prep)
+
+
+def _gen_timings(stats: dict[str, float]) -> dict[str, float]:
+    out = {}
+    if "ttft_s" in stats:
+        out["ttft_s"] = stats["ttft_s"]
+    if "total_s" in stats:
+        out["generate_s"] = stats["total_s"]
+    if "new_tokens" in stats:
+        out["new_tokens"] = float(stats["new_tokens"])
+    return out
