@@ -72,6 +72,7 @@ STOP_WORDS = (
     | QUESTION_WORDS
 )
 
+ROLES = frozenset({"user", "assistant", "system"})
 _WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+#'-]*[A-Za-z0-9+#]|[A-Za-z0-9]")
 
 
@@ -124,15 +125,20 @@ def _rewrite_one(question: str, previous: str | None) -> str:
 
 
 def user_turns(history: Iterable[Any]) -> list[str]:
-    """The user questions of a history given as ``(user, assistant)`` pairs or as chat message
-    dicts (``{"role": "user", "content": ...}``), oldest first."""
+    """The user questions of a history, oldest first. Accepted forms: chat message dicts
+    (``{"role": "user", "content": ...}``), ``(role, text)`` pairs (what ``RAGPipeline`` passes
+    the hook) or ``(user, assistant)`` pairs."""
     out: list[str] = []
     for turn in history or ():
         if isinstance(turn, dict):
             if turn.get("role") == "user" and isinstance(turn.get("content"), str):
                 out.append(turn["content"])
-        elif isinstance(turn, list | tuple) and turn and isinstance(turn[0], str) and turn[0].strip():
-            out.append(turn[0])
+        elif isinstance(turn, list | tuple) and len(turn) == 2 and isinstance(turn[0], str):
+            if turn[0] in ROLES:  # (role, text), as RAGPipeline normalises chat history
+                if turn[0] == "user" and isinstance(turn[1], str):
+                    out.append(turn[1])
+            elif turn[0].strip():  # (user, assistant) pair
+                out.append(turn[0])
     return out
 
 

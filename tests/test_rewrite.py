@@ -63,3 +63,8 @@ def test_no_square_brackets_in_rewrite():
     out = rewrite_query("and this?", [("What does [1] mean in the answer format?", "")])
     assert "[" not in out and "]" not in out
     assert content_words("[1] marker") == ["1", "marker"]
+
+
+def test_accepts_role_text_pairs_from_the_pipeline():
+    history = [("user", OPEN), ("assistant", "Use open() [1]")]
+    assert rewrite_query("and close it?", history) == rewrite_query("and close it?", [(OPEN, "x")])
