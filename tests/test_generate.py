@@ -1,0 +1,226 @@
+"""Generator: KV cache, prefix cache, streaming, stop strings and the context budget.
+
+Uses tiny random decoders (2 layers x 64) built here in a second, one Llama (smollm2's
+architecture) and one ModernBertDecoder (our from-scratch CLM's), with a tiny byte-level BPE
+tokenizer that has a ChatML chat template.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rag.generate import FALLBACK_CHAT_TEMPLATE, Generator, _stream_text, cut_at_stop
+from rag.prompt import SYSTEM_PROMPT, build_messages
+
+CORPUS = [
+    SYSTEM_PROMPT,
+    "Passages: Question: how do I read a file line by line in python? Use open and a for loop.",
+    "The with statement closes the file. Lines end with a newline character.",
+]
+ARCHS = ("llama", "modernbert")
+
+
+def build_tokenizer(chat_template: bool = True):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(CORPUS * 5, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+    )
+    if chat_template:
+        fast.chat_template = FALLBACK_CHAT_TEMPLATE
+    return fast
+
+
+def build_model(arch: str, tokenizer, max_positions: int = 512, seed: int = 0):
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        ModernBertDecoderConfig,
+        ModernBertDecoderForCausalLM,
+    )
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=max_positions,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+    )
+    if arch == "llama":
+        return LlamaForCausalLM(LlamaConfig(num_key_value_heads=2, **common)).eval()
+    cfg = ModernBertDecoderConfig(cls_token_id=0, sep_token_id=0, **common)
+    return ModernBertDecoderForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_decoder_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Saved folders ``{arch: dir}`` that :meth:`Generator.load` can open like any model."""
+    tokenizer = build_tokenizer()
+    out = {}
+    for arch in ARCHS:
+        path = tmp_path_factory.mktemp(f"tiny-{arch}")
+        build_model(arch, tokenizer).save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        out[arch] = path
+    return out
+
+
+@pytest.fixture(scope="session", params=ARCHS)
+def tiny_generator(request, tiny_decoder_dirs) -> Generator:
+    return Generator.load(tiny_decoder_dirs[request.param], device="cpu")
+
+
+def messages(question: str = "how do I read a file?") -> list[dict[str, str]]:
+    return build_messages(question, ["Use open() and iterate.", "The with statement closes it."])
+
+
+def test_prefix_cache_output_equals_uncached(tiny_generator):
+    gen = tiny_generator
+    gen.clear_prefix_cache()
+    msgs = messages()
+    plain = gen.generate(msgs, max_new_tokens=24, use_prefix_cache=False)
+    stats: dict[str, float] = {}
+    cached = gen.generate(msgs, max_new_tokens=24, use_prefix_cache=True, stats=stats)
+    again = gen.generate(msgs, max_new_tokens=24, use_prefix_cache=True)
+    assert cached == plain == again
+    assert stats["cached_prefix_tokens"] > 0
+    assert stats["prompt_tokens"] > stats["cached_prefix_tokens"]
+    # The stored prefix cache is never extended by a request (each gets a deep copy).
+    ((key, stored),) = gen._prefixes.items()
+    assert stored.get_seq_length() == len(key) == stats["cached_prefix_tokens"]
+
+
+def test_prefix_cache_reused_across_questions(tiny_generator):
+    gen = tiny_generator
+    gen.clear_prefix_cache()
+    for q in ("what closes the file?", "how do I read lines?"):
+        assert gen.generate(messages(q), max_new_tokens=8) == gen.generate(
+            messages(q), max_new_tokens=8, use_prefix_cache=False
+        )
+    assert len(gen._prefixes) == 1  # same system prompt → one cached prefix
+
+
+def test_kv_cache_off_gives_same_greedy_tokens(tiny_generator):
+    ids, prefix = tiny_generator.prompt_ids(messages())
+    with_cache = tiny_generator.generate_ids(ids, prefix, max_new_tokens=12, use_cache=True)
+    without = tiny_generator.generate_ids(ids, prefix, max_new_tokens=12, use_cache=False)
+    assert with_cache == without
+
+
+def test_prompt_ids_split_at_system_turn(tiny_generator):
+    tok = tiny_generator.tokenizer
+    msgs = messages()
+    ids, prefix = tiny_generator.prompt_ids(msgs)
+    system_only = tok.apply_chat_template(msgs[:1], tokenize=False)
+    assert tok.decode(ids[:prefix]) == system_only
+    assert tok.decode(ids) == tok.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_stream_joins_to_generate(tiny_generator):
+    msgs = messages("what does the with statement do?")
+    stats: dict[str, float] = {}
+    parts = list(tiny_generator.stream(msgs, max_new_tokens=20, stats=stats))
+    assert "".join(parts) == tiny_generator.generate(msgs, max_new_tokens=20)
+    assert stats["ttft_s"] <= stats["total_s"]
+
+
+def test_stream_closed_early_releases_the_model(tiny_generator):
+    it = tiny_generator.stream(messages(), max_new_tokens=200)
+    next(it)
+    it.close()  # cancels decoding and joins the worker thread
+    assert not tiny_generator._decode_lock.locked()
+    assert isinstance(tiny_generator.generate(messages(), max_new_tokens=2), str)
+
+
+def test_sampling_is_seeded_and_valid(tiny_generator):
+    torch.manual_seed(1)
+    a = tiny_generator.generate(messages(), max_new_tokens=10, temperature=0.8, top_p=0.9)
+    torch.manual_seed(1)
+    b = tiny_generator.generate(messages(), max_new_tokens=10, temperature=0.8, top_p=0.9)
+    assert a == b
+
+
+def test_stream_text_removes_stop_split_across_pieces():
+    pieces = iter(["  Den", "ver [2]", "<|im", "_end|> tail"])
+    assert "".join(_stream_text(pieces, ["<|im_end|>"], 0.0, None)) == "Denver [2]"
+    assert cut_at_stop("a STOP b stop", ["stop", "STOP"]) == ("a ", True)
+    assert cut_at_stop("abc", None) == ("abc", False)
+
+
+def test_stream_text_never_sends_text_it_later_removes():
+    pieces = ["Answer", " is", " 4.", "\n\n", "User:", " more"]
+    sent = list(_stream_text(iter(pieces), ["\n\nUser:"], 0.0, None))
+    assert "".join(sent) == "Answer is 4."
+
+
+def test_fit_passages_respects_budget_and_rank_order(tiny_decoder_dirs):
+    gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu", max_context_tokens=400)
+    passages = [f"passage {i} " + "read the file line by line " * 12 for i in range(8)]
+    kept = gen.fit_passages("how to read?", passages, max_new_tokens=64)
+    assert 0 < len(kept) < len(passages)
+    # best-ranked first, all but the last untouched
+    for got, want in zip(kept[:-1], passages, strict=False):
+        assert got == " ".join(want.split())
+    assert kept[-1].startswith("passage ")
+    prompt = gen.prompt_ids(build_messages("how to read?", kept))[0]
+    assert len(prompt) <= 400 - 64
+    assert gen.fit_passages("how to read?", passages[:1], max_new_tokens=64) == [
+        " ".join(passages[0].split())
+    ]
+
+
+def test_fit_passages_trims_one_long_passage(tiny_decoder_dirs):
+    gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu", max_context_tokens=300)
+    kept = gen.fit_passages("q?", ["word " * 2000], max_new_tokens=32)
+    assert len(kept) == 1 and kept[0].endswith("…")
+    assert len(gen.prompt_ids(build_messages("q?", kept))[0]) <= 300 - 32
+
+
+def test_question_over_budget_is_a_clear_error(tiny_decoder_dirs):
+    gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu", max_context_tokens=100)
+    with pytest.raises(ValueError, match="budget"):
+        gen.fit_passages("why " * 200, ["p"], max_new_tokens=32)
+
+
+def test_tokenizer_without_chat_template_gets_fallback():
+    tok = build_tokenizer(chat_template=False)
+    gen = Generator(build_model("llama", tok), tok, "cpu")
+    ids, prefix = gen.prompt_ids(messages())
+    assert prefix > 0
+    assert "<|im_start|>assistant" in tok.decode(ids)
+
+
+def test_works_with_project_tiny_clm(request):
+    """The from-scratch decoder fixture from training (when that fixture exists)."""
+    try:
+        path = request.getfixturevalue("tiny_clm_dir")
+    except pytest.FixtureLookupError:
+        pytest.skip("tests/conftest.py has no tiny_clm_dir fixture yet")
+    gen = Generator.load(path, device="cpu")
+    msgs = messages()
+    assert gen.generate(msgs, max_new_tokens=8) == gen.generate(
+        msgs, max_new_tokens=8, use_prefix_cache=False
+    )
