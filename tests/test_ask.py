@@ -1,0 +1,74 @@
+"""python -m rag.ask: --json, --stream, config layering and one-line errors (fake models)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_pipeline import FakeGenerator, FakeRetriever, hit
+
+import rag.pipeline
+from rag import ask
+
+
+@pytest.fixture
+def fake_pipeline(monkeypatch):
+    """rag.ask builds RAGPipeline(cfg); give it fake models and remember the config."""
+    seen = {}
+    real = rag.pipeline.RAGPipeline
+
+    def factory(cfg):
+        seen["config"] = cfg
+        return real(
+            cfg,
+            retriever=FakeRetriever([hit(1), hit(2)]),
+            generator=FakeGenerator("Use open() [2] [5]."),
+        )
+
+    monkeypatch.setattr(rag.pipeline, "RAGPipeline", factory)
+    return seen
+
+
+def test_json_output(fake_pipeline, capsys):
+    assert ask.main(["how?", "--index", "pydocs", "--k", "2", "--mode", "dense", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == "Use open()."
+    assert [c["number"] for c in out["citations"]] == [2]
+    assert out["citations"][0]["chunk_id"] == "id2"
+    assert out["invalid_citations"] == [5]
+    cfg = fake_pipeline["config"]
+    assert (cfg.index, cfg.k, cfg.mode) == ("pydocs", 2, "dense")
+
+
+def test_stream_prints_tokens_then_sources(fake_pipeline, capsys):
+    assert ask.main(["how?", "--stream"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Use open() [2] [5].")
+    assert "Sources:\n[2] docs/f2.md › Guide › Part 2" in out
+    assert "dropped citation(s) naming no given passage: 5" in out
+
+
+def test_stream_json_is_pure_json(fake_pipeline, capsys):
+    assert ask.main(["how?", "--stream", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["raw_text"] == "Use open() [2] [5]."
+
+
+def test_rag_toml_in_cwd_then_flags(fake_pipeline, tmp_path, monkeypatch, capsys):
+    (tmp_path / "rag.toml").write_text('index = "from-toml"\nk = 4\n')
+    monkeypatch.chdir(tmp_path)
+    assert ask.main(["q", "--k", "3"]) == 0
+    cfg = fake_pipeline["config"]
+    assert (cfg.index, cfg.k) == ("from-toml", 3)
+
+
+def test_bad_config_is_one_line_error(fake_pipeline, tmp_path, capsys):
+    bad = tmp_path / "x.toml"
+    bad.write_text("colour = 1\n")
+    assert ask.main(["q", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "colour" in err and str(bad) in err
+
+
+def test_bad_flag_value_is_an_error(fake_pipeline, capsys):
+    assert ask.main(["q", "--mode", "fuzzy"]) == 2
+    assert "mode must be one of" in capsys.readouterr().err
