@@ -33,3 +33,67 @@ def _isolated_rag_home(tmp_path_factory, monkeypatch):
     home.mkdir(exist_ok=True)
     monkeypatch.setenv("RAG_HOME", str(home))
     yield
+
+
+# ---------------------------------------------------------------------------- tiny from-scratch models
+# A tokenizer and a tiny MLM encoder / CLM decoder trained in-process on tests/fixtures/corpus
+# (a few seconds on one core). The folders load with AutoTokenizer / AutoModelForMaskedLM /
+# AutoModelForCausalLM / SentenceTransformer, like the real artefacts of `make models`.
+
+FIXTURE_CORPUS = REPO / "tests" / "fixtures" / "corpus"
+
+
+class _temporary_rag_home:
+    """Session fixtures run before the autouse RAG_HOME patch: point RAG_HOME at a temp dir
+    while they build, so their corpus cache never lands in the checkout."""
+
+    def __init__(self, path: Path):
+        self.path, self.old = path, None
+
+    def __enter__(self):
+        self.old = os.environ.get("RAG_HOME")
+        os.environ["RAG_HOME"] = str(self.path)
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop("RAG_HOME", None)
+        else:
+            os.environ["RAG_HOME"] = self.old
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory) -> Path:
+    """Byte-level BPE tokenizer (vocab 1000) trained on tests/fixtures/corpus."""
+    from training.tokenizer import train_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny_tokenizer")
+    train_tokenizer([FIXTURE_CORPUS], vocab_size=1000, out=out)
+    return out
+
+
+def _tiny_pretrained(tmp_path_factory, tokenizer_dir: Path, objective: str) -> Path:
+    from training.config import PretrainConfig
+    from training.pretrain import pretrain
+
+    base = tmp_path_factory.mktemp(f"tiny_{objective}")
+    cfg = PretrainConfig(
+        objective=objective, preset="tiny", corpus=[str(FIXTURE_CORPUS)], out=str(base / "model"),
+        tokenizer=str(tokenizer_dir), max_steps=40, seq_len=64, batch_size=8, eval_every=20,
+        eval_batches=2, save_every=0, log_every=10, heldout_fraction=0.25, seed=0, device="cpu",
+        threads=1,
+    )
+    with _temporary_rag_home(base / "rag_home"):
+        pretrain(cfg, progress=False)
+    return base / "model"
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
+    """Tiny ModernBertForMaskedLM folder (also a SentenceTransformer folder, mean pooling)."""
+    return _tiny_pretrained(tmp_path_factory, tiny_tokenizer_dir, "mlm")
+
+
+@pytest.fixture(scope="session")
+def tiny_clm_dir(tmp_path_factory, tiny_tokenizer_dir) -> Path:
+    """Tiny ModernBertDecoderForCausalLM folder with the chat template (eos = ``</s>``)."""
+    return _tiny_pretrained(tmp_path_factory, tiny_tokenizer_dir, "clm")

@@ -1,0 +1,51 @@
+"""Save a pretrained model as a folder every consumer can load.
+
+``AutoModelForMaskedLM`` / ``AutoModelForCausalLM`` read ``config.json`` + ``model.safetensors``;
+the tokenizer files go beside them (the encoder's adds ``<s> … </s>``, the decoder's only
+``<s>``); the encoder also gets the three small sentence-transformers files (modules.json,
+sentence_bert_config.json, 1_Pooling/config.json, mean pooling) so ``SentenceTransformer(DIR)``
+builds the intended pipeline instead of guessing one.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from training.tokenizer import for_objective
+
+
+def save_model_folder(model, tokenizer, objective: str, out: Path, max_seq_length: int) -> None:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if objective == "clm":
+        gc = model.generation_config
+        gc.bos_token_id, gc.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+        gc.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(out))
+    for_objective(tokenizer, objective).save_pretrained(str(out))
+    if objective == "mlm":
+        write_sentence_transformers_files(out, model.config.hidden_size, max_seq_length)
+
+
+def write_sentence_transformers_files(out: Path, dim: int, max_seq_length: int) -> None:
+    modules = [
+        {
+            "idx": 0,
+            "name": "0",
+            "path": "",
+            "type": "sentence_transformers.base.modules.transformer.Transformer",
+        },
+        {
+            "idx": 1,
+            "name": "1",
+            "path": "1_Pooling",
+            "type": "sentence_transformers.sentence_transformer.modules.pooling.Pooling",
+        },
+    ]
+    (out / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
+    st = {"max_seq_length": max_seq_length, "do_lower_case": False}
+    (out / "sentence_bert_config.json").write_text(json.dumps(st, indent=2) + "\n")
+    pooling = {"embedding_dimension": dim, "pooling_mode": "mean", "include_prompt": True}
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")

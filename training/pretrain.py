@@ -1,0 +1,391 @@
+"""Pretrain the MLM encoder or the CLM decoder from scratch on a folder of documents.
+
+    python -m training.pretrain --objective mlm --preset tiny --corpus ../shared/data/python-docs \
+        --out artifacts/models/encoder-mlm-tiny --max-steps 30
+
+Top to bottom: tokenizer and corpus (file-level split, packed windows) → model from the preset →
+AdamW + warm-up/cosine → loop (dynamic masks, periodic held-out loss and bits per byte,
+checkpoints) → HF folder + run.json + train_log.jsonl + loss.png. ``--resume`` continues from the
+last checkpoint and ends where an uninterrupted run would. Under ``torchrun`` each process
+trains on its own slice of every batch (DDP), with no code change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from rag.models import pick_device
+from training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
+from training.config import ConfigError, PretrainConfig, get_preset
+from training.data import (
+    CorpusError,
+    PackedBatches,
+    eval_windows,
+    load_corpus,
+    unigram_bits_per_byte,
+)
+from training.export import save_model_folder
+from training.masking import make_spec
+from training.model import build_model, count_parameters
+from training.plots import plot_losses
+from training.step import Stepper, make_optimizer, make_scheduler
+from training.tokenizer import TokenizerError, load_tokenizer
+
+LOG, RUN = "train_log.jsonl", "run.json"
+# config fields that must match for --resume (the rest, e.g. --max-minutes, may change)
+RESUME_KEYS = (
+    "objective",
+    "preset",
+    "seq_len",
+    "batch_size",
+    "lr",
+    "max_steps",
+    "seed",
+    "mask_rate",
+    "mask_strategy",
+    "whole_word_mask",
+    "corpus",
+    "tokenizer",
+    "heldout_fraction",
+)
+
+
+class PretrainError(RuntimeError):
+    """A run that cannot start; the message names the flag or path."""
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+def distributed() -> tuple[int, int, int]:
+    """(rank, world size, local rank); initialises torch.distributed under torchrun."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, 0
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), world, int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def prepare_out(cfg: PretrainConfig, rank: int) -> None:
+    """Refuse to clobber a previous run unless --resume or --overwrite says what to do."""
+    out = Path(cfg.out)
+    holds_run = out.exists() and any(out.iterdir())
+    if cfg.resume:
+        if not has_checkpoint(out):
+            raise PretrainError(
+                f"--resume: {out} holds no checkpoint (checkpoint/state.pt) to resume"
+            )
+        saved = json.loads((out / RUN).read_text())["config"]
+        changed = [k for k in RESUME_KEYS if saved.get(k) != asdict(cfg)[k]]
+        if changed:
+            k = changed[0]
+            raise PretrainError(
+                f"--resume: --{k.replace('_', '-')} is {asdict(cfg)[k]!r} but the run in {out} used {saved.get(k)!r}"
+            )
+        return
+    if holds_run and not cfg.overwrite:
+        raise PretrainError(
+            f"--out {out} already holds files; pass --resume to continue or --overwrite to replace it"
+        )
+    if holds_run and rank == 0:
+        if not ((out / RUN).exists() or (out / "config.json").exists() or has_checkpoint(out)):
+            raise PretrainError(
+                f"--overwrite: {out} does not look like a pretraining run; refusing to delete it"
+            )
+        shutil.rmtree(out)
+
+
+def read_log(out: Path, upto_step: int) -> list[dict]:
+    """Log lines up to ``upto_step`` (later ones were written after the checkpoint we resume)."""
+    path = out / LOG
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["step"] <= upto_step]
+
+
+def bits_per_byte(loss: float, tokens_per_byte: float) -> float:
+    return loss * tokens_per_byte / math.log(2)
+
+
+# ---------------------------------------------------------------------------- the run
+
+
+def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) one pretraining job; return the run summary also written to run.json."""
+    cfg = cfg.resolved()
+    threads = torch.get_num_threads()
+    try:
+        return _pretrain(cfg, progress)
+    finally:
+        torch.set_num_threads(threads)  # --threads must not leak into the caller's process
+
+
+def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
+    rank, world, local_rank = distributed()
+    device = pick_device(cfg.device)
+    if device == "cuda" and world > 1:
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(local_rank)
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    preset = get_preset(cfg.preset)
+    tokenizer = load_tokenizer(Path(cfg.tokenizer))
+    prepare_out(cfg, rank)
+    train, held = load_corpus(cfg.corpus, tokenizer, cfg.heldout_fraction, cfg.seed)
+    batches = PackedBatches(train.ids, cfg.seq_len, cfg.batch_size, cfg.seed, rank, world)
+    heldout = eval_windows(held.ids, cfg.seq_len, cfg.eval_batches * cfg.batch_size)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.objective, preset, len(tokenizer), tokenizer).to(device)
+    model.train()
+    if cfg.objective == "mlm":
+        model.sparse_prediction = (
+            cfg.sparse_prediction
+        )  # instance flag: the saved config stays dense
+    optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, device)
+    scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+    spec = make_spec(tokenizer) if cfg.objective == "mlm" else None
+    forward_model = torch.compile(model) if cfg.compile else model
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        forward_model = DistributedDataParallel(
+            forward_model, device_ids=[local_rank] if "cuda" in device else None
+        )
+    stepper = Stepper(
+        forward_model,
+        cfg.objective,
+        device,
+        spec,
+        cfg.mask_rate,
+        cfg.mask_strategy,
+        cfg.whole_word_mask,
+        cfg.seed,
+    )
+    evaluator = Stepper(
+        model,
+        cfg.objective,
+        device,
+        spec,
+        cfg.mask_rate,
+        cfg.mask_strategy,
+        cfg.whole_word_mask,
+        cfg.seed,
+    )
+
+    state = {"step": 0, "tokens": 0, "elapsed_s": 0.0, "initial_heldout_loss": None}
+    if cfg.resume:
+        state = load_checkpoint(out, model, optimizer, scheduler, device)
+    log = read_log(out, state["step"])
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {
+        "status": "running",
+        "config": asdict(cfg),
+        "device": device,
+        "world_size": world,
+        "params": count_parameters(model),
+        "vocab_size": len(tokenizer),
+        "train_tokens": len(train.ids),
+        "heldout_tokens": len(held.ids),
+        "train_files": len(train.files),
+        "heldout_files": len(held.files),
+        "heldout_tokens_per_byte": held.tokens_per_byte,
+        "unigram_bits_per_byte": unigram_bits_per_byte(train, held, len(tokenizer)),
+    }
+    if rank == 0:
+        (out / RUN).write_text(json.dumps(summary, indent=2) + "\n")
+        with open(out / LOG, "w") as f:  # rewrite: drop lines logged after the checkpoint
+            f.writelines(json.dumps(r) + "\n" for r in log)
+
+    def evaluate(step: int) -> float:
+        loss = evaluator.evaluate(heldout, cfg.batch_size, seed=cfg.seed + 12345)
+        row = {
+            "step": step,
+            "tokens": state["tokens"],
+            "heldout_loss": loss,
+            "heldout_bits_per_byte": bits_per_byte(loss, held.tokens_per_byte),
+        }
+        append_log(out, row, rank)
+        log.append(row)
+        return loss
+
+    if state["step"] == 0 and state["initial_heldout_loss"] is None:
+        state["initial_heldout_loss"] = evaluate(0)
+
+    bar = tqdm(
+        total=cfg.max_steps,
+        initial=state["step"],
+        disable=not progress or rank != 0,
+        desc=f"{cfg.objective} {cfg.preset}",
+        unit="step",
+        dynamic_ncols=True,
+    )
+    t_start, stop_reason = time.time() - state["elapsed_s"], "max-steps"
+    loss_acc, n_acc, t_log, tok_log = (
+        torch.zeros((), device=device),
+        0,
+        time.time(),
+        state["tokens"],
+    )
+    last_loss = math.nan
+    while state["step"] < cfg.max_steps:
+        step = state["step"]
+        inputs, labels = stepper.prepare(batches.batch(step), step)
+        loss_acc += stepper.step(inputs, labels, optimizer, scheduler, cfg.grad_clip)
+        n_acc += 1
+        state["step"] = step + 1
+        state["tokens"] += cfg.batch_size * cfg.seq_len * world
+        state["elapsed_s"] = time.time() - t_start
+        bar.update(1)
+        done = state["step"] == cfg.max_steps
+        if state["step"] % cfg.log_every == 0 or done:
+            last_loss = float(loss_acc) / n_acc
+            if not math.isfinite(last_loss):
+                raise PretrainError(
+                    f"loss became {last_loss} at step {state['step']}; lower --lr ({cfg.lr})"
+                )
+            now = time.time()
+            tps = (state["tokens"] - tok_log) / max(1e-9, now - t_log)
+            row = {
+                "step": state["step"],
+                "tokens": state["tokens"],
+                "loss": last_loss,
+                "lr": scheduler.get_last_lr()[0],
+                "tokens_per_s": tps,
+                "epoch": batches.epoch_of(step),
+            }
+            append_log(out, row, rank)
+            log.append(row)
+            bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:,.0f}")
+            loss_acc, n_acc, t_log, tok_log = (
+                torch.zeros((), device=device),
+                0,
+                now,
+                state["tokens"],
+            )
+        if cfg.eval_every and state["step"] % cfg.eval_every == 0 and not done:
+            evaluate(state["step"])
+        if cfg.save_every and state["step"] % cfg.save_every == 0 and not done and rank == 0:
+            save_checkpoint(out, model, optimizer, scheduler, dict(state))
+        if cfg.max_minutes and time_is_up(state["elapsed_s"], cfg.max_minutes, device, world):
+            stop_reason = "max-minutes"
+            break
+    bar.close()
+
+    final = evaluate(state["step"])
+    if rank == 0:
+        save_checkpoint(out, model, optimizer, scheduler, dict(state))
+        save_model_folder(model, tokenizer, cfg.objective, out, max_seq_length=cfg.seq_len)
+        plot_losses(log, out / "loss.png", f"{cfg.objective.upper()} {cfg.preset} ({out.name})")
+    train_losses = [r["loss"] for r in log if "loss" in r]
+    summary.update(
+        status="complete" if stop_reason == "max-steps" else "stopped",
+        stop_reason=stop_reason,
+        steps=state["step"],
+        tokens_seen=state["tokens"],
+        wall_time_s=state["elapsed_s"],
+        tokens_per_s=state["tokens"] / max(1e-9, state["elapsed_s"]),
+        initial_heldout_loss=state["initial_heldout_loss"],
+        final_heldout_loss=final,
+        final_train_loss=train_losses[-1] if train_losses else None,
+        heldout_bits_per_byte=bits_per_byte(final, held.tokens_per_byte),
+    )
+    if rank == 0:
+        (out / RUN).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def append_log(out: Path, row: dict, rank: int) -> None:
+    if rank == 0:
+        with open(out / LOG, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def time_is_up(elapsed_s: float, max_minutes: float, device: str, world: int) -> bool:
+    """Every process must stop at the same step under DDP: rank 0's clock decides."""
+    up = elapsed_s >= max_minutes * 60
+    if world == 1:
+        return up
+    import torch.distributed as dist
+
+    flag = torch.tensor(float(up), device=device)
+    dist.broadcast(flag, src=0)
+    return bool(flag.item())
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One flag per PretrainConfig field (kebab-case), help text from the field comments."""
+    p = argparse.ArgumentParser(
+        prog="python -m training.pretrain", description=__doc__.split("\n")[0]
+    )
+    for f in fields(PretrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "corpus":
+            p.add_argument(
+                flag, nargs="+", required=True, help="folders/files of .txt/.md/.rst/.html"
+            )
+        elif f.name in ("objective", "mask_strategy", "device", "preset"):
+            choices = {
+                "objective": ["mlm", "clm"],
+                "mask_strategy": ["80-10-10", "mask-only"],
+                "device": ["auto", "cpu", "cuda"],
+                "preset": None,
+            }[f.name]
+            p.add_argument(flag, default=f.default, choices=choices, required=f.name == "objective")
+        elif f.name == "out":
+            p.add_argument(flag, required=True, help="output folder")
+        elif isinstance(f.default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            p.add_argument(flag, type=type(f.default), default=f.default)
+    p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    values = {f.name: getattr(args, f.name) for f in fields(PretrainConfig)}
+    try:
+        summary = pretrain(PretrainConfig(**values), progress=not args.no_progress)
+    except (ConfigError, CorpusError, TokenizerError, PretrainError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(
+            f"{summary['status']}: {summary['steps']} steps, {summary['tokens_seen']:,} tokens in "
+            f"{summary['wall_time_s']:.0f}s; held-out loss {summary['initial_heldout_loss']:.3f} -> "
+            f"{summary['final_heldout_loss']:.3f}, {summary['heldout_bits_per_byte']:.3f} bits/byte "
+            f"(unigram {summary['unigram_bits_per_byte']:.3f}) -> {cfg_out(values)}"
+        )
+    return 0
+
+
+def cfg_out(values: dict) -> str:
+    return str(values["out"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""One optimizer step and one loss evaluation: the hot path of pretraining.
+
+Kept separate from the loop so that ``benchmarks/pretrain_throughput.py`` times exactly this code.
+The step never synchronises with the host on its own (no ``.item()``): the loop reads the loss
+only when it logs. Masks come from a generator seeded by (seed, step), so batch ``k`` is masked
+identically in a resumed and an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+from training.masking import MaskSpec, mask_tokens
+
+
+def autocast_for(device: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast on CUDA; plain fp32 elsewhere (CPU bf16 is slower than fp32 on most CPUs)."""
+    if device.startswith("cuda"):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_optimizer(
+    model: torch.nn.Module, lr: float, weight_decay: float, device: str
+) -> torch.optim.AdamW:
+    """AdamW with decoupled decay on matrices only (not on norms, biases); fused on CUDA."""
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    fused = device.startswith("cuda")
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=fused)
+
+
+def make_scheduler(optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> LambdaLR:
+    """Linear warm-up to the peak lr, then cosine decay to ``peak * min_lr_ratio``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return LambdaLR(optimizer, factor)
+
+
+class Stepper:
+    """Turns a batch of packed token windows into a training step for one objective."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        objective: str,
+        device: str,
+        spec: MaskSpec | None = None,
+        mask_rate: float = 0.3,
+        mask_strategy: str = "80-10-10",
+        whole_word: bool = False,
+        seed: int = 0,
+    ):
+        self.model, self.objective, self.device = model, objective, device
+        self.spec, self.mask_rate, self.mask_strategy, self.whole_word = (
+            spec,
+            mask_rate,
+            mask_strategy,
+            whole_word,
+        )
+        self.seed = seed
+        self.generator = torch.Generator(device=device)
+
+    def prepare(self, windows: torch.Tensor, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, labels) on the device. MLM: fresh masks seeded by (seed, step);
+        CLM: labels are the inputs (the model shifts them by one)."""
+        ids = windows.to(self.device, non_blocking=True)
+        if self.objective == "clm":
+            return ids, ids
+        self.generator.manual_seed(self.seed * 1_000_003 + step)
+        return mask_tokens(
+            ids, self.spec, self.mask_rate, self.mask_strategy, self.whole_word, self.generator
+        )
+
+    def loss(self, inputs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over supervised positions (masked tokens, or next tokens)."""
+        with autocast_for(self.device):
+            return self.model(input_ids=inputs, labels=labels).loss
+
+    def step(self, inputs, labels, optimizer, scheduler, grad_clip: float = 1.0) -> torch.Tensor:
+        """Forward, backward, clip, AdamW update, schedule; returns the loss tensor (no sync)."""
+        loss = self.loss(inputs, labels)
+        loss.backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    @torch.no_grad()
+    def evaluate(self, windows: torch.Tensor, batch_size: int, seed: int) -> float:
+        """Mean held-out loss over fixed windows; MLM masks are fixed by ``seed`` so successive
+        evaluations of one run compare like with like."""
+        was_training = self.model.training
+        self.model.eval()
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        total, count = 0.0, 0
+        for start in range(0, len(windows), batch_size):
+            ids = windows[start : start + batch_size].to(self.device)
+            if self.objective == "clm":
+                inputs, labels = ids, ids
+                n = ids.numel() - ids.shape[0]
+            else:
+                inputs, labels = mask_tokens(
+                    ids, self.spec, self.mask_rate, self.mask_strategy, self.whole_word, gen
+                )
+                n = int((labels != -100).sum())
+            if n == 0:
+                continue
+            total += float(self.loss(inputs, labels)) * n
+            count += n
+        self.model.train(was_training)
+        return total / max(1, count)

@@ -1,0 +1,177 @@
+"""Train the byte-level BPE tokenizer that the MLM encoder and the CLM decoder share.
+
+Why byte-level BPE (and not WordPiece): one vocabulary has to serve both objectives. Byte-level
+BPE never produces an unknown token (every UTF-8 byte is in the base alphabet), decodes back to
+the exact input text (the decoder must generate code, paths and punctuation verbatim), and makes
+bits per byte a plain function of the loss: bits/byte = loss_nats * tokens / (bytes * ln 2).
+WordPiece lower-cases or maps unseen characters to [UNK], which a generator cannot afford.
+The training itself is the `tokenizers` library; what is ours is the special-token layout, the
+chat template and the per-objective post-processor.
+
+Special tokens (ids fixed in this order): ``<pad>`` 0, ``<unk>`` 1, ``<s>`` 2 (cls and bos),
+``</s>`` 3 (sep and eos), ``<mask>`` 4. The shared folder adds ``<s> … </s>`` around every
+sequence (what the encoder saw in pretraining); :func:`for_objective` returns the decoder's
+variant that adds only ``<s>`` in front, so ``generate()`` on ``tok(prompt)`` continues the prompt
+instead of starting a new document.
+
+CLI::
+
+    python -m training.tokenizer --corpus ../shared/data/python-docs --vocab-size 16000 --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from rag.documents import load_documents
+from rag.paths import tokenizer_dir
+
+PAD, UNK, BOS, EOS, MASK = "<pad>", "<unk>", "<s>", "</s>", "<mask>"
+SPECIAL_TOKENS = [PAD, UNK, BOS, EOS, MASK]
+
+# ChatML-like, built from the existing special tokens: each turn is "<s>role\ncontent</s>\n".
+# Generation stops at </s> (the eos). Used by the LoRA fine-tune and the RAG generator.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<s>' + message['role'] + '\n' + message['content'] + '</s>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<s>assistant\n' }}{% endif %}"
+)
+
+
+class TokenizerError(ValueError):
+    """Bad tokenizer input (empty corpus, vocabulary too small, missing folder)."""
+
+
+def iter_corpus_texts(corpus: list[Path]) -> Iterator[str]:
+    """Texts of every supported document under ``corpus`` (through rag.documents)."""
+    docs, errors = load_documents(corpus)
+    for e in errors:
+        print(f"skipped {e}", file=sys.stderr)
+    if not docs:
+        raise TokenizerError(f"no readable documents under {', '.join(map(str, corpus))}")
+    for d in docs:
+        yield d.text
+
+
+def wrap(tok: Tokenizer, add_eos: bool = True) -> PreTrainedTokenizerFast:
+    """A transformers tokenizer around a trained ``tokenizers`` object, with our special tokens,
+    the chat template, and ``<s> … </s>`` (encoder, add_eos) or ``<s> …`` (decoder) added."""
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token=PAD,
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=EOS,
+        cls_token=BOS,
+        sep_token=EOS,
+        mask_token=MASK,
+        add_bos_token=True,
+        add_eos_token=add_eos,
+        model_max_length=8192,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def for_objective(tokenizer: PreTrainedTokenizerFast, objective: str) -> PreTrainedTokenizerFast:
+    """The shared tokenizer set up for ``objective``: mlm adds ``<s> … </s>``, clm only ``<s>``."""
+    return wrap(
+        Tokenizer.from_str(tokenizer.backend_tokenizer.to_str()), add_eos=objective == "mlm"
+    )
+
+
+def train_tokenizer(
+    corpus: list[Path],
+    vocab_size: int,
+    out: Path | None = None,
+    min_frequency: int = 2,
+    max_chars: int | None = None,
+) -> PreTrainedTokenizerFast:
+    """Train byte-level BPE on the documents under ``corpus`` and save it to ``out`` (if given).
+
+    ``max_chars`` caps how much text the trainer sees (BPE merges converge long before the whole
+    57 MB development corpus; the cap keeps ``make models`` quick on two cores).
+    """
+    if vocab_size < len(SPECIAL_TOKENS) + 256 + 1:
+        raise TokenizerError(
+            f"--vocab-size {vocab_size} is too small: byte-level BPE needs at least "
+            f"{len(SPECIAL_TOKENS) + 257} (256 bytes + {len(SPECIAL_TOKENS)} special tokens + merges)"
+        )
+    texts: list[str] = []
+    total = 0
+    for text in iter_corpus_texts([Path(p) for p in corpus]):
+        texts.append(text)
+        total += len(text)
+        if max_chars is not None and total >= max_chars:
+            break
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    fast = wrap(tok)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        fast.save_pretrained(str(out))
+        meta = {"vocab_size": len(fast), "documents": len(texts), "chars": total}
+        meta["corpus"] = [str(p) for p in corpus]
+        (out / "run.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return fast
+
+
+def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
+    """Load a tokenizer folder, with a clear error when it is missing."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not (path / "tokenizer.json").exists():
+        raise TokenizerError(
+            f"--tokenizer {path}: no tokenizer.json there; train one with "
+            f"`python -m training.tokenizer --corpus DIR --vocab-size 16000 --out {path}`"
+        )
+    return AutoTokenizer.from_pretrained(str(path))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m training.tokenizer", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--corpus", nargs="+", required=True, type=Path, help="folders/files of text")
+    p.add_argument("--vocab-size", type=int, default=16000, help="target vocabulary size")
+    p.add_argument(
+        "--out", type=Path, default=None, help="output folder (default $RAG_HOME/tokenizer)"
+    )
+    p.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge")
+    p.add_argument("--max-chars", type=int, default=None, help="cap on training characters")
+    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    args = p.parse_args(argv)
+    out = args.out or tokenizer_dir()
+    t0 = time.time()
+    try:
+        tok = train_tokenizer(args.corpus, args.vocab_size, out, args.min_frequency, args.max_chars)
+    except TokenizerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    summary = {"out": str(out), "vocab_size": len(tok), "seconds": round(time.time() - t0, 1)}
+    print(json.dumps(summary) if args.json else f"tokenizer ({len(tok)} tokens) -> {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
