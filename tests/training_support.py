@@ -1,0 +1,135 @@
+"""Tiny models and data for the fine-tuning tests (pairs, contrastive, LoRA).
+
+Tiny random models (2 layers x 64) over a byte-level BPE tokenizer with a ChatML chat template,
+built in about a second; a synthetic SQuAD file with one held-out article (``Normans``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+WORDS = ["python", "file", "open", "read", "write", "line", "loop", "list", "dict", "set", "string", "bytes", "module", "import", "class", "function", "return", "value", "error", "raise", "exception", "context", "manager", "iterator", "generator", "thread", "process", "socket", "server", "client", "request", "response", "header", "cache", "index", "vector", "query", "passage"]
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rag.prompt import REFUSAL, SYSTEM_PROMPT
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "[CLS]", "[SEP]", "[MASK]"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    corpus = [SYSTEM_PROMPT, REFUSAL, " ".join(WORDS), "Passages: Question: [1] [2] [3]"]
+    tok.train_from_iterator(corpus * 5, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    )
+    fast.chat_template = CHATML
+    return fast
+
+
+def save_tiny_encoder(path: Path, seed: int = 0) -> Path:
+    """A plain HF BERT folder (no modules.json): the contrastive CLI must wrap it."""
+    from transformers import BertConfig, BertModel
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+    )
+    BertModel(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def save_tiny_decoder(path: Path, seed: int = 0) -> Path:
+    """A plain HF Llama causal LM folder (smollm2's architecture) with a chat template."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def write_tiny_squad(path: Path) -> Path:
+    """Five articles x 3 paragraphs x 2 questions; ``Normans`` is a held-out (dev) article."""
+    titles = ["Normans", "Alpha_topic", "Beta_topic", "Gamma_topic", "Delta_topic"]
+    data = []
+    for a, title in enumerate(titles):
+        paragraphs = []
+        for p in range(3):
+            w = [WORDS[(a * 7 + p * 3 + i) % len(WORDS)] for i in range(30)]
+            answer = f"{title.split('_')[0].lower()}{p}x"
+            context = (
+                f"The {w[0]} of {title} is {answer}. " + " ".join(w) + f". It uses {w[5]} {w[9]}."
+            )
+            qas = [
+                {
+                    "id": f"{a}-{p}-0",
+                    "question": f"What is the {w[0]} of {title}?",
+                    "answers": [{"text": answer}],
+                },
+                {
+                    "id": f"{a}-{p}-1",
+                    "question": f"What does {title} use with {w[5]}?",
+                    "answers": [{"text": w[9]}],
+                },
+            ]
+            paragraphs.append({"context": context, "qas": qas})
+        data.append({"title": title, "paragraphs": paragraphs})
+    path.write_text(json.dumps({"version": "1.1", "data": data}))
+    return path
+
+
+def write_pairs_file(path: Path, n: int = 64, seed: int = 0) -> Path:
+    """Easy synthetic pairs: a word trio -> a sentence containing it."""
+    import random
+
+    rng = random.Random(seed)
+    with path.open("w") as f:
+        for i in range(n):
+            w = rng.sample(WORDS, 6)
+            row = {"anchor": " ".join(w[:3]), "positive": " ".join(w[:3] + w[3:]) + f" item {i}"}
+            f.write(json.dumps(row) + "\n")
+    return path

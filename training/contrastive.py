@@ -1,0 +1,404 @@
+"""Contrastive fine-tuning of an encoder (or decoder) into a retriever, on sentence-transformers.
+
+    python -m training.contrastive --model minilm --out artifacts/models/minilm-ft \\
+        --docs ../shared/data/python-docs ../shared/data/scifact/corpus.jsonl \\
+        --scifact ../shared/data/scifact --squad ../shared/data/squad/squad-v1.1-dev-part.json
+
+Recipe: in-batch negatives with MultipleNegativesRankingLoss (or its cached, GradCache variant
+for large batches on little memory), a no-duplicates batch sampler so a text never appears twice
+in one batch (it would be a false negative), pairs from :mod:`training.pairs`. The model is
+evaluated with ``InformationRetrievalEvaluator`` on the SciFact dev split and the SQuAD dev
+articles before and after training (nDCG@10), both logged to ``train_log.jsonl`` and ``run.json``.
+
+Any model folder works: a SentenceTransformer folder keeps its modules; a plain HF encoder or
+decoder folder is wrapped as Transformer -> Pooling(mean|cls|last) -> Normalize, so the
+division-of-labour experiment can tune an MLM and a CLM with the identical recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import platform
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.models import is_sentence_transformer, pick_device, resolve_model
+from rag.paths import models_dir, shared_data_dir
+from training import pairs as P
+from training.dataclass_cli import add_dataclass_args, config_from_args, field_help
+
+log = logging.getLogger("training.contrastive")
+POOLING = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
+
+
+@dataclass
+class ContrastiveConfig:
+    """Everything a contrastive run depends on; saved as run.json beside the model."""
+
+    model: str = "minilm"  # folder, alias (minilm) or artefact name to start from
+    out: str = ""  # output folder (default: $RAG_HOME/models/<model>-contrastive)
+    docs: list[str] = field(
+        default_factory=list
+    )  # folders/files or BEIR corpus.jsonl: unsupervised pairs
+    pairs: list[str] = field(default_factory=list)  # JSONL files of {"anchor", "positive"} pairs
+    scifact: str | None = None  # BEIR SciFact folder: supervised train claims -> abstracts
+    squad: str | None = None  # SQuAD v1.1 JSON: supervised train questions -> paragraphs
+    max_unsupervised: int = 6000  # cap on mined pairs (balanced across crop/ict/heading)
+    max_pairs: int = 0  # cap on all pairs after mixing (0 = no cap)
+    epochs: float = 1.0  # passes over the pairs
+    max_steps: int = -1  # stop after this many optimiser steps (-1 = run the epochs)
+    batch_size: int = 32  # pairs per batch = in-batch negatives + 1
+    mini_batch_size: int = 16  # cached-mnrl: forward chunk size (memory), not the batch size
+    lr: float = 3e-5  # peak learning rate (linear warmup then decay)
+    warmup_ratio: float = 0.1  # fraction of steps spent warming up
+    loss: str = "mnrl"  # mnrl | cached-mnrl
+    pooling: str = "mean"  # mean | cls | last, for plain HF folders (a ST folder keeps its own)
+    hard_negatives: str = "none"  # none | bm25 | self (mined with the starting model)
+    max_seq_length: int = 256  # tokens per text, training and evaluation
+    scale: float = 20.0  # similarity scale (inverse temperature) of the ranking loss
+    eval: bool = True  # evaluate before and after on SciFact dev + SQuAD dev articles
+    eval_scifact: str | None = (
+        None  # BEIR folder for the dev eval (default: --scifact or shared data)
+    )
+    eval_squad: str | None = None  # SQuAD JSON for the dev eval (default: --squad or shared data)
+    eval_max_queries: int = 0  # sample this many dev queries per set (0 = all), full corpus kept
+    eval_max_docs: int = (
+        0  # sub-corpus: all relevant docs + random others up to this size (0 = all)
+    )
+    eval_batch_size: int = 64  # encoding batch size for evaluation
+    seed: int = 0  # seed for mining, sampling and training
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch CPU threads (0 = torch default)
+    logging_steps: int = 10  # log the loss every this many steps
+
+
+# ---------------------------------------------------------------------------- model
+
+
+def build_model(name: str, pooling: str = "mean", max_seq_length: int = 256, device: str = "cpu"):
+    """A SentenceTransformer from an ST folder, or a plain HF encoder/decoder folder wrapped
+    with Transformer -> Pooling -> Normalize (cosine = dot product on the outputs)."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    if pooling not in POOLING:
+        raise ValueError(f"--pooling must be one of {', '.join(POOLING)}, not {pooling!r}")
+    path = resolve_model(name)
+    if is_sentence_transformer(path):
+        model = SentenceTransformer(str(path), device=device, local_files_only=True)
+    else:
+        tr = Transformer(str(path), max_seq_length=max_seq_length)
+        tok = tr.tokenizer
+        if tok.pad_token is None:  # decoders often have no pad token; pooling masks it anyway
+            tok.pad_token = tok.eos_token or tok.unk_token
+        pool = Pooling(tr.get_embedding_dimension(), pooling_mode=POOLING[pooling])
+        model = SentenceTransformer(modules=[tr, pool, Normalize()], device=device)
+    model.max_seq_length = max_seq_length
+    return model
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def collect_pairs(cfg: ContrastiveConfig) -> list[P.Pair]:
+    """Mix every pair source of ``cfg``; the SQuAD dev articles are filtered from all of them."""
+    out: list[P.Pair] = []
+    if cfg.docs:
+        docs = P.load_doc_sources(cfg.docs)
+        if not docs:
+            raise ValueError(f"--docs {' '.join(cfg.docs)}: no loadable documents")
+        out += P.unsupervised_pairs(docs, seed=cfg.seed, max_pairs=cfg.max_unsupervised or None)
+    for f in cfg.pairs:
+        out += P.read_pairs(f)
+    if cfg.scifact:
+        out += P.scifact_pairs(cfg.scifact)
+    if cfg.squad:
+        out += P.squad_pairs(cfg.squad)
+        dev = P.squad_dev_texts(cfg.squad)
+        out = [p for p in out if p.anchor not in dev and p.positive not in dev]
+        P.assert_no_dev(out, dev_texts=dev)
+    if not out:
+        raise ValueError("no training pairs: give --docs, --pairs, --scifact and/or --squad")
+    rng = random.Random(cfg.seed)
+    rng.shuffle(out)
+    return out[: cfg.max_pairs] if cfg.max_pairs else out
+
+
+def to_dataset(pairs: list[P.Pair], hard_negatives: str, model: Any, seed: int):
+    """A datasets.Dataset with anchor/positive(/negative) columns, as the losses expect."""
+    from datasets import Dataset
+
+    if hard_negatives == "bm25":
+        P.add_bm25_negatives(pairs, seed=seed)
+    data = {"anchor": [p.anchor for p in pairs], "positive": [p.positive for p in pairs]}
+    if hard_negatives == "bm25":
+        data["negative"] = [p.negative or "" for p in pairs]
+    ds = Dataset.from_dict(data)
+    if hard_negatives == "self":
+        from sentence_transformers.util import mine_hard_negatives
+
+        # Skip the 2 nearest texts: in mined pairs they are often unlabelled positives.
+        ds = mine_hard_negatives(
+            ds, model, range_min=2, range_max=30, num_negatives=1, verbose=False
+        )
+    elif hard_negatives not in ("none", "bm25"):
+        raise ValueError(f"--hard-negatives must be none, bm25 or self, not {hard_negatives!r}")
+    return ds
+
+
+# ---------------------------------------------------------------------------- evaluation
+
+
+def dev_evaluators(cfg: ContrastiveConfig) -> list:
+    """InformationRetrievalEvaluators on the fixed dev splits (never trained on)."""
+    from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
+
+    from evals.datasets import load_beir, load_squad, scifact_split, squad_split
+
+    shared = shared_data_dir()
+    scifact = cfg.eval_scifact or cfg.scifact or (shared and shared / "scifact")
+    squad = (
+        cfg.eval_squad or cfg.squad or (shared and shared / "squad" / "squad-v1.1-dev-part.json")
+    )
+    sets = []
+    if scifact and Path(scifact).is_dir():
+        ds = load_beir(scifact, "train")
+        sets.append(("scifact-dev", ds, scifact_split(ds)[1]))
+    if squad and Path(squad).is_file():
+        dev_articles = squad_split(squad)[1]
+        ds = load_squad(squad, articles=dev_articles)
+        sets.append(("squad-dev", ds, sorted(ds.queries)))
+    out = []
+    for name, ds, qids in sets:
+        if cfg.eval_max_queries and len(qids) > cfg.eval_max_queries:
+            qids = sorted(random.Random(cfg.seed).sample(qids, cfg.eval_max_queries))
+        doc_ids = sorted(ds.corpus)
+        if cfg.eval_max_docs and len(doc_ids) > cfg.eval_max_docs:
+            relevant = {d for q in qids for d in ds.qrels[q]}
+            others = [d for d in doc_ids if d not in relevant]
+            n_more = max(0, cfg.eval_max_docs - len(relevant))
+            doc_ids = sorted(relevant | set(random.Random(cfg.seed).sample(others, n_more)))
+        out.append(
+            InformationRetrievalEvaluator(
+                queries={q: ds.queries[q] for q in qids},
+                corpus={d: ds.doc_text(d) for d in doc_ids},
+                relevant_docs={q: set(ds.qrels[q]) for q in qids},
+                name=name,
+                ndcg_at_k=[10],
+                mrr_at_k=[10],
+                accuracy_at_k=[1, 10],
+                precision_recall_at_k=[10, 100],
+                map_at_k=[100],
+                batch_size=cfg.eval_batch_size,
+                show_progress_bar=True,
+                write_csv=False,
+            )
+        )
+    return out
+
+
+def evaluate(model: Any, evaluators: list) -> dict[str, dict[str, float]]:
+    """{set: {ndcg@10, recall@100, mrr@10, n_queries}} for each dev evaluator."""
+    out = {}
+    for ev in evaluators:
+        res = ev(model)
+        pick = {k.split("_")[-1]: v for k, v in res.items() if "_cosine_" in k}
+        out[ev.name] = {
+            "ndcg@10": round(pick["ndcg@10"], 4),
+            "recall@100": round(pick["recall@100"], 4),
+            "mrr@10": round(pick["mrr@10"], 4),
+            "n_queries": len(ev.queries),
+            "n_docs": len(ev.corpus),
+        }
+    return out
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def _jsonl_logger(path: Path):
+    from transformers import TrainerCallback
+
+    class JsonlLogger(TrainerCallback):
+        """Appends each Trainer log (loss, learning rate) to train_log.jsonl."""
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs:
+                with path.open("a") as f:
+                    f.write(
+                        json.dumps({"step": state.global_step, "epoch": state.epoch, **logs}) + "\n"
+                    )
+
+    return JsonlLogger()
+
+
+def plot_loss(log_path: Path, out_png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
+    rows = [r for r in rows if "loss" in r]
+    if not rows:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
+    ax.set(xlabel="step", ylabel="ranking loss", title=title)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=120)
+    plt.close(fig)
+
+
+def _log_event(path: Path, **row: Any) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def train_contrastive(cfg: ContrastiveConfig) -> dict[str, Any]:
+    """Mine pairs, evaluate, train, save, evaluate again; returns the run summary (run.json)."""
+    return fit(cfg)[1]
+
+
+def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
+    """:func:`train_contrastive`, also returning the trained SentenceTransformer (tests compare
+    it with what loads from disk)."""
+    import torch
+    from sentence_transformers import (
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+    )
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.sentence_transformer import losses
+
+    if cfg.loss not in ("mnrl", "cached-mnrl"):
+        raise ValueError(f"--loss must be mnrl or cached-mnrl, not {cfg.loss!r}")
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.time()
+    device = pick_device(cfg.device)
+    out = Path(cfg.out or models_dir() / f"{Path(cfg.model).name}-contrastive")
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "train_log.jsonl"
+    log_path.write_text("")
+    torch.manual_seed(cfg.seed)
+
+    model = build_model(cfg.model, cfg.pooling, cfg.max_seq_length, device)
+    pairs = collect_pairs(cfg)
+    kinds: dict[str, int] = {}
+    for p in pairs:
+        kinds[p.kind] = kinds.get(p.kind, 0) + 1
+    log.info("%d training pairs %s", len(pairs), kinds)
+    train_ds = to_dataset(pairs, cfg.hard_negatives, model, cfg.seed)
+
+    evaluators = dev_evaluators(cfg) if cfg.eval else []
+    before = evaluate(model, evaluators)
+    _log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
+    log.info("before: %s", before)
+
+    if cfg.loss == "mnrl":
+        loss = losses.MultipleNegativesRankingLoss(model, scale=cfg.scale)
+    else:
+        loss = losses.CachedMultipleNegativesRankingLoss(
+            model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size
+        )
+    args = SentenceTransformerTrainingArguments(
+        output_dir=str(out / "checkpoints"),
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        warmup_ratio=cfg.warmup_ratio,
+        batch_sampler=BatchSamplers.NO_DUPLICATES,
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        save_strategy="no",
+        report_to=[],
+        seed=cfg.seed,
+        use_cpu=device == "cpu",
+        dataloader_drop_last=True,
+        disable_tqdm=False,
+    )
+    trainer = SentenceTransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        loss=loss,
+        callbacks=[_jsonl_logger(log_path)],
+    )
+    t_train = time.time()
+    result = trainer.train()
+    train_seconds = time.time() - t_train
+    model.save(str(out))
+
+    after = evaluate(model, evaluators)
+    _log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
+    log.info("after: %s", after)
+    plot_loss(log_path, out / "loss.png", f"contrastive {Path(cfg.model).name} ({cfg.loss})")
+    summary = {
+        "config": asdict(cfg),
+        "out": str(out),
+        "n_pairs": len(pairs),
+        "pair_kinds": kinds,
+        "steps": result.global_step,
+        "train_loss": round(result.training_loss, 4),
+        "before": before,
+        "after": after,
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.time() - t0, 1),
+        "hardware": _hardware(device),
+    }
+    (out / "run.json").write_text(json.dumps(summary, indent=2))
+    return model, summary
+
+
+def _hardware(device: str) -> str:
+    import os
+
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.get_device_name(0)
+    return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.contrastive", description=__doc__.split("\n\n")[0]
+    )
+    add_dataclass_args(parser, ContrastiveConfig, field_help(inspect.getsource(ContrastiveConfig)))
+    parser.add_argument(
+        "--json", action="store_true", help="print the run summary as JSON on stdout"
+    )
+    ns = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    cfg = config_from_args(ContrastiveConfig, ns)
+    try:
+        summary = train_contrastive(cfg)
+    except (ValueError, OSError, LookupError, RuntimeError) as e:
+        print(f"training.contrastive: error: {e}", file=sys.stderr)
+        return 2
+    if ns.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for name in summary["before"]:
+            b, a = summary["before"][name]["ndcg@10"], summary["after"][name]["ndcg@10"]
+            print(f"{name}: nDCG@10 {b:.4f} -> {a:.4f}")
+        print(f"saved {summary['out']} ({summary['n_pairs']} pairs, {summary['steps']} steps)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

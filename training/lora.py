@@ -1,0 +1,388 @@
+"""LoRA tuning of a causal LM into a grounded answerer: ``answer [i]`` from k numbered passages.
+
+    python -m training.lora --model smollm2 --out artifacts/models/smollm2-lora \\
+        --data ../shared/data/squad/squad-v1.1-dev-part.json --max-examples 300 --k-passages 3
+
+``--data`` takes a SQuAD JSON file (examples built by :mod:`training.lora_data`, train articles
+only) or JSONL files of prebuilt examples. The prompt is the pipeline's (:mod:`rag.prompt`)
+rendered with the model's own chat template; the loss covers only the assistant turn (answer,
+citation markers and the end-of-turn token), never the prompt. Training is the transformers
+Trainer over a peft LoRA model; the held-out SQuAD articles are scored before and after (EM/F1 with
+the official normalisation, citation accuracy, refusal accuracy) by greedy generation.
+
+Output: a peft adapter folder (adapter_config.json, adapter_model.safetensors, tokenizer,
+run.json, train_log.jsonl, loss.png); ``--merge`` also writes ``<out>/merged``, a plain
+AutoModelForCausalLM folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.models import pick_device, resolve_model
+from rag.paths import models_dir
+from rag.prompt import build_messages, parse_citations
+from training.contrastive import _hardware, _jsonl_logger, plot_loss
+from training.dataclass_cli import add_dataclass_args, config_from_args, field_help
+from training.lora_data import QAExample, read_examples, squad_examples
+
+log = logging.getLogger("training.lora")
+
+
+@dataclass
+class LoraTrainConfig:
+    """Everything a LoRA run depends on; saved as run.json beside the adapter."""
+
+    model: str = "smollm2"  # causal LM folder, alias (smollm2) or artefact name
+    out: str = ""  # adapter folder (default: $RAG_HOME/models/<model>-lora)
+    data: list[str] = field(
+        default_factory=list
+    )  # SQuAD JSON (built on the fly) or example JSONL files
+    eval_data: str | None = None  # SQuAD JSON for held-out eval (default: the --data SQuAD file)
+    r: int = 8  # LoRA rank
+    alpha: int = 16  # LoRA scaling numerator (scale = alpha / r)
+    dropout: float = 0.05  # LoRA dropout
+    target_modules: list[str] = field(
+        default_factory=lambda: ["all-linear"]
+    )  # module names or all-linear
+    epochs: float = 1.0  # passes over the examples
+    max_steps: int = -1  # stop after this many optimiser steps (-1 = run the epochs)
+    batch_size: int = 2  # examples per forward pass
+    grad_accum: int = 4  # forward passes per optimiser step
+    lr: float = 2e-4  # peak learning rate
+    warmup_ratio: float = 0.05  # fraction of steps spent warming up
+    k_passages: int = 3  # passages per prompt (gold + k-1 BM25 distractors)
+    refusal_fraction: float = 0.15  # share of examples with no answer-bearing passage
+    max_examples: int = 300  # training examples drawn from the SQuAD train articles
+    max_length: int = 1024  # examples longer than this many tokens are skipped
+    eval: bool = True  # score held-out questions before and after tuning
+    eval_examples: int = 100  # held-out examples (fixed by seed; same refusal share)
+    eval_batch_size: int = 8  # generation batch size
+    max_new_tokens: int = 32  # generation budget per answer
+    merge: bool = False  # also write <out>/merged: base weights with the adapter folded in
+    seed: int = 0  # seed for example sampling and training
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch CPU threads (0 = torch default)
+    logging_steps: int = 5  # log the loss every this many optimiser steps
+
+
+# ---------------------------------------------------------------------------- data → tokens
+
+
+def encode_example(tokenizer: Any, ex: QAExample, max_length: int) -> dict[str, list[int]] | None:
+    """input_ids/labels for one example, labels -100 on the prompt; None when too long.
+
+    The prompt is rendered with ``add_generation_prompt=True``, exactly as at inference; the
+    full chat (with the assistant turn) must extend it, and the extension is the supervised part.
+    """
+    msgs = build_messages(ex.question, ex.passages)
+    prompt = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(
+        msgs + [{"role": "assistant", "content": ex.target}], tokenize=False
+    )
+    if not full.startswith(prompt):
+        raise ValueError(
+            "the chat template does not render the prompt as a prefix of the full chat"
+        )
+    p_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    t_ids = tokenizer(full[len(prompt) :].rstrip("\n"), add_special_tokens=False)["input_ids"]
+    if len(p_ids) + len(t_ids) > max_length:
+        return None
+    return {"input_ids": p_ids + t_ids, "labels": [-100] * len(p_ids) + t_ids}
+
+
+class PadCollator:
+    """Right-pads input_ids (pad id) and labels (-100) to the longest in the batch."""
+
+    def __init__(self, pad_id: int):
+        self.pad_id = pad_id
+
+    def __call__(self, rows: list[dict[str, list[int]]]) -> dict[str, Any]:
+        import torch
+
+        n = max(len(r["input_ids"]) for r in rows)
+        ids = [r["input_ids"] + [self.pad_id] * (n - len(r["input_ids"])) for r in rows]
+        labels = [r["labels"] + [-100] * (n - len(r["labels"])) for r in rows]
+        mask = [[1] * len(r["input_ids"]) + [0] * (n - len(r["input_ids"])) for r in rows]
+        return {
+            "input_ids": torch.tensor(ids),
+            "labels": torch.tensor(labels),
+            "attention_mask": torch.tensor(mask),
+        }
+
+
+def load_training_examples(cfg: LoraTrainConfig) -> list[QAExample]:
+    if not cfg.data:
+        raise ValueError("--data is required (a SQuAD JSON file or example JSONL files)")
+    out: list[QAExample] = []
+    for f in cfg.data:
+        if not Path(f).is_file():
+            raise ValueError(f"--data {f}: no such file")
+        if f.endswith(".jsonl"):
+            out += read_examples(f)
+        else:
+            out += squad_examples(
+                f, "train", cfg.max_examples, cfg.k_passages, cfg.refusal_fraction, cfg.seed
+            )
+    return out[: cfg.max_examples] if cfg.max_examples else out
+
+
+# ---------------------------------------------------------------------------- generation + scoring
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end an assistant turn: eos plus ChatML's <|im_end|> when present."""
+    ids = {tokenizer.eos_token_id}
+    for tok in ("<|im_end|>", "<|end|>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(i for i in ids if i is not None)
+
+
+def generate_answers(
+    model: Any, tokenizer: Any, examples: Sequence[QAExample], cfg: LoraTrainConfig
+) -> list[str]:
+    """Greedy answers for ``examples`` (left-padded batches)."""
+    import torch
+    from tqdm import tqdm
+
+    tokenizer.padding_side = "left"
+    device = next(model.parameters()).device
+    outs: list[str] = []
+    model.eval()
+    for i in tqdm(range(0, len(examples), cfg.eval_batch_size), desc="generate", file=sys.stderr):
+        batch = examples[i : i + cfg.eval_batch_size]
+        prompts = [
+            tokenizer.apply_chat_template(
+                build_messages(e.question, e.passages), add_generation_prompt=True, tokenize=False
+            )
+            for e in batch
+        ]
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(
+            device
+        )
+        with torch.no_grad():
+            gen = model.generate(
+                **enc,
+                max_new_tokens=cfg.max_new_tokens,
+                do_sample=False,
+                eos_token_id=stop_ids(tokenizer),
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        outs += tokenizer.batch_decode(
+            gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+        )
+    tokenizer.padding_side = "right"
+    return [o.strip() for o in outs]
+
+
+def score_answers(examples: Sequence[QAExample], answers: Sequence[str]) -> dict[str, Any]:
+    """EM/F1 and citation accuracy over answerable examples; refusal accuracy over the rest."""
+    from evals.metrics import citation_correct, exact_match, f1_score
+
+    em = f1 = cite = refused_ok = wrong_refusals = 0.0
+    n_ans = n_unans = 0
+    for ex, ans in zip(examples, answers):
+        parsed = parse_citations(ans, len(ex.passages))
+        if ex.answerable:
+            n_ans += 1
+            em += exact_match(parsed.text, ex.answers)
+            f1 += f1_score(parsed.text, ex.answers)
+            cite += citation_correct(parsed.cited, ex.cited)
+            wrong_refusals += parsed.refused
+        else:
+            n_unans += 1
+            refused_ok += parsed.refused
+    a, u = max(n_ans, 1), max(n_unans, 1)
+    return {
+        "em": round(100 * em / a, 2),
+        "f1": round(100 * f1 / a, 2),
+        "citation_accuracy": round(100 * cite / a, 2),
+        "refusal_accuracy": round(100 * refused_ok / u, 2),
+        "false_refusals": round(100 * wrong_refusals / a, 2),
+        "n_answerable": n_ans,
+        "n_unanswerable": n_unans,
+    }
+
+
+def evaluate(
+    model: Any, tokenizer: Any, examples: Sequence[QAExample], cfg: LoraTrainConfig
+) -> dict[str, Any]:
+    answers = generate_answers(model, tokenizer, examples, cfg)
+    scores = score_answers(examples, answers)
+    scores["samples"] = [
+        {"question": e.question, "gold": e.target, "answer": a}
+        for e, a in zip(examples[:5], answers)
+    ]
+    return scores
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def load_base(name: str, device: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model(name)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if not tokenizer.chat_template:
+        raise ValueError(
+            f"--model {name}: the tokenizer has no chat template (apply_chat_template needs one)"
+        )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device)
+    return model, tokenizer
+
+
+def train_lora(cfg: LoraTrainConfig) -> dict[str, Any]:
+    """Build examples, score zero-shot, tune LoRA, save (and merge), score again; the summary."""
+    return fit(cfg)[2]
+
+
+def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
+    """:func:`train_lora`, also returning (peft model, tokenizer); with ``--merge`` the model is
+    the merged plain model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Trainer, TrainingArguments
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    t0 = time.time()
+    torch.manual_seed(cfg.seed)
+    device = pick_device(cfg.device)
+    out = Path(cfg.out or models_dir() / f"{Path(cfg.model).name}-lora")
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "train_log.jsonl"
+    log_path.write_text("")
+
+    model, tokenizer = load_base(cfg.model, device)
+    examples = load_training_examples(cfg)
+    rows = [
+        r for r in (encode_example(tokenizer, e, cfg.max_length) for e in examples) if r is not None
+    ]
+    if not rows:
+        raise ValueError(f"no training example fits --max-length {cfg.max_length}")
+    log.info("%d training examples (%d skipped as too long)", len(rows), len(examples) - len(rows))
+
+    eval_src = cfg.eval_data or next((f for f in cfg.data if f.endswith(".json")), None)
+    heldout = []
+    if cfg.eval and eval_src:
+        heldout = squad_examples(
+            eval_src, "dev", cfg.eval_examples, cfg.k_passages, cfg.refusal_fraction, seed=1234
+        )
+    before = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
+    log.info("zero-shot: %s", {k: v for k, v in before.items() if k != "samples"})
+
+    target = cfg.target_modules[0] if cfg.target_modules == ["all-linear"] else cfg.target_modules
+    lcfg = LoraConfig(
+        r=cfg.r,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=target,
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(model, lcfg)
+    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    args = TrainingArguments(
+        output_dir=str(out / "checkpoints"),
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.lr,
+        warmup_ratio=cfg.warmup_ratio,
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        save_strategy="no",
+        report_to=[],
+        seed=cfg.seed,
+        use_cpu=device == "cpu",
+        remove_unused_columns=False,
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=rows,
+        data_collator=PadCollator(tokenizer.pad_token_id),
+        callbacks=[_jsonl_logger(log_path)],
+    )
+    t_train = time.time()
+    result = trainer.train()
+    train_seconds = time.time() - t_train
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+
+    after = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
+    log.info("tuned: %s", {k: v for k, v in after.items() if k != "samples"})
+    plot_loss(log_path, out / "loss.png", f"LoRA {Path(cfg.model).name} (answer tokens only)")
+    if cfg.merge:
+        model = model.merge_and_unload()
+        model.save_pretrained(str(out / "merged"))
+        tokenizer.save_pretrained(str(out / "merged"))
+    summary = {
+        "config": asdict(cfg),
+        "base_model": str(resolve_model(cfg.model)),
+        "out": str(out),
+        "n_train_examples": len(rows),
+        "n_train_refusals": sum(not e.answerable for e in examples),
+        "trainable_params": n_trainable,
+        "steps": result.global_step,
+        "train_loss": round(result.training_loss, 4),
+        "before": before,
+        "after": after,
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.time() - t0, 1),
+        "hardware": _hardware(device),
+    }
+    (out / "run.json").write_text(json.dumps(summary, indent=2))
+    return model, tokenizer, summary
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.lora", description=__doc__.split("\n\n")[0]
+    )
+    add_dataclass_args(parser, LoraTrainConfig, field_help(inspect.getsource(LoraTrainConfig)))
+    parser.add_argument(
+        "--json", action="store_true", help="print the run summary as JSON on stdout"
+    )
+    ns = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+    )
+    cfg = config_from_args(LoraTrainConfig, ns)
+    try:
+        summary = train_lora(cfg)
+    except (ValueError, OSError, LookupError, RuntimeError) as e:
+        print(f"training.lora: error: {e}", file=sys.stderr)
+        return 2
+    if ns.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        for key in ("em", "f1", "citation_accuracy", "refusal_accuracy"):
+            if key in summary["before"]:
+                print(f"{key}: {summary['before'][key]} -> {summary['after'][key]}")
+        print(
+            f"saved {summary['out']} ({summary['n_train_examples']} examples, {summary['steps']} steps)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
