@@ -116,6 +116,12 @@ def load_doc_sources(sources: Sequence[str | Path]) -> list[Document]:
 # ---------------------------------------------------------------------------- unsupervised miners
 
 
+def _span(words: list[str], rng: random.Random, lo: float, hi: float) -> str:
+    n = max(4, int(len(words) * rng.uniform(lo, hi)))
+    s = rng.randint(0, max(0, len(words) - n))
+    return " ".join(words[s : s + n])
+
+
 def crop_pairs(
     passages: Sequence[Passage], rng: random.Random, lo: float = 0.1, hi: float = 0.5
 ) -> list[Pair]:
@@ -123,13 +129,7 @@ def crop_pairs(
     out = []
     for p in passages:
         words = p.text.split()
-
-        def span() -> str:
-            n = max(4, int(len(words) * rng.uniform(lo, hi)))
-            s = rng.randint(0, max(0, len(words) - n))
-            return " ".join(words[s : s + n])
-
-        out.append(Pair(span(), span(), "crop", p.id))
+        out.append(Pair(_span(words, rng, lo, hi), _span(words, rng, lo, hi), "crop", p.id))
     return out
 
 
