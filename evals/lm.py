@@ -79,7 +79,12 @@ def _context_limit(model, context: int) -> int:
 
 def _tokens_and_bytes(tokenizer, text: str, max_tokens: int) -> tuple[list[int], int, bool]:
     """(token ids, UTF-8 bytes they cover, whether a bos/cls prefix scores the first token)."""
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    # Tokenize a generous prefix only (a token is rarely longer than 16 characters); the whole
+    # text when the prefix turns out too short.
+    for piece in (text[: max_tokens * 16], text):
+        enc = tokenizer(piece, add_special_tokens=False, return_offsets_mapping=True)
+        if len(enc["input_ids"]) > max_tokens or piece is text:
+            break
     ids, offsets = enc["input_ids"][:max_tokens], enc["offset_mapping"][:max_tokens]
     if not ids:
         raise ValueError("the text has no tokens")

@@ -109,22 +109,27 @@ class OraclePassages:
         return [(d, self.by_id[d].context) for d in ids]
 
 
-class RetrievedPassages:
-    """Top ``k`` paragraphs from rag's ``CorpusRetriever`` over the whole file."""
+class ParagraphRetriever:
+    """rag's ``CorpusRetriever`` over every paragraph of the file, with the ``search(query, k,
+    mode) -> list[Hit]`` face that :class:`rag.pipeline.RAGPipeline` expects of a retriever."""
 
-    def __init__(self, paragraphs: list[SquadParagraph], k: int, retriever: str, encoder):
+    def __init__(self, paragraphs: list[SquadParagraph], retriever: str, encoder):
         from rag.retrieve import CorpusRetriever
 
         self.by_id = {p.id: p for p in paragraphs}
-        self.k = k
         texts = [f"{p.title.replace('_', ' ')} {p.context}" for p in paragraphs]
-        self.retriever = CorpusRetriever(
-            list(self.by_id), texts, encoder if retriever != "bm25" else None, retriever
-        )
+        enc = encoder if retriever != "bm25" else None
+        self.index = CorpusRetriever(list(self.by_id), texts, enc, retriever)
+        self.mode = retriever
 
-    def __call__(self, q: Question) -> list[tuple[str, str]]:
-        hits = self.retriever.search_many([q.text], self.k)[0]
-        return [(d, self.by_id[d].context) for d, _ in hits]
+    def search(self, query: str, k: int = 5, mode: str | None = None) -> list:
+        from rag.types import Chunk, Hit
+
+        hits = self.index.search_many([query], k)[0]
+        return [
+            Hit(Chunk(d, self.by_id[d].context, self.by_id[d].title), s, rank, self.mode)
+            for rank, (d, s) in enumerate(hits, start=1)
+        ]
 
 
 def answer_one(
@@ -157,6 +162,36 @@ def answer_one(
         "em": exact_match(parsed.text, q.answers),
         "f1": f1_score(parsed.text, q.answers),
         "citation_correct": citation_correct(parsed.cited, gold) if gold else None,
+        "seconds": round(seconds, 3),
+    }
+
+
+def answer_rag(pipeline, q: Question, k: int, mode: str, max_new_tokens: int) -> dict:
+    """The full pipeline (retrieve, relevance gate, fit, generate, parse) on one question."""
+    t0 = time.perf_counter()
+    ans = pipeline.answer(q.text, k=k, mode=mode, max_new_tokens=max_new_tokens)
+    seconds = time.perf_counter() - t0
+    given = [(h.chunk.id, h.chunk.text) for h in ans.passages]
+    gold = [
+        i
+        for i, (d, t) in enumerate(given, start=1)
+        if d == q.paragraph or holds_answer(t, q.answers)
+    ]
+    cited = [c.number for c in ans.citations]
+    return {
+        "id": q.id,
+        "question": q.text,
+        "raw": ans.raw_text,
+        "answer": ans.text,
+        "gold_answers": q.answers,
+        "passages": [d for d, _ in given],
+        "gold_passages": gold,
+        "cited": cited,
+        "invalid_citations": ans.invalid_citations,
+        "refused": ans.refused,
+        "em": exact_match(ans.text, q.answers),
+        "f1": f1_score(ans.text, q.answers),
+        "citation_correct": citation_correct(cited, gold) if gold else None,
         "seconds": round(seconds, 3),
     }
 
@@ -194,18 +229,20 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
         from rag.generate import Generator
 
         generator = Generator.load(cfg.generator, adapter=cfg.adapter, device=cfg.device)
+    bar = tqdm(questions, desc=f"qa {cfg.mode}", disable=not progress or None)
     if cfg.mode == "oracle":
         source = OraclePassages(paragraphs, cfg.k, cfg.seed)
+        rows = [answer_one(generator, q, source(q), cfg.max_new_tokens) for q in bar]
     else:
+        from rag.pipeline import RAGPipeline
+
         if encoder is None and cfg.retriever != "bm25":
             from rag.models import load_embedder
 
             encoder = load_embedder(cfg.encoder, device=cfg.device)
-        source = RetrievedPassages(paragraphs, cfg.k, cfg.retriever, encoder)
-    rows = [
-        answer_one(generator, q, source(q), cfg.max_new_tokens)
-        for q in tqdm(questions, desc=f"qa {cfg.mode}", disable=not progress or None)
-    ]
+        retriever = ParagraphRetriever(paragraphs, cfg.retriever, encoder)
+        pipeline = RAGPipeline(retriever=retriever, generator=generator)
+        rows = [answer_rag(pipeline, q, cfg.k, cfg.retriever, cfg.max_new_tokens) for q in bar]
     return {
         "config": {**asdict(cfg), "articles": articles},
         "n_questions": len(rows),
