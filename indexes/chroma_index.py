@@ -1,0 +1,135 @@
+"""Chroma backend: embedded (``PersistentClient``) by default, a server (``HttpClient``) when a
+URL is given. Chroma persists every write itself, so ``commit`` has nothing to do; ingest keeps
+its own manifest as the source of truth and reconciles the collection with it on every run.
+
+We always hand Chroma our vectors (``embedding_function=None``): Chroma's default embedding
+function would download a model, and the index must use the encoder the manifest records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+from indexes.base import VectorIndex, VectorIndexError
+
+DEFAULT_COLLECTION = "rag"
+
+
+def _settings():
+    from chromadb.config import Settings
+
+    return Settings(anonymized_telemetry=False, allow_reset=False)
+
+
+def make_client(path: str | Path | None, chroma_url: str | None):
+    """An HttpClient for ``chroma_url`` (``http://host:port``), else a PersistentClient at ``path``."""
+    import chromadb
+
+    if chroma_url:
+        url = urlparse(chroma_url if "://" in chroma_url else f"http://{chroma_url}")
+        if not url.hostname:
+            raise VectorIndexError(
+                f"--chroma-url {chroma_url!r} is not a URL like http://127.0.0.1:8000"
+            )
+        try:
+            client = chromadb.HttpClient(
+                host=url.hostname,
+                port=url.port or 8000,
+                ssl=url.scheme == "https",
+                settings=_settings(),
+            )
+            client.heartbeat()
+        except Exception as e:  # chromadb raises several transport error types
+            raise VectorIndexError(
+                f"cannot reach the Chroma server at {chroma_url} ({e})"
+            ) from None
+        return client
+    if path is None:
+        raise VectorIndexError("an embedded Chroma index needs a folder path")
+    Path(path).mkdir(parents=True, exist_ok=True)
+    return chromadb.PersistentClient(path=str(path), settings=_settings())
+
+
+def _clean_meta(m: dict | None) -> dict | None:
+    """Chroma accepts only str/int/float/bool values and no empty dicts."""
+    if not m:
+        return None
+    out = {}
+    for key, value in m.items():
+        if isinstance(value, (str, int, float, bool)):
+            out[key] = value
+        elif isinstance(value, (list, tuple)):
+            out[key] = " > ".join(map(str, value))
+        elif value is not None:
+            out[key] = str(value)
+    return out or None
+
+
+class ChromaIndex(VectorIndex):
+    """One Chroma collection with inner-product space; scores are ``1 - distance``."""
+
+    def __init__(
+        self,
+        path: str | Path | None,
+        dim: int,
+        chroma_url: str | None = None,
+        collection: str = DEFAULT_COLLECTION,
+    ):
+        self.dim, self.path, self.chroma_url = int(dim), path, chroma_url
+        self._client = make_client(path, chroma_url)
+        self._col = self._client.get_or_create_collection(
+            name=collection,
+            embedding_function=None,
+            configuration={"hnsw": {"space": "ip", "ef_search": 200, "ef_construction": 200}},
+        )
+        self._max_batch = max(1, int(self._client.get_max_batch_size()))
+
+    def add(self, ids: list[str], vectors: np.ndarray, metadatas: list[dict] | None = None) -> None:
+        vectors = self._check(ids, vectors)
+        metas = [_clean_meta(m) for m in (metadatas or [None] * len(ids))]
+        for s in range(0, len(ids), self._max_batch):
+            e = s + self._max_batch
+            batch_meta = metas[s:e]
+            self._col.upsert(
+                ids=ids[s:e],
+                embeddings=vectors[s:e],
+                metadatas=batch_meta if any(m is not None for m in batch_meta) else None,
+            )
+
+    def delete(self, ids: list[str]) -> None:
+        for s in range(0, len(ids), self._max_batch):
+            if ids[s : s + self._max_batch]:
+                self._col.delete(ids=ids[s : s + self._max_batch])
+
+    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+        queries = self._queries(queries)
+        n = self.count()
+        if n == 0 or k <= 0:
+            return [[] for _ in range(len(queries))]
+        res = self._col.query(query_embeddings=queries, n_results=min(k, n), include=["distances"])
+        return [
+            [(i, 1.0 - float(d)) for i, d in zip(row_ids, row_d)]
+            for row_ids, row_d in zip(res["ids"], res["distances"])
+        ]
+
+    def count(self) -> int:
+        return int(self._col.count())
+
+    def ids(self) -> list[str]:
+        out, offset, page = [], 0, max(self._max_batch, 1000)
+        while True:
+            got = self._col.get(include=[], limit=page, offset=offset)["ids"]
+            out.extend(got)
+            if len(got) < page:
+                return out
+            offset += page
+
+    def commit(self) -> None:
+        """Chroma has already persisted every write."""
+
+    def close(self) -> None:
+        self._col = None
+        self._client = None

@@ -1,0 +1,213 @@
+"""The on-disk layout of an index and its atomic generations.
+
+::
+
+    indexes/NAME/
+      CURRENT              name of the live generation (replaced atomically)
+      gen-000007/          one complete, immutable index
+        manifest.json      sources (content hash, size, mtime, chunk ids), encoder identity,
+                           backend, chunking settings
+        chunks.jsonl       chunk store: text + metadata by id
+        bm25/              rag.bm25.BM25Index over the same chunks
+        vectors/faiss.npz  the FAISS backend's vectors (Chroma keeps its own store)
+        run.json           the ingest config that wrote it
+      chroma/              embedded Chroma data (chroma backend only)
+      ingest_log.jsonl     one line per ingest run
+      .lock                held while an ingest runs
+
+An ingest builds the next generation in a hidden temporary folder, renames it into place and
+then replaces ``CURRENT``: a crash at any moment leaves the previous generation live and whole.
+For Chroma the manifest is the source of truth; ingest reconciles the collection with it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.paths import indexes_dir
+from rag.types import Chunk
+
+MANIFEST_VERSION = 1
+CURRENT = "CURRENT"
+
+
+class IndexNotFoundError(FileNotFoundError):
+    """No ingested index at the given name or path."""
+
+
+@dataclass
+class SourceEntry:
+    """What the manifest remembers about one ingested file."""
+
+    hash: str  # sha256 of the file's bytes
+    size: int
+    mtime_ns: int
+    chunk_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Manifest:
+    """Everything needed to reopen an index and to ingest into it incrementally."""
+
+    encoder: dict[str, Any]  # Encoder.identity(): name, path, dim, fingerprint, ...
+    backend: str = "faiss"
+    chroma_url: str | None = None
+    collection: str = "rag"
+    chunking: dict[str, int] = field(default_factory=dict)  # chunk_tokens, overlap, max_tokens
+    sources: dict[str, SourceEntry] = field(default_factory=dict)  # absolute path -> entry
+    roots: list[str] = field(default_factory=list)  # folders/files given to ingest so far
+    version: int = MANIFEST_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        d = json.loads(text)
+        d["sources"] = {k: SourceEntry(**v) for k, v in d.get("sources", {}).items()}
+        return cls(**d)
+
+    def chunk_ids(self) -> set[str]:
+        return {i for s in self.sources.values() for i in s.chunk_ids}
+
+
+def index_dir(index: str | Path) -> Path:
+    """``index`` as a folder: an existing path, else ``indexes_dir()/index``."""
+    p = Path(index).expanduser()
+    if p.is_dir() and (p / CURRENT).exists():
+        return p
+    if os.sep in str(index) or str(index).startswith("."):
+        return p
+    return indexes_dir() / str(index)
+
+
+def collection_name(index: str | Path) -> str:
+    """A Chroma collection name for an index (3-63 chars of [a-zA-Z0-9._-], alnum ends)."""
+    name = re.sub(r"[^a-zA-Z0-9._-]", "-", Path(str(index)).name).strip("._-") or "rag"
+    return f"rag-{name}"[:63].rstrip("._-")
+
+
+def current_generation(root: Path) -> Path | None:
+    """The live generation folder, or None for an index never committed."""
+    try:
+        name = (root / CURRENT).read_text().strip()
+    except FileNotFoundError:
+        return None
+    gen = root / name
+    return gen if gen.is_dir() else None
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def new_generation(root: Path) -> Path:
+    """A fresh hidden temporary folder for the next generation."""
+    current = current_generation(root)
+    n = int(current.name.split("-")[1]) + 1 if current else 1
+    tmp = root / f".gen-{n:06d}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def publish_generation(root: Path, tmp: Path, checkpoint=lambda name: None) -> Path:
+    """Rename ``tmp`` into place and point CURRENT at it (the commit point), then drop all but
+    the previous generation (kept so a reader that has just read CURRENT can still open it)."""
+    final = root / tmp.name.split(".tmp-")[0].lstrip(".")
+    if final.exists():  # left by a run that crashed before updating CURRENT
+        shutil.rmtree(final)
+    for f in tmp.rglob("*"):  # durable against power loss too, not only process death
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    os.rename(tmp, final)
+    _fsync_dir(root)
+    checkpoint("after-rename")
+    pointer = root / f".{CURRENT}.tmp-{os.getpid()}"
+    with open(pointer, "w") as f:
+        f.write(final.name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer, root / CURRENT)
+    _fsync_dir(root)
+    checkpoint("after-pointer")
+    clean_stale(root, keep=2)
+    return final
+
+
+def clean_stale(root: Path, keep: int = 2) -> None:
+    """Remove temporary folders of crashed runs and generations older than the last ``keep``."""
+    current = current_generation(root)
+    for p in root.glob(".*.tmp-*"):
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    gens = sorted(p for p in root.glob("gen-*") if p.is_dir())
+    if current is None:
+        return
+    older = [g for g in gens if g.name < current.name]
+    for g in older[: max(0, len(older) - (keep - 1))]:
+        shutil.rmtree(g, ignore_errors=True)
+    for g in gens:
+        if g.name > current.name:  # renamed into place but never made current
+            shutil.rmtree(g, ignore_errors=True)
+
+
+@contextmanager
+def ingest_lock(root: Path) -> Iterator[None]:
+    """Exclusive lock so two ingests never write one index at once (released on any exit,
+    including kill -9, because the kernel drops flock locks with the process)."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"{root}: another ingest is running on this index") from None
+        yield
+
+
+def read_manifest(gen: Path) -> Manifest:
+    return Manifest.from_json((gen / "manifest.json").read_text())
+
+
+def read_chunks(gen: Path) -> dict[str, Chunk]:
+    chunks = {}
+    with open(gen / "chunks.jsonl", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                c = Chunk.from_dict(json.loads(line))
+                chunks[c.id] = c
+    return chunks
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=1, sort_keys=True, default=str))
+
+
+def write_chunks(gen: Path, chunks: dict[str, Chunk]) -> None:
+    with open(gen / "chunks.jsonl", "w", encoding="utf-8") as f:
+        for cid in sorted(chunks):
+            f.write(json.dumps(chunks[cid].to_dict(), ensure_ascii=False) + "\n")
+
+
+def open_generation(index: str | Path) -> tuple[Path, Path, Manifest]:
+    """(index root, live generation, manifest) or IndexNotFoundError naming the path."""
+    root = index_dir(index)
+    gen = current_generation(root)
+    if gen is None:
+        raise IndexNotFoundError(
+            f"no index at {root} (run: python -m rag.ingest DOCS --index {Path(str(index)).name})"
+        )
+    return root, gen, read_manifest(gen)

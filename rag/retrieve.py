@@ -1,0 +1,360 @@
+"""Retrieval: dense (encoder + vector index), BM25, and hybrid by reciprocal rank fusion, with an
+optional rerank stage.
+
+Two faces over the same engine (:class:`SearchEngine`):
+
+- :class:`Retriever` opens an index written by ``rag.ingest`` and returns :class:`Hit` objects
+  with their chunks (what ``rag.search``, the answer pipeline and the UI use);
+- :class:`CorpusRetriever` indexes ``ids``/``texts`` in memory and returns (id, score) lists
+  (what the retrieval and QA evals use), so evals measure the code the system runs.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from indexes import VectorIndex, open_index
+from rag.bm25 import BM25Index
+from rag.encoding import Encoder
+from rag.manifest import current_generation, open_generation, read_chunks
+from rag.types import Chunk, Hit
+
+MODES = ("dense", "bm25", "hybrid")
+RRF_K = 60
+
+
+def rrf(rankings: Sequence[Sequence[str]], k: int = RRF_K) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion (Cormack et al. 2009): score(d) = sum over rankings of
+    1 / (k + rank), rank starting at 1. Returns (id, score) best first; ties keep first-seen
+    order, so the result is deterministic."""
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, doc in enumerate(ranking, start=1):
+            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda kv: -kv[1])
+
+
+class Reranker(Protocol):
+    """Anything that scores (query, passage) pairs; higher is more relevant."""
+
+    def score(self, query: str, texts: list[str]) -> list[float]: ...
+
+
+class CrossEncoderReranker:
+    """A sentence-transformers ``CrossEncoder`` from a local model folder (nothing downloads)."""
+
+    def __init__(self, model: str | Path, device: str = "auto", batch_size: int = 32):
+        from sentence_transformers import CrossEncoder
+
+        from rag.models import pick_device, resolve_model
+
+        self.model = CrossEncoder(
+            str(resolve_model(model)), device=pick_device(device), local_files_only=True
+        )
+        self.batch_size = batch_size
+
+    def score(self, query: str, texts: list[str]) -> list[float]:
+        if not texts:
+            return []
+        scores = self.model.predict(
+            [(query, t) for t in texts], batch_size=self.batch_size, show_progress_bar=False
+        )
+        return [float(s) for s in np.asarray(scores).reshape(len(texts), -1)[:, -1]]
+
+
+@dataclass(frozen=True)
+class FusedHit(Hit):
+    """A hit with its component scores (None where that retriever did not return it), so the
+    answer pipeline can judge relevance of a fused list by the dense or BM25 score."""
+
+    dense_score: float | None = None
+    bm25_score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "dense_score": self.dense_score, "bm25_score": self.bm25_score}
+
+
+@dataclass
+class Scored:
+    """One result of the engine: id, final score, stage, and the component scores."""
+
+    id: str
+    score: float
+    mode: str
+    dense: float | None = None
+    bm25: float | None = None
+
+
+class SearchEngine:
+    """Dense / BM25 / hybrid search plus rerank over an encoder, a vector index and a BM25 index.
+
+    ``depth``: candidates each retriever contributes to fusion and to the rerank stage.
+    ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
+    that the manifest does not name; those are never returned).
+    """
+
+    def __init__(
+        self,
+        encoder: Callable[[], Encoder] | Encoder | None,
+        vectors: VectorIndex | None,
+        bm25: BM25Index | None,
+        text_of: Callable[[str], str],
+        reranker: Reranker | None = None,
+        depth: int = 100,
+        keep: Callable[[str], bool] | None = None,
+    ):
+        self._encoder = encoder
+        self.vectors, self.bm25, self.text_of = vectors, bm25, text_of
+        self.reranker, self.depth, self.keep = reranker, depth, keep
+        self.timings = {
+            "query_encode_s": 0.0,
+            "dense_search_s": 0.0,
+            "bm25_s": 0.0,
+            "rerank_s": 0.0,
+            "queries": 0,
+        }
+
+    @property
+    def encoder(self) -> Encoder:
+        if callable(self._encoder) and not isinstance(self._encoder, Encoder):
+            self._encoder = self._encoder()  # loaded on first dense query
+        if self._encoder is None:
+            raise ValueError("dense and hybrid search need an encoder (this retriever has none)")
+        return self._encoder
+
+    def _dense(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
+        if self.vectors is None:
+            raise ValueError("dense and hybrid search need a vector index")
+        t0 = time.perf_counter()
+        qv = self.encoder.encode(queries, kind="query")
+        t1 = time.perf_counter()
+        extra = 2 if self.keep is not None else 1
+        res = self.vectors.search(qv, n * extra)
+        self.timings["query_encode_s"] += t1 - t0
+        self.timings["dense_search_s"] += time.perf_counter() - t1
+        if self.keep is not None:
+            res = [[(i, s) for i, s in row if self.keep(i)][:n] for row in res]
+        return res
+
+    def _bm25(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
+        if self.bm25 is None:
+            raise ValueError("bm25 and hybrid search need a BM25 index")
+        t0 = time.perf_counter()
+        res = self.bm25.search_many(queries, n)
+        self.timings["bm25_s"] += time.perf_counter() - t0
+        return res
+
+    def search_many(
+        self, queries: list[str], k: int = 10, mode: str = "hybrid"
+    ) -> list[list[Scored]]:
+        """Top-``k`` results per query, best first."""
+        if mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
+        queries = list(queries)
+        self.timings["queries"] += len(queries)
+        if not queries or k <= 0:
+            return [[] for _ in queries]
+        n = max(k, self.depth) if (mode == "hybrid" or self.reranker) else k
+        dense = self._dense(queries, n) if mode in ("dense", "hybrid") else None
+        sparse = self._bm25(queries, n) if mode in ("bm25", "hybrid") else None
+        out = []
+        for qi, query in enumerate(queries):
+            d = dict(dense[qi]) if dense else {}
+            b = dict(sparse[qi]) if sparse else {}
+            if mode == "hybrid":
+                fused = rrf([[i for i, _ in dense[qi]], [i for i, _ in sparse[qi]]])
+            else:
+                fused = dense[qi] if mode == "dense" else sparse[qi]
+            row = [Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused]
+            out.append(self._rerank(query, row)[:k] if self.reranker else row[:k])
+        return out
+
+    def _rerank(self, query: str, row: list[Scored]) -> list[Scored]:
+        t0 = time.perf_counter()
+        row = row[: self.depth]
+        scores = self.reranker.score(query, [self.text_of(r.id) for r in row])
+        ranked = sorted(zip(scores, range(len(row))), key=lambda x: (-x[0], x[1]))
+        self.timings["rerank_s"] += time.perf_counter() - t0
+        return [Scored(row[i].id, float(s), "rerank", row[i].dense, row[i].bm25) for s, i in ranked]
+
+
+class CorpusRetriever:
+    """In-memory retrieval over ``ids``/``texts`` with the same engine as :class:`Retriever`.
+
+    ``encoder``: a SentenceTransformer, an alias/folder, an :class:`Encoder`, or None (BM25 only).
+    ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
+    """
+
+    def __init__(
+        self,
+        ids: list[str],
+        texts: list[str],
+        encoder: Any = None,
+        mode: str = "hybrid",
+        backend: str = "faiss",
+        reranker: Reranker | None = None,
+        device: str = "auto",
+        depth: int = 100,
+        progress: bool = False,
+    ):
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if len(ids) != len(texts) or len(set(ids)) != len(ids):
+            raise ValueError("ids and texts must have the same length and ids must be unique")
+        self.ids, self.mode = list(ids), mode
+        self._text = dict(zip(ids, texts))
+        self.timings: dict[str, float] = {}
+        enc = Encoder.wrap(encoder, device=device) if encoder is not None else None
+        vectors = bm25 = None
+        self._tmp = None
+        if mode in ("dense", "hybrid"):
+            if enc is None:
+                raise ValueError(f"mode {mode!r} needs an encoder")
+            t0 = time.perf_counter()
+            vecs = enc.encode(list(texts), kind="document", progress=progress)
+            t1 = time.perf_counter()
+            path = None
+            if backend == "chroma":
+                self._tmp = tempfile.TemporaryDirectory(prefix="rag-chroma-")
+                path = Path(self._tmp.name)
+            vectors = open_index(backend, path, enc.dim)
+            vectors.add(self.ids, vecs)
+            self.timings.update(corpus_encode_s=t1 - t0, index_build_s=time.perf_counter() - t1)
+        if mode in ("bm25", "hybrid"):
+            t0 = time.perf_counter()
+            bm25 = BM25Index(self.ids, list(texts))
+            self.timings["bm25_build_s"] = time.perf_counter() - t0
+        self.engine = SearchEngine(enc, vectors, bm25, self._text.__getitem__, reranker, depth)
+
+    @property
+    def encoder(self) -> Encoder | None:
+        return self.engine._encoder if isinstance(self.engine._encoder, Encoder) else None
+
+    def search_many(
+        self, queries: list[str], k: int = 10, mode: str | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """(id, score) lists, best first, one per query."""
+        rows = self.engine.search_many(queries, k, mode or self.mode)
+        return [[(r.id, r.score) for r in row] for row in rows]
+
+    def search(self, query: str, k: int = 10, mode: str | None = None) -> list[tuple[str, float]]:
+        return self.search_many([query], k, mode)[0]
+
+
+class Retriever:
+    """Search an index written by ``rag.ingest``; returns :class:`Hit` objects with chunks.
+
+    Re-reads the index when an ingest publishes a new generation, so a long-lived retriever (the
+    UI) sees uploads without a restart.
+    """
+
+    def __init__(
+        self,
+        index: str | Path,
+        encoder: Any = None,
+        device: str = "auto",
+        reranker: Reranker | None = None,
+        depth: int = 100,
+    ):
+        self.index, self.device, self.reranker, self.depth = index, device, reranker, depth
+        self._given = encoder
+        self._encoder: Encoder | None = None
+        self._load()
+        if encoder is not None:  # an explicit encoder is checked now, not at the first query
+            self._get_encoder()
+
+    @classmethod
+    def open(
+        cls,
+        index: str | Path,
+        encoder: Any = None,
+        device: str = "auto",
+        reranker: Reranker | str | Path | None = None,
+        **kw: Any,
+    ) -> Retriever:
+        """Open ``index`` (name or folder). ``encoder`` None uses the index's own encoder; any
+        other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
+        both. ``reranker`` may be a Reranker or a cross-encoder model folder."""
+        if isinstance(reranker, (str, Path)):
+            reranker = CrossEncoderReranker(reranker, device=device)
+        return cls(index, encoder=encoder, device=device, reranker=reranker, **kw)
+
+    def _load(self) -> None:
+        self.root, self.gen, self.manifest = open_generation(self.index)
+        self.chunks: dict[str, Chunk] = read_chunks(self.gen)
+        m = self.manifest
+        if m.backend == "faiss":
+            vectors = open_index("faiss", self.gen / "vectors", m.encoder["dim"])
+        else:
+            vectors = open_index(
+                "chroma",
+                self.root / "chroma",
+                m.encoder["dim"],
+                chroma_url=m.chroma_url,
+                collection=m.collection,
+            )
+        bm25 = BM25Index.load(self.gen / "bm25")
+        keep = self.chunks.__contains__ if m.backend != "faiss" else None
+        self.engine = SearchEngine(
+            self._get_encoder,
+            vectors,
+            bm25,
+            lambda i: self.chunks[i].text,
+            self.reranker,
+            self.depth,
+            keep,
+        )
+
+    def _get_encoder(self) -> Encoder:
+        if self._encoder is None:
+            rec = self.manifest.encoder
+            if self._given is not None:
+                enc = Encoder.wrap(self._given, device=self.device)
+            else:
+                name = rec["name"]
+                try:
+                    enc = Encoder.load(name, device=self.device)
+                except Exception:  # the alias/folder moved: fall back to the recorded path
+                    if not rec.get("path"):
+                        raise
+                    enc = Encoder.load(rec["path"], device=self.device)
+                    enc.name = name
+            enc.check_matches(rec, str(self.index))
+            self._encoder = enc
+        return self._encoder
+
+    @property
+    def encoder(self) -> Encoder:
+        return self._get_encoder()
+
+    def refresh(self) -> bool:
+        """Reload if an ingest published a new generation since; True when it did."""
+        if current_generation(self.root) == self.gen:
+            return False
+        self._load()
+        return True
+
+    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[Hit]:
+        """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid)."""
+        return self.search_many([query], k, mode)[0]
+
+    def search_many(self, queries: list[str], k: int = 10, mode: str = "hybrid") -> list[list[Hit]]:
+        self.refresh()
+        rows = self.engine.search_many(queries, k, mode)
+        return [
+            [
+                FusedHit(self.chunks[r.id], r.score, rank, r.mode, r.dense, r.bm25)
+                for rank, r in enumerate((r for r in row if r.id in self.chunks), start=1)
+            ]
+            for row in rows
+        ]
+
+    def __len__(self) -> int:
+        return len(self.chunks)
