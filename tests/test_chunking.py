@@ -1,0 +1,119 @@
+"""Chunking invariants: token limit, coverage, offsets, overlap, heading paths, stable ids."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from transformers import AutoTokenizer
+
+from rag.chunking import chunk_document, count_tokens
+from rag.documents import Document, markdown_headings
+from rag.models import minilm_path
+
+
+@pytest.fixture(scope="module")
+def wordpiece():
+    return AutoTokenizer.from_pretrained(minilm_path())
+
+
+@pytest.fixture(scope="module")
+def bpe(tiny_tokenizer_dir):
+    return AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+
+
+def make_doc(seed: int = 0, n_sections: int = 6) -> Document:
+    """Markdown with headings, prose, a code block, a long unpunctuated run and long words."""
+    rng = random.Random(seed)
+    words = "file read line open close python data index chunk token encoder query answer".split()
+    parts = ["# Guide", "", "Intro sentence about files. Another one here!", ""]
+    for s in range(n_sections):
+        parts += [f"## Section {s}", ""]
+        for _ in range(rng.randint(1, 6)):
+            sent = [" ".join(rng.choices(words, k=rng.randint(4, 25))).capitalize() + "." for _ in range(rng.randint(1, 8))]
+            parts += [" ".join(sent), ""]
+        if s % 2:
+            parts += ["```", *(f"    x{i} = read_line(f{i})" for i in range(rng.randint(5, 40))), "```", ""]
+        if s % 3 == 0:
+            parts += [" ".join(rng.choices(words, k=600)), ""]  # no punctuation at all
+            parts += ["".join(rng.choices("abcdefghij", k=3000)), ""]  # one enormous 'word'
+    text = "\n".join(parts)
+    return Document(path="/docs/guide.md", text=text, headings=markdown_headings(text))
+
+
+@pytest.mark.parametrize("tok_name", ["wordpiece", "bpe"])
+@pytest.mark.parametrize("chunk_tokens,overlap", [(64, 8), (128, 32), (512, 0)])
+def test_chunks_never_exceed_limit_and_cover_text(request, tok_name, chunk_tokens, overlap):
+    tok = request.getfixturevalue(tok_name)
+    doc = make_doc(seed=chunk_tokens)
+    max_tokens = 100
+    chunks = chunk_document(doc, tok, chunk_tokens=chunk_tokens, overlap=overlap, max_tokens=max_tokens)
+    assert chunks
+    limit = min(chunk_tokens, max_tokens)
+    counts = count_tokens(tok, [c.text for c in chunks])
+    assert max(counts) <= limit
+    covered = [False] * len(doc.text)
+    for c in chunks:
+        assert doc.text[c.start : c.end] == c.text
+        assert c.source == doc.path
+        for i in range(c.start, c.end):
+            covered[i] = True
+    missing = [i for i, ch in enumerate(doc.text) if not ch.isspace() and not covered[i]]
+    assert not missing, doc.text[missing[0] : missing[0] + 40]
+    assert len({c.id for c in chunks}) == len(chunks)
+
+
+def test_default_limit_is_encoder_max(wordpiece):
+    doc = make_doc(seed=3)
+    chunks = chunk_document(doc, wordpiece, chunk_tokens=10_000, overlap=0)
+    assert max(count_tokens(wordpiece, [c.text for c in chunks])) <= wordpiece.model_max_length - 2
+
+
+def test_overlap_between_consecutive_chunks_of_a_section(wordpiece):
+    text = "# T\n\n" + " ".join(f"word{i}." for i in range(400))
+    doc = Document("/d.md", text, markdown_headings(text))
+    chunks = chunk_document(doc, wordpiece, chunk_tokens=64, overlap=16)
+    assert len(chunks) > 3
+    for a, b in zip(chunks, chunks[1:]):
+        assert b.start < a.end, "consecutive chunks should share their overlap"
+        assert b.start > a.start
+    no_overlap = chunk_document(doc, wordpiece, chunk_tokens=64, overlap=0)
+    assert all(b.start >= a.end for a, b in zip(no_overlap, no_overlap[1:]))
+
+
+def test_prefers_paragraph_then_sentence_boundaries(wordpiece):
+    para = "This is a sentence about reading files. " * 6
+    text = "\n\n".join(para.strip() for _ in range(8))
+    doc = Document("/d.txt", text, [])
+    chunks = chunk_document(doc, wordpiece, chunk_tokens=120, overlap=0)
+    for c in chunks[:-1]:
+        assert c.text.endswith("."), repr(c.text[-30:])
+    assert text[chunks[1].start - 2 : chunks[1].start] == "\n\n"
+
+
+def test_heading_paths_and_sections(wordpiece):
+    text = "# A\n\nalpha text here.\n\n## B\n\nbeta text here.\n\n# C\n\ngamma text " + "more " * 80
+    doc = Document("/d.md", text, markdown_headings(text))
+    chunks = chunk_document(doc, wordpiece, chunk_tokens=16, overlap=0)
+    by_word = {w: c.heading_path for c in chunks for w in ("alpha", "beta", "gamma") if w in c.text}
+    assert by_word == {"alpha": ("A",), "beta": ("A", "B"), "gamma": ("C",)}
+    assert not any("alpha" in c.text and "gamma" in c.text for c in chunks)
+
+
+def test_ids_are_stable_and_change_with_content(wordpiece):
+    doc = make_doc(seed=1)
+    a = chunk_document(doc, wordpiece, 64, 8)
+    b = chunk_document(make_doc(seed=1), wordpiece, 64, 8)
+    assert [c.id for c in a] == [c.id for c in b]
+    changed = Document(doc.path, doc.text + "\n\nnew paragraph.", markdown_headings(doc.text))
+    assert not {c.id for c in a} & {c.id for c in chunk_document(changed, wordpiece, 64, 8)}
+    other = Document("/other.md", doc.text, doc.headings)
+    assert not {c.id for c in a} & {c.id for c in chunk_document(other, wordpiece, 64, 8)}
+
+
+def test_bad_settings_raise(wordpiece):
+    doc = make_doc()
+    with pytest.raises(ValueError, match="overlap"):
+        chunk_document(doc, wordpiece, chunk_tokens=64, overlap=40)
+    with pytest.raises(ValueError, match="too small"):
+        chunk_document(doc, wordpiece, chunk_tokens=4, overlap=0)

@@ -1,0 +1,173 @@
+"""One contract for every vector index backend: FAISS, embedded Chroma, and a real Chroma server
+started on 127.0.0.1 for the session (``chroma run``), stopped at the end."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from indexes import BACKENDS, VectorIndexError, open_index
+
+DIM = 16
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def chroma_server(tmp_path_factory):
+    """URL of a Chroma server running from this venv on a free loopback port."""
+    exe = Path(sys.executable).with_name("chroma")
+    if not exe.exists():
+        pytest.skip(f"{exe} not found (chromadb's CLI)")
+    port = free_port()
+    path = tmp_path_factory.mktemp("chroma_server")
+    log = open(path.parent / "chroma_server.log", "wb")  # noqa: SIM115 (closed in teardown)
+    proc = subprocess.Popen(
+        [str(exe), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=2) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"chroma server did not start (exit {proc.poll()}); see {log.name}")
+        time.sleep(0.2)
+    yield url
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+_counter = iter(range(10**6))
+
+
+@pytest.fixture(params=["faiss", "chroma", pytest.param("chroma-server", marks=pytest.mark.server)])
+def make_index(request, tmp_path):
+    """A factory opening (or reopening) one index of the parametrised backend."""
+    kind = request.param
+    url = request.getfixturevalue("chroma_server") if kind == "chroma-server" else None
+    collection = f"contract-{next(_counter)}"
+    opened = []
+
+    def make(dim: int = DIM):
+        backend = "faiss" if kind == "faiss" else "chroma"
+        ix = open_index(backend, tmp_path / "ix", dim, chroma_url=url, collection=collection)
+        opened.append(ix)
+        return ix
+
+    make.kind = kind
+    yield make
+    for ix in opened:
+        ix.close()
+
+
+def unit(rng, n: int, dim: int = DIM) -> np.ndarray:
+    v = rng.normal(size=(n, dim)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_backends_listed():
+    assert set(BACKENDS) == {"faiss", "chroma"}
+    with pytest.raises(VectorIndexError, match="unknown index backend"):
+        open_index("nope", None, 4)
+
+
+def test_add_search_count_ids(make_index):
+    rng = np.random.default_rng(0)
+    vecs = unit(rng, 40)
+    ids = [f"id{i}" for i in range(40)]
+    ix = make_index()
+    assert ix.count() == 0
+    assert ix.search(vecs[:2], 5) == [[], []]
+    ix.add(ids, vecs, [{"source": f"s{i}", "heading_path": ["a", "b"]} for i in range(40)])
+    assert ix.count() == 40 and sorted(ix.ids()) == sorted(ids)
+    res = ix.search(vecs[:5], 3)
+    assert [r[0][0] for r in res] == ids[:5]
+    for row in res:
+        assert len(row) == 3
+        assert row[0][1] == pytest.approx(1.0, abs=1e-4)
+        assert [s for _, s in row] == sorted((s for _, s in row), reverse=True)
+    exact = vecs[7] @ vecs.T  # scores are inner products
+    got = dict(ix.search(vecs[7:8], 40)[0])
+    assert len(got) == 40
+    for i, s in got.items():
+        assert s == pytest.approx(float(exact[int(i[2:])]), abs=1e-4)
+    assert len(ix.search(vecs[:1], 100)[0]) == 40
+
+
+def test_upsert_delete_and_persist(make_index):
+    rng = np.random.default_rng(1)
+    vecs = unit(rng, 20)
+    ids = [f"c{i}" for i in range(20)]
+    ix = make_index()
+    ix.add(ids, vecs)
+    new = unit(rng, 1)
+    ix.add(["c3"], new)  # replaces, never duplicates
+    assert ix.count() == 20
+    assert ix.search(new, 1)[0][0][0] == "c3"
+    assert ix.search(vecs[3:4], 1)[0][0][0] != "c3" or ix.search(vecs[3:4], 1)[0][0][1] < 0.999
+    ix.delete(["c0", "c1", "missing"])
+    assert ix.count() == 18 and "c0" not in ix.ids()
+    assert all(i not in ("c0", "c1") for i, _ in ix.search(vecs[:2], 18)[0])
+    ix.commit()
+    ix.close()
+    again = make_index()
+    assert again.count() == 18 and sorted(again.ids()) == sorted(ids[2:])
+    assert again.search(vecs[5:6], 1)[0][0][0] == "c5"
+
+
+def test_bad_shapes_rejected(make_index):
+    ix = make_index()
+    with pytest.raises(ValueError):
+        ix.add(["a"], np.zeros((1, DIM + 1), np.float32))
+    with pytest.raises(ValueError):
+        ix.add(["a", "b"], np.zeros((1, DIM), np.float32))
+    with pytest.raises(ValueError):
+        ix.add(["a", "a"], np.zeros((2, DIM), np.float32))
+    with pytest.raises(ValueError):
+        ix.search(np.zeros((1, DIM - 1), np.float32), 1)
+
+
+def test_faiss_hnsw_and_atomic_commit(tmp_path):
+    rng = np.random.default_rng(2)
+    vecs = unit(rng, 300)
+    ids = [str(i) for i in range(300)]
+    flat = open_index("faiss", tmp_path / "flat", DIM, kind="flat")
+    hnsw = open_index("faiss", tmp_path / "hnsw", DIM, kind="hnsw")
+    auto = open_index("faiss", None, DIM, hnsw_threshold=100)
+    for ix in (flat, hnsw, auto):
+        ix.add(ids, vecs)
+    q = vecs[:20]
+    top = [r[0][0] for r in flat.search(q, 1)]
+    assert [r[0][0] for r in hnsw.search(q, 1)] == top
+    assert [r[0][0] for r in auto.search(q, 1)] == top
+    hnsw.commit()
+    reopened = open_index("faiss", tmp_path / "hnsw", DIM, kind="hnsw")
+    assert [r[0][0] for r in reopened.search(q, 1)] == top
+    assert sorted(p.name for p in (tmp_path / "hnsw").iterdir()) == ["faiss.npz"]
+    with pytest.raises(VectorIndexError, match="16-d"):
+        open_index("faiss", tmp_path / "hnsw", 8)
+    shutil.rmtree(tmp_path / "hnsw")
