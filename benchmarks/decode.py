@@ -1,0 +1,268 @@
+"""Decode benchmark: tokens/s with vs without the KV cache, and time to first token (TTFT) with
+vs without the prefix cache.
+
+    python -m benchmarks.decode [--decoder smollm2] [--prompt-tokens 512] [--new-tokens 128]
+        [--no-cache-new-tokens N] [--repeats 3] [--threads 2] [--device cpu] [--json]
+
+The prompt is a real grounded prompt (system turn + numbered passages from
+``../shared/data/python-docs`` when present, else filler text) fitted to ``--prompt-tokens``.
+Generation is forced to exactly ``--new-tokens`` tokens (``min_new_tokens``) so runs compare.
+Without the KV cache every step re-encodes the whole sequence; ``--no-cache-new-tokens`` lets a
+slow machine measure fewer such steps (tokens/s is then over that shorter run; say so when
+reporting). Results, config and a bar plot go to ``$RAG_HOME/benchmarks/decode/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from rag.paths import rag_home, shared_data_dir
+
+QUESTION = "How do I read a file line by line?"
+
+
+@dataclass
+class DecodeBenchConfig:
+    """What to measure; every field is a ``--kebab-case`` flag."""
+
+    decoder: str = "smollm2"  # decoder alias or folder
+    prompt_tokens: int = 512  # grounded prompt length (system + passages + question)
+    short_prompt_tokens: int = 128  # a second, short prompt for the TTFT comparison
+    new_tokens: int = 128  # tokens generated per run (forced)
+    no_cache_new_tokens: int | None = None  # tokens for the no-KV-cache run (None = new_tokens)
+    repeats: int = 3  # runs per measurement; medians are reported
+    threads: int = 2  # torch CPU threads
+    device: str = "cpu"  # cpu | cuda | auto
+    out: str | None = None  # output folder (default $RAG_HOME/benchmarks/decode)
+
+
+def log(msg: str) -> None:
+    print(f"[decode] {msg}", file=sys.stderr, flush=True)
+
+
+def source_passages(n: int = 40) -> list[str]:
+    """Paragraphs from the Python docs (or filler when the shared data is absent)."""
+    data = shared_data_dir()
+    docs = data / "python-docs" / "tutorial" if data else None
+    paras: list[str] = []
+    if docs and docs.is_dir():
+        for path in sorted(docs.glob("*.rst.txt")):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            paras += [p for p in text.split("\n\n") if len(p.split()) > 30]
+            if len(paras) >= n:
+                break
+    if not paras:
+        paras = [
+            f"Paragraph {i}: files are read line by line with a for loop. " * 6 for i in range(n)
+        ]
+    return paras[:n]
+
+
+def build_prompt(gen: Any, n_tokens: int) -> tuple[list[int], int]:
+    """Prompt ids of at most ``n_tokens`` (passages fitted by the generator's own budget logic)."""
+    from rag.prompt import build_messages
+
+    saved = gen.max_context_tokens
+    gen.max_context_tokens = n_tokens + 1
+    try:
+        kept = gen.fit_passages(QUESTION, source_passages(), max_new_tokens=1)
+    finally:
+        gen.max_context_tokens = saved
+    return gen.prompt_ids(build_messages(QUESTION, kept))
+
+
+def timed(gen: Any, ids: list[int], prefix: int, repeats: int, **kw: Any) -> list[dict[str, float]]:
+    runs = []
+    for _ in range(repeats):
+        stats: dict[str, float] = {}
+        gen.generate_ids(ids, prefix, stats=stats, **kw)
+        runs.append(stats)
+    return runs
+
+
+def decode_speed(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Median end-to-end tokens/s, decode-only tokens/s (after the first token) and TTFT."""
+    total = [r["new_tokens"] / r["total_s"] for r in runs]
+    decode = [(r["new_tokens"] - 1) / max(r["total_s"] - r["ttft_s"], 1e-9) for r in runs]
+    return {
+        "new_tokens": runs[0]["new_tokens"],
+        "tokens_per_s": statistics.median(total),
+        "decode_tokens_per_s": statistics.median(decode),
+        "ttft_s": statistics.median(r["ttft_s"] for r in runs),
+        "total_s": statistics.median(r["total_s"] for r in runs),
+        "runs": len(runs),
+    }
+
+
+def ttft_pair(gen: Any, ids: list[int], prefix: int, repeats: int) -> dict[str, float]:
+    """TTFT (prefill + first token) without, then with, the cached system prefix."""
+    gen.clear_prefix_cache()
+    gen.generate_ids(ids, prefix, max_new_tokens=1, use_prefix_cache=True)  # warm the prefix
+    off = timed(gen, ids, prefix, repeats, max_new_tokens=1, use_prefix_cache=False)
+    on = timed(gen, ids, prefix, repeats, max_new_tokens=1, use_prefix_cache=True)
+    a = statistics.median(r["ttft_s"] for r in off)
+    b = statistics.median(r["ttft_s"] for r in on)
+    return {
+        "prompt_tokens": len(ids),
+        "prefix_tokens": prefix,
+        "ttft_no_prefix_cache_s": a,
+        "ttft_prefix_cache_s": b,
+        "speedup": a / b if b else float("nan"),
+    }
+
+
+def run(cfg: DecodeBenchConfig) -> dict[str, Any]:
+    import torch
+
+    from rag.generate import Generator
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    gen = Generator.load(cfg.decoder, device=cfg.device)
+    log(f"loaded {cfg.decoder} in {time.perf_counter() - t0:.1f}s on {gen.device}")
+    ids, prefix = build_prompt(gen, cfg.prompt_tokens)
+    short_ids, short_prefix = build_prompt(gen, cfg.short_prompt_tokens)
+    log(f"prompt {len(ids)} tokens (system prefix {prefix}); warm-up")
+    gen.generate_ids(short_ids, short_prefix, max_new_tokens=2)
+
+    force = {"max_new_tokens": cfg.new_tokens, "min_new_tokens": cfg.new_tokens}
+    log(f"KV cache on: {cfg.repeats} x {cfg.new_tokens} tokens")
+    kv = decode_speed(timed(gen, ids, prefix, cfg.repeats, use_prefix_cache=False, **force))
+    n_off = cfg.no_cache_new_tokens or cfg.new_tokens
+    log(f"KV cache off: 1 x {n_off} tokens (re-encodes the sequence every step)")
+    off = {"max_new_tokens": n_off, "min_new_tokens": n_off, "use_cache": False}
+    no_kv = decode_speed(timed(gen, ids, prefix, 1, **off))
+    log("TTFT with vs without prefix cache")
+    ttft = [
+        ttft_pair(gen, i, p, cfg.repeats * 2) for i, p in ((ids, prefix), (short_ids, short_prefix))
+    ]
+    return {
+        "config": asdict(cfg),
+        "hardware": hardware(cfg.threads),
+        "kv_cache": kv,
+        "no_kv_cache": no_kv,
+        "kv_speedup_tokens_per_s": kv["tokens_per_s"] / no_kv["tokens_per_s"],
+        "ttft": ttft,
+    }
+
+
+def hardware(threads: int) -> dict[str, Any]:
+    import os
+
+    import torch
+
+    return {
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "torch": torch.__version__,
+        "load_avg_1m": os.getloadavg()[0],
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
+    a.bar(
+        ["KV cache", "no KV cache"],
+        [result["kv_cache"]["tokens_per_s"], result["no_kv_cache"]["tokens_per_s"]],
+    )
+    a.set_ylabel("tokens/s")
+    a.set_title("decode speed")
+    labels = [f"{t['prompt_tokens']} tok" for t in result["ttft"]]
+    x = range(len(labels))
+    b.bar(
+        [i - 0.2 for i in x],
+        [t["ttft_no_prefix_cache_s"] for t in result["ttft"]],
+        0.4,
+        label="no prefix cache",
+    )
+    b.bar(
+        [i + 0.2 for i in x],
+        [t["ttft_prefix_cache_s"] for t in result["ttft"]],
+        0.4,
+        label="prefix cache",
+    )
+    b.set_xticks(list(x), labels)
+    b.set_ylabel("seconds")
+    b.set_title("time to first token")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    kv, off = result["kv_cache"], result["no_kv_cache"]
+    lines = [
+        "| measurement | value |",
+        "|---|---|",
+        f"| tokens/s, KV cache on ({int(kv['new_tokens'])} new) | {kv['tokens_per_s']:.2f} |",
+        f"| tokens/s, KV cache off ({int(off['new_tokens'])} new) | {off['tokens_per_s']:.2f} |",
+        f"| speed-up from the KV cache | {result['kv_speedup_tokens_per_s']:.1f}x |",
+    ]
+    for t in result["ttft"]:
+        lines.append(
+            f"| TTFT, {t['prompt_tokens']}-token prompt: no prefix cache / prefix cache "
+            f"({t['prefix_tokens']} cached) | {t['ttft_no_prefix_cache_s']:.3f} s / "
+            f"{t['ttft_prefix_cache_s']:.3f} s ({t['speedup']:.2f}x) |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> tuple[DecodeBenchConfig, bool]:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.decode", description=__doc__.split("\n\n")[0]
+    )
+    for name, default in asdict(DecodeBenchConfig()).items():
+        conv = int if isinstance(default, int) or name == "no_cache_new_tokens" else str
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=conv, default=default)
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    args = vars(p.parse_args(argv))
+    as_json = args.pop("json")
+    return DecodeBenchConfig(**args), as_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, as_json = parse_args(argv)
+    if cfg.prompt_tokens < 64 or cfg.new_tokens < 2 or cfg.repeats < 1:
+        print(
+            "benchmarks.decode: error: need --prompt-tokens >= 64, --new-tokens >= 2, --repeats >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = run(cfg)
+    except (LookupError, RuntimeError, ValueError) as e:
+        print(f"benchmarks.decode: error: {e}", file=sys.stderr)
+        return 1
+    out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "decode"
+    out.mkdir(parents=True, exist_ok=True)
+    argv_used = sys.argv[1:] if argv is None else argv
+    result["command"] = "python -m benchmarks.decode " + " ".join(argv_used)
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    (out / "run.json").write_text(
+        json.dumps({"config": asdict(cfg), "command": result["command"]}, indent=2)
+    )
+    plot(result, out / "decode.png")
+    log(f"wrote {out}/results.json and decode.png")
+    print(json.dumps(result, indent=2) if as_json else markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
