@@ -240,19 +240,10 @@ def _turns(history: list[dict]) -> list[dict[str, str]]:
 
 
 def _report_lines(report: Any) -> list[str]:
-    """Markdown lines from an ingest report (per-file failures included)."""
-    lines = []
-    summary = getattr(report, "summary", None)
-    if callable(summary):
-        lines.append(str(summary()))
-    for name in ("added_files", "files", "n_files", "n_chunks", "chunks_added", "added_chunks"):
-        if hasattr(report, name) and not callable(getattr(report, name)):
-            val = getattr(report, name)
-            lines.append(
-                f"- {name.replace('_', ' ')}: {len(val) if isinstance(val, list) else val}"
-            )
-    for err in getattr(report, "failures", None) or getattr(report, "errors", None) or []:
-        lines.append(f"- failed **{getattr(err, 'path', err)}**: {getattr(err, 'reason', err)}")
+    """Markdown lines from a :class:`rag.ingest.IngestReport`: its summary, then each failed file
+    with the reason (the same per-file report as ``python -m rag.ingest``)."""
+    lines = [f"- {report.summary()}"]
+    lines += [f"- failed **{Path(path).name}**: {reason}" for path, reason in report.failures]
     return lines
 
 
