@@ -221,6 +221,7 @@ def test_works_with_project_tiny_clm(request):
         pytest.skip("tests/conftest.py has no tiny_clm_dir fixture yet")
     gen = Generator.load(path, device="cpu")
     msgs = messages()
+    assert gen.prompt_ids(msgs)[1] > 0  # its chat template allows the prefix cache
     assert gen.generate(msgs, max_new_tokens=8) == gen.generate(
         msgs, max_new_tokens=8, use_prefix_cache=False
     )
