@@ -146,10 +146,12 @@ def chunk_document(
     budget = min(chunk_tokens, max_tokens)
     if budget < 8:
         raise ValueError(f"chunk size {budget} tokens is too small (need at least 8)")
-    if not 0 <= overlap < budget // 2:
+    if not 0 <= overlap < chunk_tokens // 2:
         raise ValueError(
-            f"--overlap must be in [0, {budget // 2}) for {budget}-token chunks, got {overlap}"
+            f"--overlap must be in [0, {chunk_tokens // 2}) for {chunk_tokens}-token chunks, got {overlap}"
         )
+    if budget < chunk_tokens:  # the encoder reads less than asked: keep overlap proportionate
+        overlap = min(overlap, budget // 4)
     backend = _backend(tokenizer)
     text = doc.text
     offsets = [o for o in backend.encode(text, add_special_tokens=False).offsets if o[1] > o[0]]

@@ -13,6 +13,7 @@ crash or ``kill -9`` leaves the previous index loadable and the next run redoes 
 from __future__ import annotations
 
 import argparse
+import errno
 import hashlib
 import json
 import os
@@ -61,8 +62,8 @@ class IngestConfig:
     encoder: str | None = (
         None  # alias or folder; default: the index's recorded encoder, else minilm
     )
-    backend: str = "faiss"  # faiss | chroma
-    chroma_url: str | None = None  # Chroma server URL (chroma backend); default: embedded
+    backend: str | None = None  # faiss | chroma; default: the index's backend, else faiss
+    chroma_url: str | None = None  # Chroma server URL; default: the index's, else embedded
     chunk_tokens: int = 256  # target chunk size in encoder tokens (capped at the encoder's max)
     overlap: int = 32  # tokens shared by consecutive chunks of a section
     device: str = "auto"  # auto | cpu | cuda
@@ -130,6 +131,15 @@ def _file_hash(path: Path) -> str:
     return h.hexdigest()
 
 
+def _os_reason(e: OSError, path: Path) -> str:
+    """A short reason for an OS error on ``path`` (links get a clearer wording)."""
+    if e.errno == errno.ELOOP:
+        return "symbolic link loop"
+    if e.errno == errno.ENOENT and path.is_symlink():
+        return f"broken symbolic link (no such file: {os.readlink(path)})"
+    return e.strerror or str(e)
+
+
 def _under(path: str, roots: list[Path]) -> bool:
     return any(path == str(r) or path.startswith(str(r) + os.sep) for r in roots)
 
@@ -193,7 +203,7 @@ def _plan(
                 plan.drop_sources.append(key)
             continue
         except OSError as e:
-            report.failures.append((key, e.strerror or str(e)))
+            report.failures.append((key, _os_reason(e, path)))
             if key in sources:
                 plan.drop_sources.append(key)
             continue
@@ -222,12 +232,20 @@ def _load_encoder(cfg: IngestConfig, old: Manifest | None, name: str) -> Encoder
     return encoder
 
 
-def ingest_config(cfg: IngestConfig) -> IngestReport:
-    """Run one ingest as configured (see :func:`ingest`)."""
+def _resolve_backend(cfg: IngestConfig, old: Manifest | None) -> None:
+    """Fill in the backend and Chroma URL from the index (or the defaults) and validate them."""
+    if cfg.backend is None:
+        cfg.backend = old.backend if old else ("chroma" if cfg.chroma_url else "faiss")
+    if cfg.chroma_url is None and old is not None and cfg.backend == "chroma":
+        cfg.chroma_url = old.chroma_url
     if cfg.backend not in BACKENDS:
         raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}, not {cfg.backend!r}")
     if cfg.chroma_url and cfg.backend != "chroma":
         raise ValueError("--chroma-url needs --backend chroma")
+
+
+def ingest_config(cfg: IngestConfig) -> IngestReport:
+    """Run one ingest as configured (see :func:`ingest`)."""
     t0 = time.perf_counter()
     root = index_dir(cfg.index)
     report = IngestReport(index=str(cfg.index))
@@ -235,6 +253,7 @@ def ingest_config(cfg: IngestConfig) -> IngestReport:
         clean_stale(root)
         gen = current_generation(root)
         old = read_manifest(gen) if gen else None
+        _resolve_backend(cfg, old)
         encoder = _load_encoder(cfg, old, str(cfg.index))
         chunking = {
             "chunk_tokens": cfg.chunk_tokens,
@@ -350,7 +369,7 @@ def ingest(
     paths: list[str | Path],
     index: str = "default",
     encoder: str | None = None,
-    backend: str = "faiss",
+    backend: str | None = None,
     chroma_url: str | None = None,
     chunk_tokens: int = 256,
     overlap: int = 32,
@@ -359,7 +378,8 @@ def ingest(
 ) -> IngestReport:
     """Ingest ``paths`` into ``index`` and return what happened. ``encoder`` defaults to the
     one the index was built with (``minilm`` for a new index); a different one raises
-    :class:`rag.encoding.EncoderMismatchError` naming both. Extra keyword arguments are
+    :class:`rag.encoding.EncoderMismatchError` naming both; ``backend`` likewise defaults to the
+    index's own (``faiss`` for a new one). Extra keyword arguments are
     :class:`IngestConfig` fields (``precision``, ``max_bytes``, ``progress``)."""
     cfg = IngestConfig(
         paths=[str(p) for p in paths],
@@ -384,7 +404,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--encoder", default=None, help="alias or folder; default: the index's encoder, else minilm"
     )
-    p.add_argument("--backend", default="faiss", choices=BACKENDS)
+    p.add_argument(
+        "--backend", default=None, choices=BACKENDS, help="default: the index's, else faiss"
+    )
     p.add_argument("--chroma-url", default=None, help="Chroma server, e.g. http://127.0.0.1:8000")
     p.add_argument("--chunk-tokens", type=int, default=256)
     p.add_argument("--overlap", type=int, default=32)

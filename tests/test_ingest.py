@@ -1,0 +1,157 @@
+"""Ingest: incremental and idempotent, BM25 in step, bad input reported, encoder identity."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+from ingest_support import DOCS, perturbed_copy, write_docs
+
+from indexes import open_index
+from rag.bm25 import BM25Index
+from rag.encoding import EncoderMismatchError
+from rag.ingest import ingest, main
+from rag.manifest import open_generation, read_chunks
+from rag.retrieve import Retriever
+
+
+def index_state(name: str) -> dict:
+    """Everything that defines an index's content, for equality checks."""
+    root, gen, manifest = open_generation(name)
+    chunks = read_chunks(gen)
+    state = {
+        "chunks": {i: c.to_dict() for i, c in chunks.items()},
+        "sources": {k: (v.hash, sorted(v.chunk_ids)) for k, v in manifest.sources.items()},
+        "bm25": sorted(BM25Index.load(gen / "bm25").ids),
+    }
+    if manifest.backend == "faiss":
+        state["vectors"] = sorted(
+            open_index("faiss", gen / "vectors", manifest.encoder["dim"]).ids()
+        )
+    assert state["bm25"] == sorted(chunks)
+    assert sorted(i for _, ids in state["sources"].values() for i in ids) == sorted(chunks)
+    return state
+
+
+def test_incremental_reingest(tmp_path, tiny_mlm_dir):
+    docs = write_docs(tmp_path / "docs")
+    enc = str(tiny_mlm_dir)
+    first = ingest([docs], index="inc", encoder=enc, progress=False)
+    assert len(first.added) == len(DOCS) and first.ok and first.chunks == first.chunks_embedded > 0
+    before = index_state("inc")
+
+    again = ingest([docs], index="inc", progress=False)  # encoder defaults to the recorded one
+    assert (len(again.added), len(again.removed), len(again.updated)) == (0, 0, 0)
+    assert len(again.unchanged) == len(DOCS) and again.chunks_embedded == 0
+    assert again.generation == first.generation
+    assert index_state("inc") == before
+
+    target = docs / "notes.txt"
+    time.sleep(0.01)
+    os.utime(target)  # touched, same content: re-hashed, nothing embedded
+    touched = ingest([docs], index="inc", progress=False)
+    assert touched.chunks_embedded == 0 and len(touched.unchanged) == len(DOCS)
+
+    target.write_text(DOCS["notes.txt"] + "\nOkapis are shy forest animals.\n", encoding="utf-8")
+    changed = ingest([docs], index="inc", progress=False)
+    assert changed.updated == [str(target.absolute())] and not changed.added
+    after = index_state("inc")
+    new_ids = set(after["sources"][str(target.absolute())][1])
+    assert changed.chunks_embedded == len(new_ids)
+    others = {k: v for k, v in before["sources"].items() if k != str(target.absolute())}
+    assert {k: after["sources"][k] for k in others} == others  # untouched files keep their chunks
+
+    gone = docs / "errors.rst"
+    gone_ids = set(after["sources"][str(gone.absolute())][1])
+    gone.unlink()
+    removed = ingest([docs], index="inc", progress=False)
+    assert removed.removed == [str(gone.absolute())] and removed.chunks_removed == len(gone_ids)
+    final = index_state("inc")
+    assert not gone_ids & set(final["chunks"]) and not gone_ids & set(final["bm25"])
+    r = Retriever.open("inc")
+    assert all(
+        "errors.rst" not in h.chunk.source
+        for h in r.search("exception finally try", k=10, mode="bm25")
+    )
+    assert any("notes.txt" in h.chunk.source for h in r.search("okapis forest", k=3, mode="bm25"))
+
+
+def test_bad_inputs_reported_and_rest_ingested(tmp_path, tiny_mlm_dir, monkeypatch, capsys):
+    docs = write_docs(tmp_path / "bad", {"good.md": "# Good\n\nThis file is fine and has words.\n"})
+    (docs / "binary.txt").write_bytes(b"\x00\x01\x02binary\x00data")
+    (docs / "empty.md").write_bytes(b"")
+    (docs / "latin1.txt").write_bytes("caf\xe9 cr\xe8me br\xfbl\xe9e".encode("latin-1"))
+    (docs / "zero.pdf").write_bytes(b"")
+    (docs / "locked.md").write_text("secret", encoding="utf-8")
+    (docs / "locked.md").chmod(0)
+    os.symlink("loop.md", docs / "loop.md")  # a link to itself
+    os.symlink("missing.md", docs / "dangling.md")
+    if os.geteuid() == 0:  # root reads chmod-000 files: simulate the EACCES a user would get
+        import rag.ingest as ingest_mod
+
+        real = ingest_mod._file_hash
+
+        def denied(path):
+            if path.name == "locked.md":
+                raise PermissionError(13, "Permission denied")
+            return real(path)
+
+        monkeypatch.setattr(ingest_mod, "_file_hash", denied)
+    code = main(
+        [str(docs), "--index", "bad", "--encoder", str(tiny_mlm_dir), "--json", "--no-progress"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1
+    reasons = {os.path.basename(f["path"]): f["reason"] for f in out["failures"]}
+    assert "binary" in reasons["binary.txt"]
+    assert "empty" in reasons["empty.md"] and "empty" in reasons["zero.pdf"]
+    assert "UTF-8" in reasons["latin1.txt"]
+    assert "ermission" in reasons["locked.md"]
+    assert "link loop" in reasons["loop.md"]
+    assert "no such file" in reasons["dangling.md"].lower() and "link" in reasons["dangling.md"]
+    assert [os.path.basename(p) for p in out["added"]] == ["good.md"]
+    assert out["counts"]["failed"] == 7
+    r = Retriever.open("bad")
+    assert len(r) == out["chunks"] > 0
+    assert r.search("fine words", k=1, mode="bm25")[0].chunk.source.endswith("good.md")
+
+
+def test_other_encoder_is_refused(tmp_path, tiny_mlm_dir):
+    docs = write_docs(tmp_path / "docs")
+    ingest([docs], index="enc", encoder=str(tiny_mlm_dir), progress=False)
+    other = perturbed_copy(tiny_mlm_dir, tmp_path / "other-encoder")
+    with pytest.raises(EncoderMismatchError) as e:
+        ingest([docs], index="enc", encoder=str(other), progress=False)
+    assert str(tiny_mlm_dir) in str(e.value) and str(other) in str(e.value)
+    with pytest.raises(EncoderMismatchError, match="other-encoder"):
+        Retriever.open("enc", encoder=str(other))
+    assert main([str(docs), "--index", "enc", "--encoder", str(other), "--no-progress"]) == 2
+    Retriever.open("enc", encoder=str(tiny_mlm_dir))  # the same weights are accepted
+
+
+def test_chroma_backend_reconciles_with_manifest(tmp_path, tiny_mlm_dir):
+    docs = write_docs(tmp_path / "docs")
+    first = ingest([docs], index="chr", encoder=str(tiny_mlm_dir), backend="chroma", progress=False)
+    root, gen, manifest = open_generation("chr")
+    col = open_index(
+        "chroma", root / "chroma", manifest.encoder["dim"], collection=manifest.collection
+    )
+    ids = sorted(read_chunks(gen))
+    assert sorted(col.ids()) == ids and first.chunks == len(ids)
+    # simulate a crash between the store and the manifest: a stray id and a missing one
+    import numpy as np
+
+    col.add(
+        ["stray"],
+        np.ones((1, manifest.encoder["dim"]), np.float32) / manifest.encoder["dim"] ** 0.5,
+    )
+    col.delete([ids[0]])
+    r = Retriever.open("chr")
+    assert all(h.chunk.id != "stray" for h in r.search("zebra", k=50, mode="dense"))
+    fixed = ingest([docs], index="chr", progress=False)
+    assert fixed.chunks_embedded == 1 and not fixed.added
+    assert sorted(col.ids()) == ids
+    with pytest.raises(ValueError, match="backend"):
+        ingest([docs], index="chr", backend="faiss", progress=False)
