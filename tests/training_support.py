@@ -11,7 +11,46 @@ from pathlib import Path
 
 import torch
 
-WORDS = ["python", "file", "open", "read", "write", "line", "loop", "list", "dict", "set", "string", "bytes", "module", "import", "class", "function", "return", "value", "error", "raise", "exception", "context", "manager", "iterator", "generator", "thread", "process", "socket", "server", "client", "request", "response", "header", "cache", "index", "vector", "query", "passage"]
+WORDS = [
+    "python",
+    "file",
+    "open",
+    "read",
+    "write",
+    "line",
+    "loop",
+    "list",
+    "dict",
+    "set",
+    "string",
+    "bytes",
+    "module",
+    "import",
+    "class",
+    "function",
+    "return",
+    "value",
+    "error",
+    "raise",
+    "exception",
+    "context",
+    "manager",
+    "iterator",
+    "generator",
+    "thread",
+    "process",
+    "socket",
+    "server",
+    "client",
+    "request",
+    "response",
+    "header",
+    "cache",
+    "index",
+    "vector",
+    "query",
+    "passage",
+]
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
@@ -99,10 +138,12 @@ def write_tiny_squad(path: Path) -> Path:
     for a, title in enumerate(titles):
         paragraphs = []
         for p in range(3):
-            w = [WORDS[(a * 7 + p * 3 + i) % len(WORDS)] for i in range(30)]
-            answer = f"{title.split('_')[0].lower()}{p}x"
+            w = [WORDS[(a * 7 + p * 3 + i) % len(WORDS)] for i in range(12)]
+            answer, tool = f"{title.split('_')[0].lower()}{p}x", f"tool{a}{p}"
             context = (
-                f"The {w[0]} of {title} is {answer}. " + " ".join(w) + f". It uses {w[5]} {w[9]}."
+                f"The {w[0]} of {title} is {answer}. "
+                + " ".join(w)
+                + f". It uses {w[5]} with {tool}."
             )
             qas = [
                 {
@@ -113,7 +154,7 @@ def write_tiny_squad(path: Path) -> Path:
                 {
                     "id": f"{a}-{p}-1",
                     "question": f"What does {title} use with {w[5]}?",
-                    "answers": [{"text": w[9]}],
+                    "answers": [{"text": tool}],
                 },
             ]
             paragraphs.append({"context": context, "qas": qas})

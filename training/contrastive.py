@@ -18,6 +18,7 @@ division-of-labour experiment can tune an MLM and a CLM with the identical recip
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import logging
@@ -386,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = config_from_args(ContrastiveConfig, ns)
     try:
-        summary = train_contrastive(cfg)
+        # The Trainer prints its logs on stdout; keep stdout for the --json summary only.
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = train_contrastive(cfg)
     except (ValueError, OSError, LookupError, RuntimeError) as e:
         print(f"training.contrastive: error: {e}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ AutoModelForCausalLM folder.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import logging
@@ -63,6 +64,7 @@ class LoraTrainConfig:
     k_passages: int = 3  # passages per prompt (gold + k-1 BM25 distractors)
     refusal_fraction: float = 0.15  # share of examples with no answer-bearing passage
     max_examples: int = 300  # training examples drawn from the SQuAD train articles
+    passage_words: int = 0  # trim each passage to this many words around the answer (0 = whole)
     max_length: int = 1024  # examples longer than this many tokens are skipped
     eval: bool = True  # score held-out questions before and after tuning
     eval_examples: int = 100  # held-out examples (fixed by seed; same refusal share)
@@ -303,7 +305,7 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
         per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.lr,
-        warmup_ratio=cfg.warmup_ratio,
+        warmup_steps=cfg.warmup_ratio,  # transformers 5: a float < 1 is a fraction of the steps
         logging_steps=cfg.logging_steps,
         logging_first_step=True,
         save_strategy="no",
@@ -368,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     cfg = config_from_args(LoraTrainConfig, ns)
     try:
-        summary = train_lora(cfg)
+        # The Trainer prints its logs on stdout; keep stdout for the --json summary only.
+        with contextlib.redirect_stdout(sys.stderr):
+            summary = train_lora(cfg)
     except (ValueError, OSError, LookupError, RuntimeError) as e:
         print(f"training.lora: error: {e}", file=sys.stderr)
         return 2

@@ -50,6 +50,24 @@ def _holds_answer(text: str, answers: Sequence[str]) -> bool:
     return any(a.strip() and a.strip().lower() in low for a in answers)
 
 
+def trim_passage(text: str, max_words: int, answers: Sequence[str] = ()) -> str:
+    """At most ``max_words`` words of ``text``: a window around the first gold answer found,
+    else the opening words. 0 keeps the whole text. Shorter prompts make CPU training cheaper and
+    match the pipeline, whose passages are chunks rather than whole paragraphs."""
+    words = text.split()
+    if not max_words or len(words) <= max_words:
+        return text
+    start = 0
+    for a in answers:
+        pos = text.lower().find(a.strip().lower()) if a.strip() else -1
+        if pos >= 0:
+            first = len(text[:pos].split())
+            last = first + len(a.split())
+            start = max(0, min(first - (max_words - (last - first)) // 2, len(words) - max_words))
+            break
+    return " ".join(words[start : start + max_words])
+
+
 def build_examples(
     paragraphs: Sequence[SquadParagraph],
     articles: Sequence[str],
@@ -58,9 +76,11 @@ def build_examples(
     refusal_fraction: float = 0.15,
     seed: int = 0,
     pool_articles: Sequence[str] | None = None,
+    passage_words: int = 0,
 ) -> list[QAExample]:
     """``n`` examples from questions of ``articles``; distractors come from paragraphs of
-    ``pool_articles`` (default: ``articles``), so train data never touches held-out text."""
+    ``pool_articles`` (default: ``articles``), so train data never touches held-out text.
+    ``passage_words`` > 0 trims each passage (the gold one around its answer)."""
     if k < 1:
         raise ValueError(f"--k-passages must be at least 1, not {k}")
     wanted, pool_set = set(articles), set(pool_articles or articles)
@@ -99,7 +119,7 @@ def build_examples(
             QAExample(
                 id=q.id,
                 question=q.question,
-                passages=[p.context for p in docs],
+                passages=[trim_passage(p.context, passage_words, q.answers) for p in docs],
                 cited=cited,
                 answers=q.answers,
                 target=format_target(q.answers[0], cited) if cited else REFUSAL,
@@ -112,14 +132,22 @@ def build_examples(
 
 
 def squad_examples(
-    path: str | Path, split: str, n: int, k: int = 3, refusal_fraction: float = 0.15, seed: int = 0
+    path: str | Path,
+    split: str,
+    n: int,
+    k: int = 3,
+    refusal_fraction: float = 0.15,
+    seed: int = 0,
+    passage_words: int = 0,
 ) -> list[QAExample]:
     """Train examples (train articles only) or held-out ones (dev articles; distractors from the
     whole file, which is fine as nothing held-out is trained on)."""
     paragraphs = load_squad_paragraphs(path)
     train, dev = squad_split(path)
     if split == "train":
-        ex = build_examples(paragraphs, train, n, k, refusal_fraction, seed)
+        ex = build_examples(
+            paragraphs, train, n, k, refusal_fraction, seed, passage_words=passage_words
+        )
         assert_no_heldout(ex, dev, paragraphs)
         return ex
     if split == "dev":
@@ -138,7 +166,7 @@ def assert_no_heldout(
     for ex in examples:
         if ex.article in dev or any(pid.split("/")[0] in dev for pid in ex.passage_ids):
             raise AssertionError(f"example {ex.id} uses held-out article {ex.article!r}")
-        if any(p in dev_text for p in ex.passages):
+        if any(p in d for p in ex.passages for d in dev_text):
             raise AssertionError(f"example {ex.id} has a held-out passage")
 
 
@@ -182,10 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         "--refusal-fraction", type=float, default=0.15, help="share of no-answer examples"
     )
     ap.add_argument("--seed", type=int, default=0, help="sampling seed")
+    ap.add_argument(
+        "--passage-words", type=int, default=0, help="trim passages to this many words (0 = whole)"
+    )
     ap.add_argument("--out", required=True, help="output JSONL")
     a = ap.parse_args(argv)
     try:
-        ex = squad_examples(a.squad, a.split, a.n, a.k, a.refusal_fraction, a.seed)
+        ex = squad_examples(a.squad, a.split, a.n, a.k, a.refusal_fraction, a.seed, a.passage_words)
     except (ValueError, OSError) as e:
         print(f"training.lora_data: error: {e}", file=sys.stderr)
         return 2
