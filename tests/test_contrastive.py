@@ -35,6 +35,7 @@ def _cfg(model, out, pairs, **kw) -> ContrastiveConfig:
         max_seq_length=32,
         device="cpu",
         warmup_ratio=0.0,
+        threads=1,
     )
     return ContrastiveConfig(**{**base, **kw})
 
