@@ -48,8 +48,10 @@ format: install
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 # From-scratch models: tokenizer -> MLM encoder -> CLM decoder (CPU: small preset, ~40 min).
+# THREADS=1 helps on a CPU shared with other jobs (0 = torch's default).
+THREADS ?= 0
 models: install
-	$(BIN)/python -m training.make_models --preset $(PRESET) --device $(DEVICE) --corpus $(CORPUS)
+	$(BIN)/python -m training.make_models --preset $(PRESET) --device $(DEVICE) --threads $(THREADS) --corpus $(CORPUS)
 
 demo: install
 	$(BIN)/python -m rag.ingest docs --index docs

@@ -1,0 +1,263 @@
+"""``make models``: build every from-scratch artefact in order, skipping what already exists.
+
+    python -m training.make_models --preset small --device cpu --corpus ../shared/data/corpus ../shared/data/python-docs
+
+Steps (each a :class:`Step`; later issues append their fine-tunes to :func:`build_steps`):
+
+1. ``$RAG_HOME/tokenizer``                   byte-level BPE shared by both models
+2. ``$RAG_HOME/models/encoder-mlm-<preset>``  ModernBERT MLM encoder
+3. ``$RAG_HOME/models/decoder-clm-<preset>``  ModernBERT CLM decoder (+ a generated sample)
+
+A step whose artefact exists is skipped unless ``--overwrite``. Each pretraining step fits its
+number of optimizer steps to ``--minutes-per-model`` by timing a few real steps first, so the
+whole job keeps its wall-time budget on whatever machine runs it; ``--max-minutes`` is still
+passed as a hard stop. After each model the held-out bits per byte is printed next to a unigram
+model's on the same held-out files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rag.paths import models_dir, rag_home, tokenizer_dir
+
+SAMPLE_PROMPTS = ["The following example shows how to", "To create a new branch,"]
+
+
+@dataclass
+class Step:
+    """One artefact of ``make models``."""
+
+    name: str  # short label printed in the log
+    artefact: Path  # folder whose presence means "done"
+    run: Callable[[], dict]  # builds the artefact, returns a summary (headline metrics)
+    done_marker: str = "config.json"  # file inside ``artefact`` that marks it complete
+    summary: dict = field(default_factory=dict)
+
+    def exists(self) -> bool:
+        return (self.artefact / self.done_marker).exists()
+
+
+def calibrated_steps(cfg, minutes: float, probe_steps: int = 3) -> int:
+    """Optimizer steps that fit ``minutes`` on this machine: time ``probe_steps`` real steps of
+    the training path on random tokens (after one warm-up step), keep 15% for evaluation,
+    checkpoints and export."""
+    import torch
+
+    from rag.models import pick_device
+    from training.masking import make_spec
+    from training.model import build_model
+    from training.step import Stepper, make_optimizer, make_scheduler
+    from training.tokenizer import load_tokenizer
+
+    cfg = cfg.resolved()
+    threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = pick_device(cfg.device)
+    tok = load_tokenizer(Path(cfg.tokenizer))
+    model = build_model(cfg.objective, cfg.preset, len(tok), tok).to(device).train()
+    if cfg.objective == "mlm":
+        model.sparse_prediction = cfg.sparse_prediction
+    opt = make_optimizer(model, cfg.lr, cfg.weight_decay, device)
+    sched = make_scheduler(opt, 1, 100, 0.1)
+    stepper = Stepper(
+        model, cfg.objective, device, make_spec(tok), cfg.mask_rate, cfg.mask_strategy
+    )
+    ids = torch.randint(5, len(tok), (cfg.batch_size, cfg.seq_len))
+    stepper.step(*stepper.prepare(ids, 0), opt, sched)
+    t0 = time.time()
+    for i in range(probe_steps):
+        float(stepper.step(*stepper.prepare(ids, i), opt, sched))
+    per_step = (time.time() - t0) / probe_steps
+    torch.set_num_threads(threads)
+    return max(10, int(minutes * 60 * 0.85 / per_step))
+
+
+def sample_generation(folder: Path, prompts: list[str], max_new_tokens: int = 40) -> list[str]:
+    """Greedy continuations (KV cache on) of corpus-domain prompts by a saved decoder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    out = []
+    for p in prompts:
+        ids = tok(p, return_tensors="pt").input_ids
+        gen = model.generate(
+            ids,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            use_cache=True,
+            repetition_penalty=1.2,
+            pad_token_id=tok.pad_token_id,
+        )
+        out.append(tok.decode(gen[0], skip_special_tokens=True))
+    return out
+
+
+def build_steps(args: argparse.Namespace) -> list[Step]:
+    """The ordered steps; fine-tuning issues append theirs (contrastive encoder, LoRA decoder)."""
+    from training.config import PretrainConfig
+    from training.pretrain import pretrain
+    from training.tokenizer import train_tokenizer
+
+    tok_dir = tokenizer_dir()
+    vocab = args.vocab_size or (8192 if args.preset in ("tiny", "small") else 16384)
+
+    def tokenizer_step() -> dict:
+        tok = train_tokenizer(
+            [Path(c) for c in args.corpus], vocab, tok_dir, max_chars=args.tokenizer_chars
+        )
+        return {"vocab_size": len(tok)}
+
+    def model_step(objective: str, out: Path) -> Callable[[], dict]:
+        def run() -> dict:
+            cfg = PretrainConfig(
+                objective=objective,
+                preset=args.preset,
+                corpus=[str(c) for c in args.corpus],
+                out=str(out),
+                tokenizer=str(tok_dir),
+                device=args.device,
+                seed=args.seed,
+                threads=args.threads,
+                max_minutes=args.minutes_per_model,
+                overwrite=out.exists(),
+                eval_every=0,
+                save_every=50,
+                log_every=5,
+                seq_len=args.seq_len,
+                batch_size=args.batch_size,
+            )
+            cfg.max_steps = args.max_steps or calibrated_steps(cfg, args.minutes_per_model)
+            cfg.eval_every = max(10, cfg.max_steps // 8)
+            print(
+                f"[{objective}] {cfg.max_steps} steps planned for {args.minutes_per_model} min",
+                file=sys.stderr,
+            )
+            s = pretrain(cfg, progress=not args.no_progress)
+            result = {
+                k: s[k]
+                for k in (
+                    "heldout_bits_per_byte",
+                    "unigram_bits_per_byte",
+                    "initial_heldout_loss",
+                    "final_heldout_loss",
+                    "steps",
+                    "tokens_seen",
+                    "wall_time_s",
+                    "stop_reason",
+                )
+            }
+            if objective == "clm":
+                result["samples"] = sample_generation(out, SAMPLE_PROMPTS)
+            return result
+
+        return run
+
+    enc = models_dir() / f"encoder-mlm-{args.preset}"
+    dec = models_dir() / f"decoder-clm-{args.preset}"
+    return [
+        Step("tokenizer", tok_dir, tokenizer_step, done_marker="tokenizer.json"),
+        Step("encoder (MLM)", enc, model_step("mlm", enc)),
+        Step("decoder (CLM)", dec, model_step("clm", dec)),
+    ]
+
+
+def run_steps(steps: list[Step], overwrite: bool) -> dict:
+    report = {}
+    for step in steps:
+        if step.exists() and not overwrite:
+            print(
+                f"== {step.name}: exists at {step.artefact} (skipped; --overwrite rebuilds)",
+                file=sys.stderr,
+            )
+            report[step.name] = {"artefact": str(step.artefact), "skipped": True}
+            continue
+        print(f"== {step.name} -> {step.artefact}", file=sys.stderr)
+        t0 = time.time()
+        step.summary = step.run()
+        step.summary.update(artefact=str(step.artefact), seconds=round(time.time() - t0, 1))
+        report[step.name] = step.summary
+        line = f"== {step.name} done in {step.summary['seconds']:.0f}s -> {step.artefact}"
+        if "heldout_bits_per_byte" in step.summary:
+            line += (
+                f"; held-out {step.summary['heldout_bits_per_byte']:.3f} bits/byte"
+                f" vs unigram {step.summary['unigram_bits_per_byte']:.3f}"
+            )
+        print(line, file=sys.stderr)
+        for s in step.summary.get("samples", []):
+            print(f"   sample: {s!r}", file=sys.stderr)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m training.make_models", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--preset", default="small", help="tiny | small (CPU) | base (GPU)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--corpus", nargs="+", required=True, type=Path, help="pretraining folders")
+    p.add_argument(
+        "--vocab-size", type=int, default=0, help="tokenizer size (0: 8192 small, 16384 base)"
+    )
+    p.add_argument(
+        "--tokenizer-chars", type=int, default=20_000_000, help="text the tokenizer trains on"
+    )
+    p.add_argument(
+        "--minutes-per-model", type=float, default=17.0, help="wall-time budget per model"
+    )
+    p.add_argument(
+        "--max-steps", type=int, default=0, help="fixed steps per model (0: fit the budget)"
+    )
+    p.add_argument("--seq-len", type=int, default=0, help="tokens per sequence (0: preset default)")
+    p.add_argument(
+        "--batch-size", type=int, default=0, help="sequences per step (0: preset default)"
+    )
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="rebuild artefacts that already exist")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    args = p.parse_args(argv)
+    from training.config import PRESETS
+
+    if args.preset not in PRESETS:
+        print(
+            f"error: --preset {args.preset!r} is unknown; choose one of {', '.join(PRESETS)}",
+            file=sys.stderr,
+        )
+        return 2
+    missing = [str(c) for c in args.corpus if not c.exists()]
+    if missing:
+        print(
+            f"error: --corpus {missing[0]}: no such directory (see ../shared/data/README.md)",
+            file=sys.stderr,
+        )
+        return 2
+    t0 = time.time()
+    try:
+        report = run_steps(build_steps(args), args.overwrite)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    report["total_seconds"] = round(time.time() - t0, 1)
+    rag_home().mkdir(parents=True, exist_ok=True)
+    (rag_home() / "make_models.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(
+        json.dumps(report)
+        if args.json
+        else f"done in {report['total_seconds'] / 60:.1f} min; report: "
+        f"{rag_home() / 'make_models.json'}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
