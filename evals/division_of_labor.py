@@ -37,139 +37,24 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from evals import dol_steps as steps
 from evals.datasets import RetrievalDataset
+from evals.dol_cells import Cells
+from evals.dol_presets import (
+    PRESETS,
+    ROW_MASK,
+    ROW_OBJECTIVE,
+    ROWS,
+    ExperimentConfig,
+    ExperimentPreset,
+)
 from rag.paths import shared_data_dir
 
 REPO = Path(__file__).resolve().parents[1]
-ROWS = ("mlm15", "mlm40", "clm", "clm2mlm")
-ROW_OBJECTIVE = {"mlm15": "mlm", "mlm40": "mlm", "clm": "clm", "clm2mlm": "mlm"}
-ROW_MASK = {
-    "mlm15": (0.15, "80-10-10"),
-    "mlm40": (0.40, "mask-only"),
-    "clm2mlm": (0.15, "80-10-10"),
-}
-
-
-@dataclass(frozen=True)
-class ExperimentPreset:
-    """Sizes for one scale of the experiment; every row of a preset uses the same numbers."""
-
-    name: str
-    model_preset: str  # training/config.py preset: the shared backbone
-    vocab_size: int  # shared byte-level BPE tokenizer
-    pretrain_steps: int  # optimiser steps per row (the token budget with batch and seq_len)
-    seq_len: int  # pretraining tokens per sequence
-    batch_size: int  # pretraining sequences per step
-    contrastive_steps: int  # identical fine-tune for every row
-    contrastive_batch: int  # in-batch negatives + 1
-    contrastive_pairs: int  # pairs sampled from SciFact train + SQuAD train articles
-    contrastive_lr: float
-    max_seq_length: int  # encoder tokens per text in fine-tuning and retrieval eval
-    eval_queries: int  # dev queries per retrieval set (0 = all)
-    eval_docs: int  # corpus subsample size, relevant docs always kept (0 = whole corpus)
-    bpb_tokens: int  # tokens of WikiText-2 validation scored per model
-    lora_steps: int
-    lora_examples: int
-    qa_questions: int  # SQuAD dev questions for grounded QA
-    clm_fraction: float = 0.5  # clm2mlm: share of the steps spent on CLM
-    qa_k: int = 3  # passages per QA prompt (LoRA and eval); tiny uses 1 to fit its context
-
-
-PRESETS = {
-    # A test runs this end to end on CPU in about a minute.
-    "tiny": ExperimentPreset(
-        "tiny", "tiny", 2000, 12, 64, 8, 6, 8, 64, 1e-3, 64, 12, 150, 128, 3, 16, 4, qa_k=1
-    ),
-    # CPU: hours with 2 seeds on 2 cores (see docs/division_of_labor.md).
-    "small": ExperimentPreset(
-        "small", "small", 8000, 1500, 256, 16, 400, 32, 12800, 1e-4, 256, 0, 0, 8192, 200, 800, 200
-    ),
-    # GPU: ~10 minutes of pretraining per row on one large GPU.
-    "base": ExperimentPreset(
-        "base",
-        "base",
-        16000,
-        3000,
-        512,
-        64,
-        1000,
-        64,
-        64000,
-        5e-5,
-        256,
-        0,
-        0,
-        32768,
-        400,
-        3200,
-        500,
-    ),
-}
-
-
-@dataclass
-class ExperimentConfig:
-    """One experiment run; saved in results.json."""
-
-    preset: str = "tiny"  # tiny | small | base
-    out: str = ""  # output folder (cells/, models/, results.*, plots)
-    seeds: list[int] = field(default_factory=lambda: [0])  # one pretraining per row and seed
-    rows: list[str] = field(default_factory=lambda: list(ROWS))  # subset of ROWS
-    corpus: list[str] = field(default_factory=list)  # pretraining corpus (default by preset)
-    scifact: str = ""  # BEIR SciFact folder (default: shared data)
-    squad: str = ""  # SQuAD v1.1 JSON (default: shared data)
-    wikitext: str = ""  # WikiText-2 validation tokens (default: shared data)
-    baselines: bool = True  # BM25, minilm, smollm2 zero-shot and LoRA
-    device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch CPU threads (0 = torch default)
-
-
-# ---------------------------------------------------------------------------- cells
-
-
-class Cells:
-    """A folder of finished results: ``get(name, fn)`` runs ``fn`` only when the name is new."""
-
-    def __init__(self, root: Path):
-        self.root = root / "cells"
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.skipped: dict[str, str] = {}
-
-    def path(self, name: str) -> Path:
-        return self.root / (name.replace("/", "__") + ".json")
-
-    def get(self, name: str, fn: Callable[[], dict]) -> dict:
-        p = self.path(name)
-        if p.exists():
-            return json.loads(p.read_text())
-        t0 = time.perf_counter()
-        try:
-            value = fn()
-        except steps.StepUnavailable as e:
-            value = {"skipped": str(e)}  # not cached: reruns once the step exists
-            self.skipped[name] = str(e)
-            print(f"[{name}] skipped: {e}", file=sys.stderr)
-            return value
-        value["seconds"] = round(time.perf_counter() - t0, 1)
-        tmp = p.with_suffix(".tmp")
-        tmp.write_text(json.dumps(value, indent=2))
-        os.replace(tmp, p)
-        print(f"[{name}] done in {value['seconds']}s", file=sys.stderr)
-        return value
-
-    def all(self) -> dict[str, dict]:
-        return {
-            p.stem.replace("__", "/"): json.loads(p.read_text())
-            for p in sorted(self.root.glob("*.json"))
-        }
-
-
 # ---------------------------------------------------------------------------- data
 
 
@@ -333,11 +218,7 @@ class Experiment:
                     init_from=stage1,
                     **kw,
                 )
-                return {
-                    "dir": str(out),
-                    "stages": [_brief(s1), _brief(s2)],
-                    "stage_dirs": [str(stage1), str(out)],
-                }
+                return _pretrain_cell(out, [_brief(s1), _brief(s2)], [stage1, out])
             mask_rate, strategy = ROW_MASK.get(row, (0.15, "80-10-10"))
             s = steps.pretrain(
                 ROW_OBJECTIVE[row],
@@ -347,7 +228,7 @@ class Experiment:
                 mask_strategy=strategy,
                 **kw,
             )
-            return {"dir": str(out), "stages": [_brief(s)], "stage_dirs": [str(out)]}
+            return _pretrain_cell(out, [_brief(s)], [out])
 
         res = self.cells.get(f"pretrain/{row}/s{seed}", run)
         return Path(res["dir"]) if "dir" in res else None
@@ -458,9 +339,33 @@ class Experiment:
 
 
 def _brief(summary: dict) -> dict:
-    """The parts of a pretraining summary the report needs (JSON-safe)."""
-    keep = ("steps", "tokens", "final_loss", "heldout_loss", "heldout_bpb", "train_seconds", "out")
-    return {k: summary[k] for k in keep if k in summary} | {"out": summary.get("out")}
+    """The parts of a pretraining summary (training.pretrain's run.json) the report needs."""
+    keep = (
+        "steps",
+        "tokens_seen",
+        "wall_time_s",
+        "final_train_loss",
+        "final_heldout_loss",
+        "heldout_bits_per_byte",
+        "unigram_bits_per_byte",
+        "params",
+        "status",
+        "init_from",
+    )
+    return {k: summary[k] for k in keep if k in summary}
+
+
+def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
+    """A pretraining cell: totals over the stages plus the last stage's held-out numbers."""
+    last = stages[-1]
+    return {
+        "dir": str(out),
+        "tokens_seen": sum(s.get("tokens_seen", 0) for s in stages),
+        "wall_time_s": sum(s.get("wall_time_s", 0.0) for s in stages),
+        "final_heldout_loss": last.get("final_heldout_loss"),
+        "stages": stages,
+        "stage_dirs": [str(d) for d in dirs],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

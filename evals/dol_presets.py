@@ -1,0 +1,89 @@
+"""Rows, presets and the run configuration of the division-of-labour experiment
+(evals.division_of_labor): the numbers that must be identical across rows live here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROWS = ("mlm15", "mlm40", "clm", "clm2mlm")
+ROW_OBJECTIVE = {"mlm15": "mlm", "mlm40": "mlm", "clm": "clm", "clm2mlm": "mlm"}
+ROW_MASK = {
+    "mlm15": (0.15, "80-10-10"),
+    "mlm40": (0.40, "mask-only"),
+    "clm2mlm": (0.15, "80-10-10"),
+}
+
+
+@dataclass(frozen=True)
+class ExperimentPreset:
+    """Sizes for one scale of the experiment; every row of a preset uses the same numbers."""
+
+    name: str
+    model_preset: str  # training/config.py preset: the shared backbone
+    vocab_size: int  # shared byte-level BPE tokenizer
+    pretrain_steps: int  # optimiser steps per row (the token budget with batch and seq_len)
+    seq_len: int  # pretraining tokens per sequence
+    batch_size: int  # pretraining sequences per step
+    contrastive_steps: int  # identical fine-tune for every row
+    contrastive_batch: int  # in-batch negatives + 1
+    contrastive_pairs: int  # pairs sampled from SciFact train + SQuAD train articles
+    contrastive_lr: float  # peak learning rate of the contrastive fine-tune
+    max_seq_length: int  # encoder tokens per text in fine-tuning and retrieval eval
+    eval_queries: int  # dev queries per retrieval set (0 = all)
+    eval_docs: int  # corpus subsample size, relevant docs always kept (0 = whole corpus)
+    bpb_tokens: int  # tokens of WikiText-2 validation scored per model
+    lora_steps: int  # identical LoRA for every decoder
+    lora_examples: int  # SQuAD train-article examples the LoRA draws from
+    qa_questions: int  # SQuAD dev questions for grounded QA
+    clm_fraction: float = 0.5  # clm2mlm: share of the steps spent on CLM
+    qa_k: int = 3  # passages per QA prompt (LoRA and eval); tiny uses 1 to fit its context
+
+
+def _preset(name: str, **kw: Any) -> ExperimentPreset:
+    return ExperimentPreset(name=name, model_preset=name, **kw)
+
+
+# One preset per block reads better than one argument per line.
+# fmt: off
+PRESETS = {
+    # A test runs this end to end on CPU in about a minute.
+    "tiny": _preset(
+        "tiny", vocab_size=2000, pretrain_steps=12, seq_len=64, batch_size=8,
+        contrastive_steps=6, contrastive_batch=8, contrastive_pairs=64, contrastive_lr=1e-3,
+        max_seq_length=64, eval_queries=12, eval_docs=150, bpb_tokens=128,
+        lora_steps=3, lora_examples=16, qa_questions=4, qa_k=1,
+    ),
+    # CPU: hours with 2 seeds on 2 cores (see docs/division_of_labor.md).
+    "small": _preset(
+        "small", vocab_size=8000, pretrain_steps=1500, seq_len=256, batch_size=16,
+        contrastive_steps=400, contrastive_batch=32, contrastive_pairs=12800, contrastive_lr=1e-4,
+        max_seq_length=256, eval_queries=0, eval_docs=0, bpb_tokens=8192,
+        lora_steps=200, lora_examples=800, qa_questions=200,
+    ),
+    # GPU: ~10 minutes of pretraining per row on one large GPU.
+    "base": _preset(
+        "base", vocab_size=16000, pretrain_steps=3000, seq_len=512, batch_size=64,
+        contrastive_steps=1000, contrastive_batch=64, contrastive_pairs=64000, contrastive_lr=5e-5,
+        max_seq_length=256, eval_queries=0, eval_docs=0, bpb_tokens=32768,
+        lora_steps=400, lora_examples=3200, qa_questions=500,
+    ),
+}
+# fmt: on
+
+
+@dataclass
+class ExperimentConfig:
+    """One experiment run; saved in results.json."""
+
+    preset: str = "tiny"  # tiny | small | base
+    out: str = ""  # output folder (cells/, models/, results.*, plots)
+    seeds: list[int] = field(default_factory=lambda: [0])  # one pretraining per row and seed
+    rows: list[str] = field(default_factory=lambda: list(ROWS))  # subset of ROWS
+    corpus: list[str] = field(default_factory=list)  # pretraining corpus (default by preset)
+    scifact: str = ""  # BEIR SciFact folder (default: shared data)
+    squad: str = ""  # SQuAD v1.1 JSON (default: shared data)
+    wikitext: str = ""  # WikiText-2 validation tokens (default: shared data)
+    baselines: bool = True  # BM25, minilm, smollm2 zero-shot and LoRA
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch CPU threads (0 = torch default)

@@ -1,0 +1,116 @@
+"""The division-of-labour experiment: helpers, and the whole tiny preset end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import (
+    ModernBertConfig,
+    ModernBertDecoderConfig,
+    ModernBertDecoderForCausalLM,
+    ModernBertForMaskedLM,
+)
+
+from evals.datasets import RetrievalDataset
+from evals.division_of_labor import ROWS, Cells, main, subsample
+from evals.dol_report import aggregate, markdown
+from evals.dol_steps import clm_to_mlm_state_dict
+
+KW = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    max_position_embeddings=64,
+    local_attention=16,
+    global_attn_every_n_layers=2,
+    pad_token_id=0,
+    bos_token_id=2,
+    eos_token_id=3,
+    cls_token_id=2,
+    sep_token_id=3,
+)
+
+
+def test_clm_weights_convert_into_an_mlm_exactly():
+    torch.manual_seed(0)
+    clm = ModernBertDecoderForCausalLM(ModernBertDecoderConfig(**KW)).state_dict()
+    mlm = ModernBertForMaskedLM(ModernBertConfig(**KW))
+    converted = clm_to_mlm_state_dict(clm)
+    mlm.load_state_dict(converted, strict=True)  # every tensor present, none extra
+    attn = "model.layers.1.attn."
+    qkv = torch.cat(
+        [clm[attn + "q_proj.weight"], clm[attn + "k_proj.weight"], clm[attn + "v_proj.weight"]]
+    )
+    assert torch.equal(mlm.state_dict()[attn + "Wqkv.weight"], qkv)
+    assert torch.equal(mlm.state_dict()["head.dense.weight"], clm["lm_head.dense.weight"])
+
+
+def test_cells_run_once_then_come_from_cache(tmp_path):
+    cells, calls = Cells(tmp_path), []
+    fn = lambda: calls.append(1) or {"x": 1.0}  # noqa: E731
+    assert cells.get("bpb/a/s0", fn)["x"] == 1.0
+    assert Cells(tmp_path).get("bpb/a/s0", fn)["x"] == 1.0
+    assert calls == [1]
+    assert set(Cells(tmp_path).all()) == {"bpb/a/s0"}
+
+
+def test_aggregate_mean_and_sample_std_over_seeds():
+    cells = {
+        "retrieval/clm-mean/s0": {"scifact_dev": 0.2, "squad_dev": 0.5},
+        "retrieval/clm-mean/s1": {"scifact_dev": 0.4, "squad_dev": 0.5},
+        "bpb/clm/s0": {"wikitext_bpb": 2.0},
+        "qa/x/s0": {"skipped": "no lora"},
+    }
+    agg = aggregate(cells)
+    sf = agg["retrieval"]["clm-mean"]["scifact_dev"]
+    assert (
+        sf["mean"] == pytest.approx(0.3)
+        and sf["std"] == pytest.approx(0.1414, abs=1e-4)
+        and sf["n"] == 2
+    )
+    assert agg["bpb"]["clm"]["wikitext_bpb"]["std"] is None
+    assert "qa" not in agg
+    md = markdown(
+        agg, {"config": {"preset": "tiny", "seeds": [0, 1]}, "device": "cpu", "hardware": "x"}
+    )
+    assert "| clm-mean | 0.300 ± 0.141 (n=2) | 0.500 ± 0.000 (n=2) |" in md
+
+
+def test_subsample_keeps_relevant_docs():
+    ds = RetrievalDataset(
+        "t",
+        {f"d{i}": {"title": "", "text": str(i)} for i in range(50)},
+        {f"q{i}": "x" for i in range(10)},
+        {f"q{i}": {f"d{i}": 1} for i in range(10)},
+    )
+    small = subsample(ds, 3, 8)
+    assert len(small.queries) == 3 and len(small.corpus) == 8
+    assert all(d in small.corpus for q in small.queries for d in small.qrels[q])
+
+
+@pytest.mark.data
+def test_tiny_preset_runs_whole_experiment_and_resumes(shared_data, tmp_path):
+    out = tmp_path / "dol"
+    args = ["--preset", "tiny", "--out", str(out), "--no-baselines", "--threads", "2"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    summary = results["summary"]
+    assert set(summary["bpb"]) == set(ROWS)
+    assert {f"{r}-mean" for r in ROWS} | {"clm-last", "bm25"} <= set(summary["retrieval"])
+    for model in summary["retrieval"].values():
+        assert 0.0 <= model["scifact_dev"]["mean"] <= 1.0
+    for model in summary["bpb"].values():
+        assert 0.5 < model["wikitext_bpb"]["mean"] < 20  # a barely trained model: a few bits/byte
+    assert "clm-lora" in summary.get("qa", {}) or any(
+        k.startswith("qa/") for k in results["skipped"]
+    )
+    assert (out / "results.md").read_text().count("| mlm15") >= 2
+    assert (out / "retrieval_scifact_dev.png").exists() and (out / "pretrain_loss.png").exists()
+    # A second run finds every cell cached and recomputes nothing.
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
+    assert main(args) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()} == before
