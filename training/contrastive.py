@@ -268,9 +268,31 @@ def train_contrastive(cfg: ContrastiveConfig) -> dict[str, Any]:
     return fit(cfg)[1]
 
 
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Use ``n`` torch CPU threads inside the block (0: leave as is), then restore: a caller's
+    process (a test session, an experiment) keeps its own setting."""
+    import torch
+
+    prev = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)
+
+
 def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
     """:func:`train_contrastive`, also returning the trained SentenceTransformer (tests compare
     it with what loads from disk)."""
+    if cfg.loss not in ("mnrl", "cached-mnrl"):
+        raise ValueError(f"--loss must be mnrl or cached-mnrl, not {cfg.loss!r}")
+    with torch_threads(cfg.threads):
+        return _fit(cfg)
+
+
+def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
     import torch
     from sentence_transformers import (
         SentenceTransformerTrainer,
@@ -279,10 +301,6 @@ def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer import losses
 
-    if cfg.loss not in ("mnrl", "cached-mnrl"):
-        raise ValueError(f"--loss must be mnrl or cached-mnrl, not {cfg.loss!r}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     t0 = time.time()
     device = pick_device(cfg.device)
     out = Path(cfg.out or models_dir() / f"{Path(cfg.model).name}-contrastive")

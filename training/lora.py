@@ -32,7 +32,7 @@ from typing import Any
 from rag.models import pick_device, resolve_model
 from rag.paths import models_dir
 from rag.prompt import build_messages, parse_citations
-from training.contrastive import _hardware, _jsonl_logger, plot_loss
+from training.contrastive import _hardware, _jsonl_logger, plot_loss, torch_threads
 from training.dataclass_cli import add_dataclass_args, config_from_args, field_help
 from training.lora_data import QAExample, read_examples, squad_examples
 
@@ -256,12 +256,16 @@ def train_lora(cfg: LoraTrainConfig) -> dict[str, Any]:
 def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     """:func:`train_lora`, also returning (peft model, tokenizer); with ``--merge`` the model is
     the merged plain model."""
+
+    with torch_threads(cfg.threads):
+        return _fit(cfg)
+
+
+def _fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Trainer, TrainingArguments
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     t0 = time.time()
     torch.manual_seed(cfg.seed)
     device = pick_device(cfg.device)
