@@ -1,0 +1,122 @@
+"""kill -9 during ingest: the index always loads, and the next run ends with exactly the content
+of an uninterrupted run. The ingest runs in a subprocess that SIGKILLs itself at a named
+checkpoint (``RAG_INGEST_CRASH_AT``, a test hook in rag.ingest), so every moment is reached
+deterministically; one slow test also kills at random times."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from ingest_support import DOCS, write_docs
+from test_ingest import index_state
+
+from indexes import open_index
+from rag.ingest import CRASH_ENV, ingest
+from rag.manifest import open_generation, read_chunks
+from rag.retrieve import Retriever
+
+FAST = ["mid-encode", "after-bm25", "after-rename"]
+SLOW = ["after-encode", "after-vectors", "before-publish", "after-pointer"]
+
+
+def run_cli(docs, index, encoder, crash=None, backend="faiss", wait=True):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop(CRASH_ENV, None)
+    if crash:
+        env[CRASH_ENV] = crash
+    cmd = [
+        sys.executable,
+        "-m",
+        "rag.ingest",
+        str(docs),
+        "--index",
+        index,
+        "--encoder",
+        str(encoder),
+        "--backend",
+        backend,
+        "--no-progress",
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if not wait:
+        return proc
+    _, err = proc.communicate(timeout=300)
+    return proc.returncode, err.decode()
+
+
+def change(docs):
+    """The edit the interrupted run is applying: one file changed, one deleted, one added."""
+    (docs / "notes.txt").write_text(
+        DOCS["notes.txt"] + "\nOkapis live in forests.\n", encoding="utf-8"
+    )
+    (docs / "errors.rst").unlink()
+    (docs / "new.md").write_text("# New\n\nA new page about parsing arguments.\n", encoding="utf-8")
+
+
+def check_loads(index):
+    r = Retriever.open(index)
+    assert len(r) > 0
+    assert r.search("zebra stripes", k=3, mode="hybrid")
+
+
+def crash_then_rerun(tmp_path, tiny_mlm_dir, point, backend="faiss"):
+    docs = write_docs(tmp_path / "docs")
+    enc = str(tiny_mlm_dir)
+    ingest([docs], index="crash", encoder=enc, backend=backend, progress=False)
+    before = index_state("crash")
+    change(docs)
+    code, err = run_cli(docs, "crash", enc, crash=point, backend=backend)
+    assert code == -signal.SIGKILL, err[-2000:]
+    check_loads("crash")
+    after_crash = index_state("crash")
+    ingest([docs], index="ref", encoder=enc, backend=backend, progress=False)
+    reference = index_state("ref")
+    assert after_crash in (before, reference)  # the old index, or (after the commit) the new one
+    ingest([docs], index="crash", progress=False)
+    assert index_state("crash") == reference
+    check_loads("crash")
+    return docs
+
+
+@pytest.mark.parametrize("point", FAST + [pytest.param(p, marks=pytest.mark.slow) for p in SLOW])
+def test_kill9_at_checkpoint(tmp_path, tiny_mlm_dir, point):
+    crash_then_rerun(tmp_path, tiny_mlm_dir, point)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after-vectors", "after-pointer"])
+def test_kill9_chroma(tmp_path, tiny_mlm_dir, point):
+    crash_then_rerun(tmp_path, tiny_mlm_dir, point, backend="chroma")
+    root, gen, manifest = open_generation("crash")
+    col = open_index(
+        "chroma", root / "chroma", manifest.encoder["dim"], collection=manifest.collection
+    )
+    assert sorted(col.ids()) == sorted(read_chunks(gen))
+
+
+@pytest.mark.slow
+def test_kill9_at_random_moments(tmp_path, tiny_mlm_dir):
+    docs = write_docs(tmp_path / "docs")
+    for i in range(30):
+        (docs / f"extra{i}.md").write_text(f"# Page {i}\n\n" + f"Some words about topic {i}. " * 40)
+    enc = str(tiny_mlm_dir)
+    ingest([docs], index="ref", encoder=enc, progress=False)
+    reference = index_state("ref")
+    rng = random.Random(0)
+    for _ in range(4):
+        proc = run_cli(docs, "rand", enc, wait=False)
+        time.sleep(rng.uniform(1.0, 12.0))
+        proc.kill()
+        proc.wait()
+        # killed before the first commit: there is no index yet, which is consistent
+        with contextlib.suppress(FileNotFoundError):
+            check_loads("rand")
+    ingest([docs], index="rand", encoder=enc, progress=False)
+    assert index_state("rand") == reference
