@@ -388,6 +388,33 @@ def _hardware(device: str) -> str:
     return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
+def preset_config(
+    model: str | Path, out: str | Path, data: Path, preset: str, device: str, threads: int = 0
+):
+    """The ``make models`` recipe: unsupervised pairs from python-docs + SciFact abstracts plus
+    supervised SciFact/SQuAD train pairs; CPU presets (tiny/small) use a short budget and sampled
+    dev sets, ``base`` (GPU) the full dev sets, a cached loss and a large batch."""
+    cpu = preset in ("tiny", "small")
+    return ContrastiveConfig(
+        model=str(model),
+        out=str(out),
+        docs=[str(data / "python-docs"), str(data / "scifact" / "corpus.jsonl")],
+        scifact=str(data / "scifact"),
+        squad=str(data / "squad" / "squad-v1.1-dev-part.json"),
+        max_unsupervised=2000 if cpu else 20000,
+        max_steps=60 if cpu else 1500,
+        batch_size=32 if cpu else 256,
+        loss="mnrl" if cpu else "cached-mnrl",
+        mini_batch_size=32,
+        lr=2e-4,
+        max_seq_length=128 if cpu else 256,
+        eval_max_queries=200 if cpu else 0,
+        eval_max_docs=1000 if cpu else 0,
+        device=device,
+        threads=threads,
+    )
+
+
 # ---------------------------------------------------------------------------- CLI
 
 

@@ -163,10 +163,60 @@ def build_steps(args: argparse.Namespace) -> list[Step]:
 
     enc = models_dir() / f"encoder-mlm-{args.preset}"
     dec = models_dir() / f"decoder-clm-{args.preset}"
-    return [
+    steps = [
         Step("tokenizer", tok_dir, tokenizer_step, done_marker="tokenizer.json"),
         Step("encoder (MLM)", enc, model_step("mlm", enc)),
         Step("decoder (CLM)", dec, model_step("clm", dec)),
+    ]
+    return steps + finetune_steps(args, enc)
+
+
+def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
+    """Issue 3's fine-tunes: the MLM encoder into a retriever (contrastive), SmolLM2 into a
+    grounded answerer (LoRA). They need ../shared/data (SciFact, SQuAD, python-docs)."""
+    from rag.paths import shared_data_dir
+
+    data = shared_data_dir()
+    if data is None:
+        print(
+            "== fine-tunes skipped: ../shared/data not found (set RAG_SHARED_DATA)", file=sys.stderr
+        )
+        return []
+    ft = models_dir() / f"{enc.name}-contrastive"
+    lora_out = models_dir() / "smollm2-lora"
+
+    def contrastive_step() -> dict:
+        from training.contrastive import preset_config, train_contrastive
+
+        s = train_contrastive(preset_config(enc, ft, data, args.preset, args.device, args.threads))
+        for name in s["before"]:
+            b, a = s["before"][name]["ndcg@10"], s["after"][name]["ndcg@10"]
+            print(f"   {name} nDCG@10 {b:.4f} -> {a:.4f}", file=sys.stderr)
+        return {
+            "n_pairs": s["n_pairs"],
+            "steps": s["steps"],
+            "before": s["before"],
+            "after": s["after"],
+        }
+
+    def lora_step() -> dict:
+        from training.lora import preset_config, train_lora
+
+        s = train_lora(
+            preset_config("smollm2", lora_out, data, args.preset, args.device, args.threads)
+        )
+        for key in ("em", "f1", "citation_accuracy"):
+            print(f"   held-out {key} {s['before'][key]} -> {s['after'][key]}", file=sys.stderr)
+        keep = ("em", "f1", "citation_accuracy", "refusal_accuracy", "n_answerable")
+        return {
+            "n_train_examples": s["n_train_examples"],
+            "before": {k: s["before"][k] for k in keep},
+            "after": {k: s["after"][k] for k in keep},
+        }
+
+    return [
+        Step("encoder (contrastive)", ft, contrastive_step, done_marker="modules.json"),
+        Step("smollm2 (LoRA)", lora_out, lora_step, done_marker="adapter_config.json"),
     ]
 
 
