@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -73,19 +74,31 @@ def load_eval_dataset(spec: str, split: str = "test", queries: str = "all") -> R
     return ds.subset(dev if queries == "dev" else train, name=f"{ds.name}-{queries}")
 
 
-def make_retriever(ds: RetrievalDataset, cfg: RetrievalEvalConfig, encoder=None):
+MODES = ("bm25", "dense", "hybrid")
+
+
+def _build_mode(modes: list[str]) -> str:
+    """The CorpusRetriever mode that can serve every one of ``modes`` from one index."""
+    return modes[0] if len(set(modes)) == 1 else "hybrid"
+
+
+def make_retriever(
+    ds: RetrievalDataset, cfg: RetrievalEvalConfig, encoder=None, mode: str | None = None
+):
     """``rag.retrieve.CorpusRetriever`` over the whole corpus (title + text per document).
 
     ``encoder`` may be an already loaded SentenceTransformer (the experiment passes its fine-tuned
-    models); otherwise ``cfg.encoder`` is loaded by rag for dense and hybrid modes.
+    models); otherwise ``cfg.encoder`` is loaded by rag for dense and hybrid modes. ``mode``
+    (default ``cfg.retriever``) decides which indexes are built; ``hybrid`` builds both.
     """
     from rag.models import load_embedder
     from rag.retrieve import CorpusRetriever
 
+    mode = mode or cfg.retriever
     ids = list(ds.corpus)
     texts = [ds.doc_text(i) for i in ids]
     enc = None
-    if cfg.retriever != "bm25":
+    if mode != "bm25":
         enc = encoder if encoder is not None else load_embedder(cfg.encoder, device=cfg.device)
     reranker = None
     if cfg.rerank:
@@ -93,22 +106,27 @@ def make_retriever(ds: RetrievalDataset, cfg: RetrievalEvalConfig, encoder=None)
 
         reranker = CrossEncoderReranker(cfg.rerank, device=cfg.device)
     return CorpusRetriever(
-        ids, texts, enc, cfg.retriever, reranker=reranker, device=cfg.device, depth=max(cfg.k, 100)
+        ids, texts, enc, mode, reranker=reranker, device=cfg.device, depth=max(cfg.k, 100)
     )
 
 
-def run_retrieval(ds: RetrievalDataset, retriever, k: int = 100) -> dict[str, dict[str, float]]:
+def run_retrieval(
+    ds: RetrievalDataset, retriever, k: int = 100, mode: str | None = None
+) -> dict[str, dict[str, float]]:
     """``{query_id: {doc_id: score}}`` for every query, self-hits removed."""
     qids = list(ds.queries)
-    results = retriever.search_many([ds.queries[q] for q in qids], k)
+    results = retriever.search_many([ds.queries[q] for q in qids], k, mode)
     run = {q: {d: float(s) for d, s in hits} for q, hits in zip(qids, results)}
     return exclude_self_hits(run)
 
 
-def evaluate(cfg: RetrievalEvalConfig, encoder=None, ds: RetrievalDataset | None = None) -> dict:
-    """Load, index, search, score. Returns settings, metrics, timings and sizes as a dict."""
-    if cfg.retriever not in ("bm25", "dense", "hybrid"):
-        raise ValueError(f"--retriever must be bm25, dense or hybrid, not {cfg.retriever!r}")
+def evaluate_modes(
+    cfg: RetrievalEvalConfig, modes: list[str], encoder=None, ds: RetrievalDataset | None = None
+) -> list[dict]:
+    """Score several retrieval modes over ONE index build (the corpus is encoded once), one
+    result dict per mode; ``cfg.retriever`` is ignored."""
+    if bad := [m for m in modes if m not in MODES]:
+        raise ValueError(f"--retriever must be bm25, dense or hybrid, not {bad[0]!r}")
     if ds is None:
         ds = load_eval_dataset(cfg.dataset, cfg.split, cfg.queries)
     if cfg.limit:
@@ -116,28 +134,50 @@ def evaluate(cfg: RetrievalEvalConfig, encoder=None, ds: RetrievalDataset | None
     if not ds.queries:
         raise DatasetError(f"{cfg.dataset}: no queries with relevance judgements to evaluate")
     t0 = time.perf_counter()
-    retriever = make_retriever(ds, cfg, encoder)
+    retriever = make_retriever(ds, cfg, encoder, _build_mode(modes))
     t_index = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    run = run_retrieval(ds, retriever, cfg.k)
-    t_search = time.perf_counter() - t1
-    metrics = retrieval_metrics(ds.qrels, run)
-    return {
-        "config": asdict(cfg),
-        "dataset": ds.name,
-        "n_queries": len(ds.queries),
-        "n_docs": len(ds.corpus),
-        "metrics": {m: round(v, 4) for m, v in metrics.items()},
-        "corpus_encode_s": round(t_index, 2),
-        "search_s": round(t_search, 2),
-        "search_ms_per_query": round(1000 * t_search / len(ds.queries), 2),
-        "retriever_timings": {
-            k: round(v, 3)
-            for k, v in {**retriever.timings, **retriever.engine.timings}.items()
-            if isinstance(v, (int, float))
-        },
-        "hardware": f"{platform.machine()} {platform.processor() or ''}".strip(),
-    }
+    out = []
+    for mode in modes:
+        t1 = time.perf_counter()
+        run = run_retrieval(ds, retriever, cfg.k, mode)
+        t_search = time.perf_counter() - t1
+        metrics = retrieval_metrics(ds.qrels, run)
+        out.append(
+            {
+                "config": {**asdict(cfg), "retriever": mode},
+                "dataset": ds.name,
+                "n_queries": len(ds.queries),
+                "n_docs": len(ds.corpus),
+                "metrics": {m: round(v, 4) for m, v in metrics.items()},
+                "corpus_encode_s": round(t_index, 2),
+                "index_shared_by": list(modes) if len(modes) > 1 else None,
+                "search_s": round(t_search, 2),
+                "search_ms_per_query": round(1000 * t_search / len(ds.queries), 2),
+                "retriever_timings": {
+                    k: round(v, 3)
+                    for k, v in retriever.timings.items()
+                    if isinstance(v, (int, float))
+                },
+                "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs",
+            }
+        )
+    return out
+
+
+def evaluate(cfg: RetrievalEvalConfig, encoder=None, ds: RetrievalDataset | None = None) -> dict:
+    """Load, index, search, score one mode (``cfg.retriever``): settings, metrics, timings."""
+    return evaluate_modes(cfg, [cfg.retriever], encoder, ds)[0]
+
+
+def _line(r: dict) -> str:
+    m, c = r["metrics"], r["config"]
+    return (
+        f"{r['dataset']} {c['retriever']}"
+        + (f" ({c['encoder']})" if c["retriever"] != "bm25" else "")
+        + f": nDCG@10 {m['ndcg@10']:.4f}  R@10 {m['recall@10']:.4f}  R@100 {m['recall@100']:.4f}"
+        f"  MRR@10 {m['mrr@10']:.4f}  MAP@100 {m['map@100']:.4f}  ({r['n_queries']} queries,"
+        f" {r['n_docs']} docs, index {r['corpus_encode_s']}s, search {r['search_s']}s)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +187,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", required=True, help="BEIR folder, or squad:FILE")
     p.add_argument("--split", default="test", help="BEIR qrels split (default: test)")
     p.add_argument("--queries", default="all", choices=["dev", "train", "all"])
-    p.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "hybrid"])
+    p.add_argument(
+        "--retriever",
+        nargs="+",
+        default=["bm25"],
+        choices=MODES,
+        help="one or more modes; several share one index build (one JSON list in --out)",
+    )
     p.add_argument("--encoder", default="minilm", help="encoder alias or folder (dense, hybrid)")
     p.add_argument("--rerank", default=None, help="cross-encoder folder to rerank with")
     p.add_argument("--k", type=int, default=100)
@@ -157,27 +203,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     a = p.parse_args(argv)
     cfg = RetrievalEvalConfig(
-        a.dataset, a.split, a.queries, a.retriever, a.encoder, a.rerank, a.k, a.limit, a.device
+        a.dataset, a.split, a.queries, a.retriever[0], a.encoder, a.rerank, a.k, a.limit, a.device
     )
     try:
-        result = evaluate(cfg)
+        results = evaluate_modes(cfg, a.retriever)
     except (OSError, ValueError, LookupError, RuntimeError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    payload = results[0] if len(results) == 1 else results
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+        Path(a.out).write_text(json.dumps(payload, indent=2) + "\n")
     if a.json:
-        print(json.dumps(result, indent=2))
-    m = result["metrics"]
-    print(
-        f"{result['dataset']} {cfg.retriever}"
-        + (f" ({cfg.encoder})" if cfg.retriever != "bm25" else "")
-        + f": nDCG@10 {m['ndcg@10']:.4f}  R@10 {m['recall@10']:.4f}  R@100 {m['recall@100']:.4f}"
-        f"  MRR@10 {m['mrr@10']:.4f}  MAP@100 {m['map@100']:.4f}  ({result['n_queries']} queries,"
-        f" {result['n_docs']} docs, index {result['corpus_encode_s']}s, search {result['search_s']}s)",
-        file=sys.stderr,
-    )
+        print(json.dumps(payload, indent=2))
+    for r in results:
+        print(_line(r), file=sys.stderr)
     return 0
 
 
