@@ -76,7 +76,7 @@ def free_port() -> int:
 
 def start_app(cfg: LoadConfig) -> tuple[Any, str]:
     """Start ``ui.app`` in this process on a free loopback port; returns (demo, url)."""
-    from ui.app import AppConfig, build_app, launch
+    from ui.app import AppConfig, build_app, launch, warm_up
 
     app_cfg = AppConfig(
         index=cfg.index,
@@ -86,7 +86,7 @@ def start_app(cfg: LoadConfig) -> tuple[Any, str]:
         concurrency=cfg.concurrency,
     )
     demo = build_app(app_cfg)
-    demo.chat_app._pipeline(cfg.index, cfg.encoder or "(index default)", cfg.decoder, "(none)")
+    warm_up(demo.chat_app, app_cfg)
     launch(demo, app_cfg, prevent_thread_lock=True, quiet=True)
     return demo, f"http://127.0.0.1:{app_cfg.port}/"
 

@@ -35,6 +35,7 @@ def _answer(raw: str, cited: list[int], invalid: list[int] | None = None) -> Ans
 
 
 def test_link_markers_only_valid_numbers():
+    assert link_markers("at `[1]` now", {1}) == "at [[1]](#src-1) now"
     out = link_markers("a [1] b [2, 7]", {1, 2})
     assert "[[1]](#src-1)" in out and "[[2]](#src-2)" in out and "#src-7" not in out and "7?" in out
 

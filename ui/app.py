@@ -376,6 +376,19 @@ def launch(demo: gr.Blocks, config: AppConfig, **kwargs: Any) -> Any:
     )
 
 
+def warm_up(app: ChatApp, config: AppConfig) -> None:
+    """Load the starting pipeline's models now (they are lazy), so a bad model or index fails
+    at start-up and the first question does not pay the load time."""
+    pipe = app._pipeline(
+        config.index,
+        config.encoder or INDEX_DEFAULT_ENCODER,
+        config.decoder,
+        config.adapter or NO_ADAPTER,
+    )
+    for part in ("retriever", "generator"):
+        getattr(pipe, part, None)
+
+
 def parse_args(argv: list[str] | None = None) -> AppConfig:
     parser = argparse.ArgumentParser(prog="python -m ui.app", description=__doc__.split("\n")[0])
     defaults = AppConfig()
@@ -406,12 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         check_index_name(config.index)
         demo = build_app(config)
         if config.preload and config.index in list_indexes():
-            demo.chat_app._pipeline(
-                config.index,
-                config.encoder or INDEX_DEFAULT_ENCODER,
-                config.decoder,
-                config.adapter or NO_ADAPTER,
-            )
+            warm_up(demo.chat_app, config)
         elif config.index not in list_indexes():
             log.warning(
                 "index %r does not exist yet: upload documents in the UI to create it", config.index

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from rag.types import Answer, Citation, Hit
 
-_MARKER = re.compile(r"\[(\d+(?:\s*,\s*\d+)*)\]")
+# A marker, optionally wrapped in backticks by the model (a code span would hide the link).
+_MARKER = re.compile(r"`?\[(\d+(?:\s*,\s*\d+)*)\]`?")
 
 # Opens the cited passage when its marker is clicked (capture phase: before the chatbot's own
 # link handling, which would otherwise try to navigate).
