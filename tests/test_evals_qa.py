@@ -48,7 +48,7 @@ class ScriptedGenerator:
     def fit_passages(self, question, passages, max_new_tokens=32):
         return list(passages)
 
-    def generate(self, messages, max_new_tokens=32):
+    def generate(self, messages, max_new_tokens=32, **kwargs):
         user = messages[-1]["content"]
         self.seen.append(user)
         if self.refuse:
@@ -116,3 +116,23 @@ def test_default_articles_are_the_fixed_dev_split(squad):
 def test_bad_mode_is_rejected(squad):
     with pytest.raises(ValueError, match="--mode"):
         evaluate_qa(QAEvalConfig(squad=str(squad), mode="closed"), generator=ScriptedGenerator())
+
+
+def test_rag_mode_runs_through_the_pipeline(squad):
+    cfg = QAEvalConfig(
+        squad=str(squad), articles=["Paints", "Flags"], mode="rag", retriever="bm25", k=2, limit=0
+    )
+    out = evaluate_qa(cfg, generator=ScriptedGenerator(), progress=False)
+    rows = out["predictions"]
+    assert len(rows) == 6 and all(len(r["passages"]) <= 2 for r in rows)
+    # Where retrieval found the asked paragraph the scripted reader answers and cites it.
+    found = [
+        r
+        for r in rows
+        if r["id"][-1] in "012"
+        and any(p.endswith("/" + r["id"][-1]) and p.startswith(r["id"][:-1]) for p in r["passages"])
+    ]
+    assert found and all(r["em"] == 1.0 and r["citation_correct"] for r in found)
+    assert out["metrics"]["answer_in_context"] == pytest.approx(
+        len([r for r in rows if r["gold_passages"]]) / 6, abs=1e-4
+    )
