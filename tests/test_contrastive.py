@@ -119,3 +119,19 @@ def test_cached_loss_runs_with_evaluation(tiny_encoder, tmp_path):
         set(summary["before"]) == {"squad-dev"} and summary["before"]["squad-dev"]["n_queries"] == 6
     )
     assert 0.0 <= summary["after"]["squad-dev"]["ndcg@10"] <= 1.0
+
+
+def test_our_pretrained_folders_mlm_and_clm(tiny_mlm_dir, tiny_clm_dir, tmp_path):
+    """The from-scratch artefacts: the MLM folder (a ST folder with mean pooling) gains Normalize;
+    the CLM folder with --pooling last gets last-token pooling; both reload with their weights."""
+    from sentence_transformers import SentenceTransformer
+
+    pairs = write_pairs_file(tmp_path / "pairs.jsonl", n=16)
+    for src, pooling, want in ((tiny_mlm_dir, "auto", "mean"), (tiny_clm_dir, "last", "lasttoken")):
+        out = tmp_path / f"ft-{want}"
+        model, _ = fit(_cfg(src, out, pairs, pooling=pooling, max_steps=2, batch_size=8))
+        assert json.loads((out / "1_Pooling" / "config.json").read_text())["pooling_mode"] == want
+        assert json.loads((out / "modules.json").read_text())[-1]["type"].endswith("Normalize")
+        loaded = SentenceTransformer(str(out), device="cpu")
+        trained = model.state_dict()
+        assert all(torch.equal(v, trained[k]) for k, v in loaded.state_dict().items())

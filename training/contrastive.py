@@ -60,7 +60,7 @@ class ContrastiveConfig:
     lr: float = 3e-5  # peak learning rate (linear warmup then decay)
     warmup_ratio: float = 0.1  # fraction of steps spent warming up
     loss: str = "mnrl"  # mnrl | cached-mnrl
-    pooling: str = "mean"  # mean | cls | last, for plain HF folders (a ST folder keeps its own)
+    pooling: str = "auto"  # auto | mean | cls | last (auto: a ST folder's own, else mean)
     hard_negatives: str = "none"  # none | bm25 | self (mined with the starting model)
     max_seq_length: int = 256  # tokens per text, training and evaluation
     scale: float = 20.0  # similarity scale (inverse temperature) of the ranking loss
@@ -83,24 +83,36 @@ class ContrastiveConfig:
 # ---------------------------------------------------------------------------- model
 
 
-def build_model(name: str, pooling: str = "mean", max_seq_length: int = 256, device: str = "cpu"):
-    """A SentenceTransformer from an ST folder, or a plain HF encoder/decoder folder wrapped
-    with Transformer -> Pooling -> Normalize (cosine = dot product on the outputs)."""
+def build_model(name: str, pooling: str = "auto", max_seq_length: int = 256, device: str = "cpu"):
+    """A SentenceTransformer ending in Normalize (cosine = dot product on the outputs).
+
+    A SentenceTransformer folder keeps its modules, except that an explicit ``pooling`` replaces
+    its Pooling module; a plain HF encoder or decoder folder is wrapped as Transformer -> Pooling
+    (``auto`` = mean) -> Normalize."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
-    if pooling not in POOLING:
-        raise ValueError(f"--pooling must be one of {', '.join(POOLING)}, not {pooling!r}")
+    if pooling not in POOLING and pooling != "auto":
+        raise ValueError(f"--pooling must be auto or one of {', '.join(POOLING)}, not {pooling!r}")
     path = resolve_model(name)
     if is_sentence_transformer(path):
-        model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        st = SentenceTransformer(str(path), device=device, local_files_only=True)
+        modules = list(st)
+        if pooling != "auto":
+            modules = [m for m in modules if not isinstance(m, (Pooling, Normalize))]
+            modules.insert(
+                1, Pooling(modules[0].get_embedding_dimension(), pooling_mode=POOLING[pooling])
+            )
+        if not isinstance(modules[-1], Normalize):
+            modules.append(Normalize())
+        model = SentenceTransformer(modules=modules, device=device) if modules != list(st) else st
     else:
         tr = Transformer(str(path), max_seq_length=max_seq_length)
-        tok = tr.tokenizer
-        if tok.pad_token is None:  # decoders often have no pad token; pooling masks it anyway
-            tok.pad_token = tok.eos_token or tok.unk_token
-        pool = Pooling(tr.get_embedding_dimension(), pooling_mode=POOLING[pooling])
+        pool = Pooling(tr.get_embedding_dimension(), pooling_mode=POOLING.get(pooling, "mean"))
         model = SentenceTransformer(modules=[tr, pool, Normalize()], device=device)
+    tok = model[0].tokenizer
+    if tok.pad_token is None:  # decoders often have no pad token; pooling masks it anyway
+        tok.pad_token = tok.eos_token or tok.unk_token
     model.max_seq_length = max_seq_length
     return model
 
