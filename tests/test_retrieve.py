@@ -1,0 +1,109 @@
+"""Retrieval: RRF as a pure function, the three modes, rerank, CorpusRetriever == Retriever."""
+
+from __future__ import annotations
+
+import pytest
+from ingest_support import write_docs
+
+from rag.encoding import Encoder
+from rag.ingest import ingest
+from rag.retrieve import MODES, CorpusRetriever, FusedHit, Retriever, rrf
+
+CORPUS = {
+    "d1": "reading a file line by line with a for loop over the file object",
+    "d2": "exceptions are handled with try and except clauses",
+    "d3": "zebras have black and white stripes",
+    "d4": "the with statement closes a file automatically",
+    "d5": "lists, tuples and dictionaries are built-in containers",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tiny_mlm_dir):
+    return Encoder.load(tiny_mlm_dir, device="cpu")
+
+
+def test_rrf_pure_function():
+    assert rrf([]) == []
+    fused = rrf([["a", "b", "c"], ["b", "c", "d"]], k=60)
+    assert [d for d, _ in fused][:2] == ["b", "c"]  # in both lists, high in both
+    assert dict(fused)["a"] == pytest.approx(1 / 61)
+    assert dict(fused)["b"] == pytest.approx(1 / 62 + 1 / 61)
+    assert rrf([["x", "y"]]) == [("x", 1 / 61), ("y", 1 / 62)]
+    assert rrf([["a", "b"], ["b", "a"]]) == rrf([["a", "b"], ["b", "a"]])  # deterministic
+    assert [d for d, _ in rrf([["a", "b"], ["b", "a"]])] == ["a", "b"]  # ties keep first seen
+
+
+def test_corpus_retriever_modes(tiny_encoder):
+    ids, texts = list(CORPUS), list(CORPUS.values())
+    bm25 = CorpusRetriever(ids, texts, None, "bm25")
+    assert bm25.search("zebras stripes", k=2)[0][0] == "d3"
+    with pytest.raises(ValueError, match="needs an encoder"):
+        CorpusRetriever(ids, texts, None, "dense")
+    hybrid = CorpusRetriever(ids, texts, tiny_encoder, "hybrid")
+    for mode in MODES:
+        rows = hybrid.search_many(["file line loop", "zebras stripes"], k=3, mode=mode)
+        assert len(rows) == 2
+        assert all(
+            len(r) == 3 if mode != "bm25" else 1 <= len(r) <= 3 for r in rows
+        )  # bm25 drops 0
+        for row in rows:
+            scores = [s for _, s in row]
+            assert scores == sorted(scores, reverse=True) and len({d for d, _ in row}) == len(row)
+    # every document is its own nearest neighbour under the dense encoder
+    dense = hybrid.search_many(texts, k=1, mode="dense")
+    assert [r[0][0] for r in dense] == ids
+    assert hybrid.timings["corpus_encode_s"] >= 0 and hybrid.engine.timings["queries"] > 0
+    with pytest.raises(ValueError, match="mode"):
+        hybrid.search("x", mode="sparse")
+
+
+def test_reranker_reorders(tiny_encoder):
+    class ByLength:
+        def score(self, query, texts):
+            return [-len(t) for t in texts]
+
+    ids, texts = list(CORPUS), list(CORPUS.values())
+    r = CorpusRetriever(ids, texts, None, "bm25", reranker=ByLength())
+    got = r.search("file", k=2)
+    shortest = sorted((len(CORPUS[i]), i) for i in ("d1", "d4"))[0][1]
+    assert got[0][0] == shortest and got[0][1] == -len(CORPUS[shortest])
+
+
+def test_index_retriever_matches_corpus_retriever(tmp_path, tiny_mlm_dir, tiny_encoder):
+    docs = tmp_path / "docs"
+    write_docs(docs, {f"{k}.txt": v for k, v in CORPUS.items()})
+    ingest([docs], index="ret", encoder=str(tiny_mlm_dir), progress=False)
+    r = Retriever.open("ret")
+    ids = sorted(r.chunks)
+    corpus = CorpusRetriever(ids, [r.chunks[i].text for i in ids], tiny_encoder, "hybrid")
+    for mode in MODES:
+        hits = r.search("closing a file with the with statement", k=4, mode=mode)
+        assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
+        assert len(hits) == 4 or (mode == "bm25" and hits)
+        assert all(isinstance(h, FusedHit) and h.mode == mode for h in hits)
+        expected = corpus.search("closing a file with the with statement", k=4, mode=mode)
+        assert [h.chunk.id for h in hits] == [i for i, _ in expected]
+        assert [h.score for h in hits] == pytest.approx([s for _, s in expected], abs=1e-5)
+    fused = r.search("zebras", k=5, mode="hybrid")
+    assert fused[0].chunk.source.endswith("d3.txt")
+    assert fused[0].bm25_score is not None and fused[0].dense_score is not None
+    assert "dense_score" in fused[0].to_dict()
+
+
+def test_retriever_sees_new_generation(tmp_path, tiny_mlm_dir):
+    docs = write_docs(tmp_path / "docs")
+    ingest([docs], index="live", encoder=str(tiny_mlm_dir), progress=False)
+    r = Retriever.open("live")
+    assert not r.search("okapi", k=3, mode="bm25")
+    (docs / "okapi.md").write_text("# Okapi\n\nThe okapi is a forest giraffe.\n", encoding="utf-8")
+    ingest([docs], index="live", progress=False)
+    hits = r.search("okapi", k=3, mode="bm25")
+    assert hits and hits[0].chunk.source.endswith("okapi.md")
+
+
+def test_missing_index_is_a_clear_error():
+    from rag.manifest import IndexNotFoundError
+
+    with pytest.raises(IndexNotFoundError, match="rag.ingest"):
+        Retriever.open("does-not-exist")

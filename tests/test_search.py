@@ -1,0 +1,33 @@
+"""``python -m rag.search``: JSON output, modes, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+from ingest_support import write_docs
+
+from rag.ingest import ingest
+from rag.search import main
+
+
+def test_search_cli_json_and_text(tmp_path, tiny_mlm_dir, capsys):
+    ingest([write_docs(tmp_path / "docs")], index="cli", encoder=str(tiny_mlm_dir), progress=False)
+    assert (
+        main(["read a file line by line", "--index", "cli", "--k", "2", "--mode", "bm25", "--json"])
+        == 0
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "bm25" and len(out["hits"]) == 2
+    top = out["hits"][0]
+    assert top["source"].endswith("files.md") and top["heading_path"] == ["Files", "Reading"]
+    assert top["rank"] == 1 and "line by line" in top["text"]
+    assert main(["zebra", "--index", "cli", "--k", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "notes.txt" in text and "[" in text
+
+
+def test_search_cli_errors(capsys):
+    assert main(["q", "--index", "missing-index"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "missing-index" in err and "\n" not in err
+    assert main(["q", "--k", "0"]) == 2
