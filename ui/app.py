@@ -217,8 +217,9 @@ class ChatApp:
         if staged:
             from rag.ingest import ingest
 
+            # The pipeline's Retriever re-reads the index when ingest publishes a new
+            # generation, so the next question sees the new chunks without reloading models.
             report = ingest(staged, **self._ingest_kwargs(index))
-            self.cache.invalidate(index)
             lines = _report_lines(report) + lines
         head = f"Index **{index}**: {len(staged)} file(s) accepted, {len(refused)} refused."
         return "\n".join([head, *lines])

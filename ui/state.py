@@ -3,8 +3,8 @@
 A pipeline (retriever + encoder + decoder) costs seconds and hundreds of MB to load, so the app
 keeps the most recently used ones in a small LRU keyed by (index, encoder, decoder, adapter).
 Sessions only differ in per-request settings (mode, k, temperature, max new tokens), which are
-passed to each call. An upload into an index drops that index's pipelines so the next question
-sees the new chunks.
+passed to each call. After an upload the pipeline needs no reload: its Retriever re-reads the
+index when ingest publishes a new generation.
 
 Also here: the listings behind the settings dropdowns, and the name check that keeps the index
 setting a *name* under ``$RAG_HOME/indexes`` (never a path typed by a user).
@@ -116,12 +116,6 @@ class PipelineCache:
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
             return pipe
-
-    def invalidate(self, index: str) -> None:
-        """Forget pipelines over ``index`` (after an upload changed it)."""
-        with self._lock:
-            for key in [k for k in self._items if k[0] == index]:
-                del self._items[key]
 
     def __len__(self) -> int:
         return len(self._items)
