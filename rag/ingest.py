@@ -160,14 +160,14 @@ def _plan(
     plan = _Plan()
     same_chunking = old is not None and old.chunking == chunking
     sources = old.sources if old else {}
-    roots = [Path(p).absolute() for p in cfg.paths]
+    roots = [Path(os.path.abspath(p)) for p in cfg.paths]
     seen: set[str] = set()
     files = list(iter_files(cfg.paths))
     for item in tqdm(files, desc="load+chunk", unit="file", disable=not cfg.progress):
         if isinstance(item, DocumentError):
             report.failures.append((item.path, item.reason))
             continue
-        path = item.absolute()
+        path = Path(os.path.abspath(item))
         key = str(path)
         seen.add(key)
         try:
@@ -279,9 +279,7 @@ def ingest_config(cfg: IngestConfig) -> IngestReport:
             collection=old.collection if old else collection_name(cfg.index),
             chunking=chunking,
             sources=dict(sorted(sources.items())),
-            roots=sorted(
-                {*(old.roots if old else []), *(str(Path(p).absolute()) for p in cfg.paths)}
-            ),
+            roots=sorted({*(old.roots if old else []), *(os.path.abspath(p) for p in cfg.paths)}),
         )
         report.chunks_removed = len(drop - new_ids)
         vindex, missing, tmp = _open_vectors(cfg, root, gen, manifest, chunks)

@@ -56,18 +56,18 @@ def test_incremental_reingest(tmp_path, tiny_mlm_dir):
 
     target.write_text(DOCS["notes.txt"] + "\nOkapis are shy forest animals.\n", encoding="utf-8")
     changed = ingest([docs], index="inc", progress=False)
-    assert changed.updated == [str(target.absolute())] and not changed.added
+    assert changed.updated == [os.path.abspath(target)] and not changed.added
     after = index_state("inc")
-    new_ids = set(after["sources"][str(target.absolute())][1])
+    new_ids = set(after["sources"][os.path.abspath(target)][1])
     assert changed.chunks_embedded == len(new_ids)
-    others = {k: v for k, v in before["sources"].items() if k != str(target.absolute())}
+    others = {k: v for k, v in before["sources"].items() if k != os.path.abspath(target)}
     assert {k: after["sources"][k] for k in others} == others  # untouched files keep their chunks
 
     gone = docs / "errors.rst"
-    gone_ids = set(after["sources"][str(gone.absolute())][1])
+    gone_ids = set(after["sources"][os.path.abspath(gone)][1])
     gone.unlink()
     removed = ingest([docs], index="inc", progress=False)
-    assert removed.removed == [str(gone.absolute())] and removed.chunks_removed == len(gone_ids)
+    assert removed.removed == [os.path.abspath(gone)] and removed.chunks_removed == len(gone_ids)
     final = index_state("inc")
     assert not gone_ids & set(final["chunks"]) and not gone_ids & set(final["bm25"])
     r = Retriever.open("inc")
