@@ -22,6 +22,15 @@ from training.step import Stepper, make_optimizer, make_scheduler
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: on a CPU shared with other jobs this is several times faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _cfg(tmp_path: Path, tokenizer_dir: Path, objective: str = "mlm", **kw) -> PretrainConfig:
     base = dict(
         objective=objective,

@@ -59,6 +59,9 @@ class PretrainConfig:
     tokenizer: str = ""  # tokenizer folder; empty means $RAG_HOME/tokenizer
     max_steps: int = 1000  # optimizer steps (the lr schedule spans these)
     max_minutes: float = 0.0  # stop early after this wall time (0 = no limit); run still saved
+    schedule: str = (
+        "steps"  # lr decay by "steps" or by "time" (needs --max-minutes; inexact resume)
+    )
     seq_len: int = 0  # tokens per packed sequence (0 = preset default)
     batch_size: int = 0  # sequences per step per process (0 = preset default)
     lr: float = 0.0  # peak learning rate (0 = preset default)
@@ -99,6 +102,10 @@ class PretrainConfig:
             )
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other")
+        if self.schedule not in ("steps", "time"):
+            raise ConfigError(f"--schedule must be steps or time, not {self.schedule!r}")
+        if self.schedule == "time" and self.max_minutes <= 0:
+            raise ConfigError("--schedule time needs --max-minutes > 0")
         if self.max_steps < 1:
             raise ConfigError(f"--max-steps must be >= 1, got {self.max_steps}")
         if not 0.0 < self.heldout_fraction < 1.0:

@@ -135,8 +135,15 @@ def build_steps(args: argparse.Namespace) -> list[Step]:
                 seq_len=args.seq_len,
                 batch_size=args.batch_size,
             )
-            cfg.max_steps = args.max_steps or calibrated_steps(cfg, args.minutes_per_model)
-            cfg.eval_every = max(10, cfg.max_steps // 8)
+            if args.max_steps:
+                cfg.max_steps = args.max_steps
+            else:  # the lr schedule follows the clock; the step count is only an upper bound
+                expected = calibrated_steps(cfg, args.minutes_per_model)
+                cfg.schedule, cfg.max_steps = "time", 3 * expected
+                cfg.warmup_steps = max(5, expected // 20)
+            cfg.eval_every = max(
+                10, cfg.max_steps // 24 if cfg.schedule == "time" else cfg.max_steps // 8
+            )
             print(
                 f"[{objective}] {cfg.max_steps} steps planned for {args.minutes_per_model} min",
                 file=sys.stderr,

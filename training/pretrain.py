@@ -160,7 +160,13 @@ def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
             cfg.sparse_prediction
         )  # instance flag: the saved config stays dense
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, device)
-    scheduler = make_scheduler(optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+    clock = {"t0": time.time()}  # set to the (resumed) start time below
+    time_fraction = None
+    if cfg.schedule == "time":
+        time_fraction = lambda: (time.time() - clock["t0"]) / (cfg.max_minutes * 60)  # noqa: E731
+    scheduler = make_scheduler(
+        optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio, time_fraction
+    )
     spec = make_spec(tokenizer) if cfg.objective == "mlm" else None
     forward_model = torch.compile(model) if cfg.compile else model
     if world > 1:
@@ -238,6 +244,7 @@ def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
         dynamic_ncols=True,
     )
     t_start, stop_reason = time.time() - state["elapsed_s"], "max-steps"
+    clock["t0"] = t_start
     loss_acc, n_acc, t_log, tok_log = (
         torch.zeros((), device=device),
         0,
@@ -296,7 +303,7 @@ def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
         plot_losses(log, out / "loss.png", f"{cfg.objective.upper()} {cfg.preset} ({out.name})")
     train_losses = [r["loss"] for r in log if "loss" in r]
     summary.update(
-        status="complete" if stop_reason == "max-steps" else "stopped",
+        status="complete" if stop_reason == "max-steps" or cfg.schedule == "time" else "stopped",
         stop_reason=stop_reason,
         steps=state["step"],
         tokens_seen=state["tokens"],
@@ -344,8 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument(
                 flag, nargs="+", required=True, help="folders/files of .txt/.md/.rst/.html"
             )
-        elif f.name in ("objective", "mask_strategy", "device", "preset"):
+        elif f.name in ("objective", "mask_strategy", "device", "preset", "schedule"):
             choices = {
+                "schedule": ["steps", "time"],
                 "objective": ["mlm", "clm"],
                 "mask_strategy": ["80-10-10", "mask-only"],
                 "device": ["auto", "cpu", "cuda"],

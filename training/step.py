@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -42,13 +43,23 @@ def make_optimizer(
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=fused)
 
 
-def make_scheduler(optimizer, warmup_steps: int, max_steps: int, min_lr_ratio: float) -> LambdaLR:
-    """Linear warm-up to the peak lr, then cosine decay to ``peak * min_lr_ratio``."""
+def make_scheduler(
+    optimizer,
+    warmup_steps: int,
+    max_steps: int,
+    min_lr_ratio: float,
+    time_fraction: Callable[[], float] | None = None,
+) -> LambdaLR:
+    """Linear warm-up to the peak lr, then cosine decay to ``peak * min_lr_ratio``. With
+    ``time_fraction`` (elapsed / time budget) the decay follows steps or time, whichever is
+    further along, so a time-limited run on a busy machine still ends its schedule."""
 
     def factor(step: int) -> float:
         if step < warmup_steps:
             return (step + 1) / warmup_steps
         progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+        if time_fraction is not None:
+            progress = min(1.0, max(progress, time_fraction()))
         return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return LambdaLR(optimizer, factor)
