@@ -1,0 +1,217 @@
+"""The handlers behind the chat page: stream an answer, ingest uploads. Every model call goes
+through ``rag/`` (the pipeline, ingest); this module only checks settings, renders results and
+turns failures into one readable line (the traceback goes to the log)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from rag.config import MODES, RAGConfig
+from rag.rewrite import rewrite_query
+from rag.types import Answer
+from ui import render
+from ui.config import AppConfig
+from ui.state import (
+    INDEX_DEFAULT_ENCODER,
+    NO_ADAPTER,
+    PipelineCache,
+    PipelineFactory,
+    SettingError,
+    check_choice,
+    check_index_name,
+    list_indexes,
+    list_models,
+)
+from ui.uploads import stage_uploads
+
+log = logging.getLogger("ui")
+
+# Exceptions whose message is meant for the user; anything else gets a generic line.
+_READABLE = (SettingError, ValueError, LookupError, FileNotFoundError, PermissionError)
+
+
+def default_factory(cfg: RAGConfig) -> Any:
+    from rag.pipeline import RAGPipeline
+
+    return RAGPipeline(cfg)
+
+
+def readable(exc: BaseException) -> str:
+    """One line for the user: the message of an expected error, else a pointer to the log."""
+    if isinstance(exc, _READABLE) and str(exc):
+        return str(exc).splitlines()[0]
+    return f"internal error ({type(exc).__name__}); the details are in the server log"
+
+
+def _text(content: Any) -> str:
+    """Plain text of a chat message content (a string or Gradio's list of typed parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+class ChatApp:
+    """The handlers behind the Blocks layout, over one shared :class:`PipelineCache`."""
+
+    def __init__(self, config: AppConfig, pipeline_factory: PipelineFactory | None = None):
+        self.config = config
+        base = RAGConfig(
+            index=config.index,
+            encoder=config.encoder,
+            decoder=config.decoder,
+            adapter=config.adapter,
+            mode=config.mode,
+            k=config.k,
+            temperature=config.temperature,
+            max_new_tokens=config.max_new_tokens,
+            device=config.device,
+            rewrite_query=rewrite_query,
+        )
+        self.cache = PipelineCache(base, pipeline_factory or default_factory)
+
+    # ---- chat -----------------------------------------------------------------------------
+
+    def models(self) -> dict[str, list[str]]:
+        """Dropdown choices: what :func:`ui.state.list_models` finds, plus the models named on
+        the command line (trusted: they may be folder paths, which the page never accepts)."""
+        models = list_models()
+        c = self.config
+        for key, value in (
+            ("encoders", c.encoder),
+            ("decoders", c.decoder),
+            ("adapters", c.adapter),
+        ):
+            if value and value not in models[key]:
+                models[key].append(value)
+        return models
+
+    def _pipeline(self, index: str, encoder: str, decoder: str, adapter: str) -> Any:
+        models = self.models()
+        index = check_index_name(index)
+        if index not in list_indexes():
+            raise SettingError(f"index {index!r} does not exist yet: upload documents to create it")
+        check_choice(encoder, models["encoders"], "encoder")
+        check_choice(decoder, models["decoders"], "decoder")
+        check_choice(adapter, models["adapters"], "adapter")
+        return self.cache.get(
+            index,
+            None if encoder == INDEX_DEFAULT_ENCODER else encoder,
+            decoder,
+            None if adapter == NO_ADAPTER else adapter,
+        )
+
+    def chat(
+        self,
+        message: str,
+        history: list[dict],
+        index: str,
+        encoder: str,
+        decoder: str,
+        adapter: str,
+        mode: str,
+        k: float,
+        temperature: float,
+        max_new_tokens: float,
+    ) -> Iterator[tuple[list[dict], str, str, str]]:
+        """Stream one answer: yields (chat, textbox, sources html, uncited html)."""
+        question = (message or "").strip()
+        history = list(history or [])
+        if not question:
+            yield history, "", gr.skip(), gr.skip()
+            return
+        turns = _turns(history)
+        history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
+        yield history, "", gr.skip(), gr.skip()
+        try:
+            if mode not in MODES:
+                raise SettingError(
+                    f"retrieval mode must be one of {', '.join(MODES)}, not {mode!r}"
+                )
+            pipe = self._pipeline(index, encoder, decoder, adapter)
+            answer, raw = None, ""
+            stream = pipe.stream(
+                question,
+                history=turns,
+                k=int(k),
+                mode=mode,
+                temperature=float(temperature),
+                max_new_tokens=int(max_new_tokens),
+            )
+            for item in stream:
+                if isinstance(item, Answer):
+                    answer = item
+                    break
+                raw += str(item)
+                history[-1] = {"role": "assistant", "content": raw or "…"}
+                yield history, "", gr.skip(), gr.skip()
+            if answer is None:
+                raise RuntimeError("the pipeline ended without a final answer")
+        except Exception as e:  # noqa: BLE001 - every failure becomes a readable chat message
+            log.exception("chat failed for question %r", question)
+            history[-1] = {"role": "assistant", "content": render.error_markdown(readable(e))}
+            yield history, "", render.error_markdown(readable(e)), ""
+            return
+        history[-1] = {"role": "assistant", "content": render.reply_markdown(answer)}
+        yield history, "", render.sources_html(answer, question), render.uncited_html(answer)
+
+    # ---- uploads --------------------------------------------------------------------------
+
+    def upload(
+        self,
+        files: list[Any] | None,
+        index: str,
+        progress=gr.Progress(track_tqdm=True),  # noqa: B008 - Gradio injects it
+    ) -> str:
+        """Check, stage and ingest uploaded files into ``index``; returns a markdown report."""
+        try:
+            return self._upload(files or [], index)
+        except Exception as e:  # noqa: BLE001
+            log.exception("upload into %r failed", index)
+            return render.error_markdown(readable(e))
+
+    def _upload(self, files: list[Any], index: str) -> str:
+        index = check_index_name(index)
+        pairs = [(str(f), getattr(f, "orig_name", None) or Path(str(f)).name) for f in files]
+        if not pairs:
+            return "No file was uploaded."
+        staged, refused = stage_uploads(pairs, index, self.config.max_upload_bytes)
+        lines = [f"- refused **{r.name}**: {r.reason}" for r in refused]
+        if staged:
+            from rag.ingest import ingest
+
+            # The pipeline's Retriever re-reads the index when ingest publishes a new
+            # generation, so the next question sees the new chunks without reloading models.
+            report = ingest(staged, **self._ingest_kwargs(index))
+            lines = _report_lines(report) + lines
+        head = f"Index **{index}**: {len(staged)} file(s) accepted, {len(refused)} refused."
+        return "\n".join([head, *lines])
+
+    def _ingest_kwargs(self, index: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"index": index}
+        if index not in list_indexes():  # a new index is built with the app's encoder
+            kwargs["encoder"] = self.config.encoder or "minilm"
+        return kwargs
+
+
+def _turns(history: list[dict]) -> list[dict[str, str]]:
+    """The finished chat turns as plain ``{"role", "content"}`` messages for the pipeline."""
+    return [
+        {"role": m["role"], "content": _text(m.get("content"))}
+        for m in history
+        if m.get("role") in ("user", "assistant")
+    ]
+
+
+def _report_lines(report: Any) -> list[str]:
+    """Markdown lines from a :class:`rag.ingest.IngestReport`: its summary, then each failed file
+    with the reason (the same per-file report as ``python -m rag.ingest``)."""
+    lines = [f"- {report.summary()}"]
+    lines += [f"- failed **{Path(path).name}**: {reason}" for path, reason in report.failures]
+    return lines
