@@ -4,6 +4,7 @@ turns failures into one readable line (the traceback goes to the log)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,13 +145,15 @@ class ChatApp:
                 temperature=float(temperature),
                 max_new_tokens=int(max_new_tokens),
             )
-            for item in stream:
-                if isinstance(item, Answer):
-                    answer = item
-                    break
-                raw += str(item)
-                history[-1] = {"role": "assistant", "content": raw or "…"}
-                yield history, "", gr.skip(), gr.skip()
+            # closing(): a user who leaves mid-answer stops the decoding, not just the display.
+            with contextlib.closing(stream):
+                for item in stream:
+                    if isinstance(item, Answer):
+                        answer = item
+                        break
+                    raw += str(item)
+                    history[-1] = {"role": "assistant", "content": raw or "…"}
+                    yield history, "", gr.skip(), gr.skip()
             if answer is None:
                 raise RuntimeError("the pipeline ended without a final answer")
         except Exception as e:  # noqa: BLE001 - every failure becomes a readable chat message
