@@ -25,13 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from indexes import BACKENDS, open_index
 from rag.bm25 import BM25Index
 from rag.chunking import chunk_document
 from rag.documents import DEFAULT_MAX_BYTES, DocumentError, iter_files, load_document
-from rag.encoding import PRECISIONS, Encoder, EncoderMismatchError
+from rag.encoding import PRECISIONS, Encoder, EncoderMismatchError, weights_fingerprint
 from rag.manifest import (
     Manifest,
     SourceEntry,
@@ -47,6 +48,7 @@ from rag.manifest import (
     write_chunks,
     write_json,
 )
+from rag.models import ModelNotFoundError, resolve_model
 from rag.types import Chunk
 
 DEFAULT_ENCODER = "minilm"
@@ -154,7 +156,11 @@ class _Plan:
 
 
 def _plan(
-    cfg: IngestConfig, old: Manifest | None, chunking: dict, encoder: Encoder, report: IngestReport
+    cfg: IngestConfig,
+    old: Manifest | None,
+    chunking: dict,
+    encoder: _EncoderHandle,
+    report: IngestReport,
 ) -> _Plan:
     """Walk the inputs, classify every file and chunk the new/changed ones."""
     plan = _Plan()
@@ -193,7 +199,11 @@ def _plan(
             doc = load_document(path, max_bytes=cfg.max_bytes)
             doc.path = key
             chunks = chunk_document(
-                doc, encoder.tokenizer, cfg.chunk_tokens, cfg.overlap, encoder.max_chunk_tokens
+                doc,
+                encoder.get().tokenizer,
+                cfg.chunk_tokens,
+                cfg.overlap,
+                encoder.max_chunk_tokens,
             )
             if not chunks:
                 raise DocumentError(path, "no text to index after chunking")
@@ -220,16 +230,50 @@ def _plan(
     return plan
 
 
-def _load_encoder(cfg: IngestConfig, old: Manifest | None, name: str) -> Encoder:
-    enc_name = cfg.encoder or (old.encoder["name"] if old else DEFAULT_ENCODER)
-    encoder = Encoder.load(enc_name, device=cfg.device, precision=cfg.precision)
-    if old is not None:
-        encoder.check_matches(old.encoder, name)
-        if old.backend != cfg.backend:
-            raise ValueError(
-                f"index {name!r} uses --backend {old.backend}, not {cfg.backend}; ingest into a new --index"
-            )
-    return encoder
+class _EncoderHandle:
+    """The run's encoder, loaded only when something must be chunked or embedded: a re-run over
+    an unchanged corpus compares the weights fingerprint with the manifest and never loads (or
+    even imports) the model, which keeps it a small fraction of the first ingest."""
+
+    def __init__(self, cfg: IngestConfig, old: Manifest | None, index_name: str):
+        self.cfg, self.old, self.index_name = cfg, old, index_name
+        self.name = cfg.encoder or (old.encoder["name"] if old else DEFAULT_ENCODER)
+        self._encoder: Encoder | None = None
+        self.same = False
+        if old is not None:
+            recorded = old.encoder.get("fingerprint")
+            try:
+                self.same = (
+                    bool(recorded) and weights_fingerprint(resolve_model(self.name)) == recorded
+                )
+            except ModelNotFoundError:
+                self.same = False
+            if not self.same:
+                self.get()  # loads it; raises EncoderMismatchError naming both when it differs
+            if old.backend != cfg.backend:
+                raise ValueError(
+                    f"index {index_name!r} uses --backend {old.backend}, not {cfg.backend}; "
+                    "ingest into a new --index"
+                )
+
+    def get(self) -> Encoder:
+        if self._encoder is None:
+            enc = Encoder.load(self.name, device=self.cfg.device, precision=self.cfg.precision)
+            if self.old is not None:
+                enc.check_matches(self.old.encoder, self.index_name)
+            self._encoder = enc
+        return self._encoder
+
+    @property
+    def max_chunk_tokens(self) -> int:
+        if self._encoder is None and self.same and "max_tokens" in self.old.chunking:
+            return int(self.old.chunking["max_tokens"])
+        return self.get().max_chunk_tokens
+
+    def identity(self) -> dict[str, Any]:
+        if self._encoder is None and self.same:
+            return dict(self.old.encoder)
+        return self.get().identity()
 
 
 def _resolve_backend(cfg: IngestConfig, old: Manifest | None) -> None:
@@ -254,7 +298,7 @@ def ingest_config(cfg: IngestConfig) -> IngestReport:
         gen = current_generation(root)
         old = read_manifest(gen) if gen else None
         _resolve_backend(cfg, old)
-        encoder = _load_encoder(cfg, old, str(cfg.index))
+        encoder = _EncoderHandle(cfg, old, str(cfg.index))
         chunking = {
             "chunk_tokens": cfg.chunk_tokens,
             "overlap": cfg.overlap,
@@ -287,11 +331,13 @@ def ingest_config(cfg: IngestConfig) -> IngestReport:
         changed = bool(todo or drop or plan.entries or missing or old is None)
         if changed:
             t1 = time.perf_counter()
-            vectors = encoder.encode(
-                [c.text for c in todo],
-                progress=cfg.progress,
-                on_batch=lambda n: _checkpoint("mid-encode"),
-            )
+            vectors = np.zeros((0, manifest.encoder["dim"]), dtype=np.float32)
+            if todo:  # deletions alone need no model
+                vectors = encoder.get().encode(
+                    [c.text for c in todo],
+                    progress=cfg.progress,
+                    on_batch=lambda n: _checkpoint("mid-encode"),
+                )
             report.chunks_embedded = len(todo)
             report.timings["encode"] = time.perf_counter() - t1
             _checkpoint("after-encode")
