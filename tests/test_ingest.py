@@ -89,16 +89,16 @@ def test_bad_inputs_reported_and_rest_ingested(tmp_path, tiny_mlm_dir, monkeypat
     os.symlink("loop.md", docs / "loop.md")  # a link to itself
     os.symlink("missing.md", docs / "dangling.md")
     if os.geteuid() == 0:  # root reads chmod-000 files: simulate the EACCES a user would get
-        import rag.ingest as ingest_mod
+        import rag.ingest_plan as plan_mod
 
-        real = ingest_mod._file_hash
+        real = plan_mod.file_hash
 
         def denied(path):
             if path.name == "locked.md":
                 raise PermissionError(13, "Permission denied")
             return real(path)
 
-        monkeypatch.setattr(ingest_mod, "_file_hash", denied)
+        monkeypatch.setattr(plan_mod, "file_hash", denied)
     code = main(
         [str(docs), "--index", "bad", "--encoder", str(tiny_mlm_dir), "--json", "--no-progress"]
     )

@@ -1,0 +1,179 @@
+"""Deciding what an ingest run must do: which files are new, changed, unchanged, removed or
+failed, their chunks, and the encoder (loaded only when something must be embedded).
+
+Split from :mod:`rag.ingest`, which applies the plan and publishes the generation.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tqdm.auto import tqdm
+
+from rag.chunking import chunk_document
+from rag.documents import DocumentError, iter_files, load_document
+from rag.encoding import Encoder, weights_fingerprint
+from rag.manifest import Manifest, SourceEntry
+from rag.models import ModelNotFoundError, resolve_model
+from rag.types import Chunk
+
+if TYPE_CHECKING:
+    from rag.ingest import IngestConfig, IngestReport
+
+DEFAULT_ENCODER = "minilm"
+
+
+def file_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def os_reason(e: OSError, path: Path) -> str:
+    """A short reason for an OS error on ``path`` (links get a clearer wording)."""
+    if e.errno == errno.ELOOP:
+        return "symbolic link loop"
+    if e.errno == errno.ENOENT and path.is_symlink():
+        return f"broken symbolic link (no such file: {os.readlink(path)})"
+    return e.strerror or str(e)
+
+
+def under(path: str, roots: list[Path]) -> bool:
+    return any(path == str(r) or path.startswith(str(r) + os.sep) for r in roots)
+
+
+@dataclass
+class Plan:
+    """Which files to (re)embed and which chunks go."""
+
+    new_chunks: list[Chunk] = field(default_factory=list)
+    entries: dict[str, SourceEntry] = field(default_factory=dict)  # changed files' new entries
+    drop_sources: list[str] = field(default_factory=list)  # manifest sources whose chunks go
+
+
+def plan_changes(
+    cfg: IngestConfig,
+    old: Manifest | None,
+    chunking: dict,
+    encoder: EncoderHandle,
+    report: IngestReport,
+) -> Plan:
+    """Walk the inputs, classify every file and chunk the new/changed ones."""
+    plan = Plan()
+    same_chunking = old is not None and old.chunking == chunking
+    sources = old.sources if old else {}
+    roots = [Path(os.path.abspath(p)) for p in cfg.paths]
+    seen: set[str] = set()
+    files = list(iter_files(cfg.paths))
+    for item in tqdm(files, desc="load+chunk", unit="file", disable=not cfg.progress):
+        if isinstance(item, DocumentError):
+            report.failures.append((item.path, item.reason))
+            continue
+        path = Path(os.path.abspath(item))
+        key = str(path)
+        seen.add(key)
+        try:
+            st = path.stat()
+            prev = sources.get(key)
+            if (
+                prev
+                and same_chunking
+                and prev.size == st.st_size
+                and prev.mtime_ns == st.st_mtime_ns
+            ):
+                report.unchanged.append(key)
+                continue
+            if st.st_size > cfg.max_bytes:
+                raise DocumentError(
+                    path, f"too large ({st.st_size:,} bytes > limit {cfg.max_bytes:,})"
+                )
+            digest = file_hash(path) if path.is_file() else ""
+            if prev and same_chunking and prev.hash == digest:
+                report.unchanged.append(key)  # touched, same content: nothing to embed
+                plan.entries[key] = SourceEntry(digest, st.st_size, st.st_mtime_ns, prev.chunk_ids)
+                continue
+            doc = load_document(path, max_bytes=cfg.max_bytes)
+            doc.path = key
+            chunks = chunk_document(
+                doc,
+                encoder.get().tokenizer,
+                cfg.chunk_tokens,
+                cfg.overlap,
+                encoder.max_chunk_tokens,
+            )
+            if not chunks:
+                raise DocumentError(path, "no text to index after chunking")
+        except DocumentError as e:
+            report.failures.append((e.path, e.reason))
+            if key in sources:
+                plan.drop_sources.append(key)
+            continue
+        except OSError as e:
+            report.failures.append((key, os_reason(e, path)))
+            if key in sources:
+                plan.drop_sources.append(key)
+            continue
+        (report.updated if key in sources else report.added).append(key)
+        if key in sources:
+            plan.drop_sources.append(key)
+        plan.entries[key] = SourceEntry(digest, st.st_size, st.st_mtime_ns, [c.id for c in chunks])
+        plan.new_chunks.extend(chunks)
+        report.bytes_embedded += st.st_size
+    for key in sorted(sources):
+        if key not in seen and (not os.path.lexists(key) or under(key, roots)):
+            report.removed.append(key)
+            plan.drop_sources.append(key)
+    return plan
+
+
+class EncoderHandle:
+    """The run's encoder, loaded only when something must be chunked or embedded: a re-run over
+    an unchanged corpus compares the weights fingerprint with the manifest and never loads (or
+    even imports) the model, which keeps it a small fraction of the first ingest."""
+
+    def __init__(self, cfg: IngestConfig, old: Manifest | None, index_name: str):
+        self.cfg, self.old, self.index_name = cfg, old, index_name
+        self.name = cfg.encoder or (old.encoder["name"] if old else DEFAULT_ENCODER)
+        self._encoder: Encoder | None = None
+        self.same = False
+        if old is not None:
+            recorded = old.encoder.get("fingerprint")
+            try:
+                self.same = (
+                    bool(recorded) and weights_fingerprint(resolve_model(self.name)) == recorded
+                )
+            except ModelNotFoundError:
+                self.same = False
+            if not self.same:
+                self.get()  # loads it; raises EncoderMismatchError naming both when it differs
+            if old.backend != cfg.backend:
+                raise ValueError(
+                    f"index {index_name!r} uses --backend {old.backend}, not {cfg.backend}; "
+                    "ingest into a new --index"
+                )
+
+    def get(self) -> Encoder:
+        if self._encoder is None:
+            enc = Encoder.load(self.name, device=self.cfg.device, precision=self.cfg.precision)
+            if self.old is not None:
+                enc.check_matches(self.old.encoder, self.index_name)
+            self._encoder = enc
+        return self._encoder
+
+    @property
+    def max_chunk_tokens(self) -> int:
+        if self._encoder is None and self.same and "max_tokens" in self.old.chunking:
+            return int(self.old.chunking["max_tokens"])
+        return self.get().max_chunk_tokens
+
+    def identity(self) -> dict[str, Any]:
+        if self._encoder is None and self.same:
+            return dict(self.old.encoder)
+        return self.get().identity()
