@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import random
 import sys
 from dataclasses import dataclass
@@ -125,7 +126,7 @@ def load_corpus(
         path.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(train_bytes=train.n_bytes, heldout_bytes=held.n_bytes)
         meta.update(train_files=train.files, heldout_files=held.files)
-        tmp = path.with_suffix(".tmp.npz")
+        tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npz")  # torchrun ranks race here
         np.savez(tmp, train=train.ids, heldout=held.ids, meta=np.array(json.dumps(meta)))
         tmp.replace(path)
     return train, held

@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CorpusError, TokenizerError, PretrainError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if os.environ.get("RANK", "0") != "0":
+        return 0  # under torchrun only rank 0 reports
     if args.json:
         print(json.dumps(summary))
     else:
