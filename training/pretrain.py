@@ -155,10 +155,8 @@ def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.objective, preset, len(tokenizer), tokenizer).to(device)
     model.train()
-    if cfg.objective == "mlm":
-        model.sparse_prediction = (
-            cfg.sparse_prediction
-        )  # instance flag: the saved config stays dense
+    if cfg.objective == "mlm":  # an instance flag: the saved config stays dense for inference
+        model.sparse_prediction = cfg.sparse_prediction
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, device)
     clock = {"t0": time.time()}  # set to the (resumed) start time below
     time_fraction = None
