@@ -65,7 +65,7 @@ class ParsedAnswer:
 
 
 def parse_citations(answer: str, n_passages: int) -> ParsedAnswer:
-    """Split citation markers (``[2]``, ``[1, 3]``) out of ``answer``."""
+    """Split citation markers (``[2]``, ``[1, 3]``) out of ``answer`` (line breaks are kept)."""
     cited: list[int] = []
     invalid: list[int] = []
     for m in _CITATION.finditer(answer):
@@ -73,8 +73,10 @@ def parse_citations(answer: str, n_passages: int) -> ParsedAnswer:
             bucket = cited if 1 <= num <= n_passages else invalid
             if num not in bucket:
                 bucket.append(num)
-    text = " ".join(_CITATION.sub("", answer).split())
-    text = re.sub(r"\s+([.,;:!?])", r"\1", text)
+    # Drop each marker with the spaces before it; keep line breaks and indentation, so an
+    # answer holding a code block or a list still renders as one.
+    text = re.sub(r"[ \t]*" + _CITATION.pattern, "", answer)
+    text = re.sub(r"\n{3,}", "\n\n", text).strip()
     refused = is_refusal(answer)
     return ParsedAnswer(text=text, cited=[] if refused else cited, invalid=invalid, refused=refused)
 

@@ -227,3 +227,9 @@ def test_real_tiny_generator_composes(tiny_decoder_dirs):  # noqa: F811
     assert all(n > len(ans.passages) or n < 1 for n in ans.invalid_citations)
     streamed = list(pipe.stream("how do I read a file?"))
     assert streamed[-1].raw_text == ans.raw_text
+
+
+def test_answer_text_keeps_line_breaks_of_code():
+    reply = "Loop over the file [1]:\n\n```python\nfor line in f:\n    print(line)\n```"
+    ans = pipeline([hit(1)], reply).answer("q?")
+    assert ans.text == "Loop over the file:\n\n```python\nfor line in f:\n    print(line)\n```"
