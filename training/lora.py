@@ -361,19 +361,19 @@ def preset_config(
     model: str, out: str | Path, data: Path, preset: str, device: str, threads: int = 0
 ):
     """The ``make models`` recipe: LoRA on ``model`` (smollm2) with k=3 passages; CPU presets
-    train on 120 examples (passages trimmed to 60 words) and score 40 held-out ones, ``base`` (GPU)
+    train on 100 examples (passages trimmed to 60 words) and score 40 held-out ones, ``base`` (GPU)
     on 2,000 whole-paragraph examples scored on 300."""
     cpu = preset in ("tiny", "small")
     return LoraTrainConfig(
         model=model,
         out=str(out),
         data=[str(data / "squad" / "squad-v1.1-dev-part.json")],
-        max_examples=120 if cpu else 2000,
+        max_examples=100 if cpu else 2000,
         passage_words=60 if cpu else 0,
         eval_examples=40 if cpu else 300,
         batch_size=1 if cpu else 8,
         grad_accum=4 if cpu else 2,
-        lr=5e-4 if cpu else 2e-4,
+        lr=1e-3 if cpu else 2e-4,
         merge=True,
         device=device,
         threads=threads,
