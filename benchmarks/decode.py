@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -42,6 +43,7 @@ class DecodeBenchConfig:
     threads: int = 2  # torch CPU threads
     device: str = "cpu"  # cpu | cuda | auto
     out: str | None = None  # output folder (default $RAG_HOME/benchmarks/decode)
+    parts: str = "kv,nokv,ttft"  # which measurements to run (comma-separated subset)
 
 
 def log(msg: str) -> None:
@@ -83,7 +85,9 @@ def timed(gen: Any, ids: list[int], prefix: int, repeats: int, **kw: Any) -> lis
     runs = []
     for _ in range(repeats):
         stats: dict[str, float] = {}
+        cpu = time.process_time()
         gen.generate_ids(ids, prefix, stats=stats, **kw)
+        stats["cpu_s"] = time.process_time() - cpu  # robust to other jobs on a shared machine
         runs.append(stats)
     return runs
 
@@ -98,24 +102,37 @@ def decode_speed(runs: list[dict[str, float]]) -> dict[str, float]:
         "decode_tokens_per_s": statistics.median(decode),
         "ttft_s": statistics.median(r["ttft_s"] for r in runs),
         "total_s": statistics.median(r["total_s"] for r in runs),
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+        "tokens_per_cpu_s": statistics.median(r["new_tokens"] / r["cpu_s"] for r in runs),
         "runs": len(runs),
     }
 
 
 def ttft_pair(gen: Any, ids: list[int], prefix: int, repeats: int) -> dict[str, float]:
-    """TTFT (prefill + first token) without, then with, the cached system prefix."""
+    """TTFT (prefill + first token) without and with the cached system prefix.
+
+    Runs alternate (off, on, off, on, ...) so a change in machine load hits both sides alike;
+    ``speedup`` is the median of the per-pair ratios.
+    """
     gen.clear_prefix_cache()
     gen.generate_ids(ids, prefix, max_new_tokens=1, use_prefix_cache=True)  # warm the prefix
-    off = timed(gen, ids, prefix, repeats, max_new_tokens=1, use_prefix_cache=False)
-    on = timed(gen, ids, prefix, repeats, max_new_tokens=1, use_prefix_cache=True)
-    a = statistics.median(r["ttft_s"] for r in off)
-    b = statistics.median(r["ttft_s"] for r in on)
+    off, on = [], []
+    for _ in range(repeats):
+        off += timed(gen, ids, prefix, 1, max_new_tokens=1, use_prefix_cache=False)
+        on += timed(gen, ids, prefix, 1, max_new_tokens=1, use_prefix_cache=True)
+    ratios = [a["ttft_s"] / b["ttft_s"] for a, b in zip(off, on, strict=True)]
+    cpu_off = statistics.median(r["cpu_s"] for r in off)
+    cpu_on = statistics.median(r["cpu_s"] for r in on)
     return {
         "prompt_tokens": len(ids),
         "prefix_tokens": prefix,
-        "ttft_no_prefix_cache_s": a,
-        "ttft_prefix_cache_s": b,
-        "speedup": a / b if b else float("nan"),
+        "ttft_no_prefix_cache_s": statistics.median(r["ttft_s"] for r in off),
+        "ttft_prefix_cache_s": statistics.median(r["ttft_s"] for r in on),
+        "speedup": statistics.median(ratios),
+        "cpu_no_prefix_cache_s": cpu_off,
+        "cpu_prefix_cache_s": cpu_on,
+        "cpu_speedup": cpu_off / cpu_on,
+        "pairs": repeats,
     }
 
 
@@ -134,30 +151,31 @@ def run(cfg: DecodeBenchConfig) -> dict[str, Any]:
     log(f"prompt {len(ids)} tokens (system prefix {prefix}); warm-up")
     gen.generate_ids(short_ids, short_prefix, max_new_tokens=2)
 
-    force = {"max_new_tokens": cfg.new_tokens, "min_new_tokens": cfg.new_tokens}
-    log(f"KV cache on: {cfg.repeats} x {cfg.new_tokens} tokens")
-    kv = decode_speed(timed(gen, ids, prefix, cfg.repeats, use_prefix_cache=False, **force))
-    n_off = cfg.no_cache_new_tokens or cfg.new_tokens
-    log(f"KV cache off: 1 x {n_off} tokens (re-encodes the sequence every step)")
-    off = {"max_new_tokens": n_off, "min_new_tokens": n_off, "use_cache": False}
-    no_kv = decode_speed(timed(gen, ids, prefix, 1, **off))
-    log("TTFT with vs without prefix cache")
-    ttft = [
-        ttft_pair(gen, i, p, cfg.repeats * 2) for i, p in ((ids, prefix), (short_ids, short_prefix))
-    ]
-    return {
-        "config": asdict(cfg),
-        "hardware": hardware(cfg.threads),
-        "kv_cache": kv,
-        "no_kv_cache": no_kv,
-        "kv_speedup_tokens_per_s": kv["tokens_per_s"] / no_kv["tokens_per_s"],
-        "ttft": ttft,
-    }
+    parts = set(cfg.parts.split(","))
+    result: dict[str, Any] = {"config": asdict(cfg), "hardware": hardware(cfg.threads)}
+    if "kv" in parts:
+        force = {"max_new_tokens": cfg.new_tokens, "min_new_tokens": cfg.new_tokens}
+        log(f"KV cache on: {cfg.repeats} x {cfg.new_tokens} tokens")
+        result["kv_cache"] = decode_speed(
+            timed(gen, ids, prefix, cfg.repeats, use_prefix_cache=False, **force)
+        )
+    if "nokv" in parts:
+        n_off = cfg.no_cache_new_tokens or cfg.new_tokens
+        log(f"KV cache off: 1 x {n_off} tokens (re-encodes the sequence every step)")
+        off = {"max_new_tokens": n_off, "min_new_tokens": n_off, "use_cache": False}
+        result["no_kv_cache"] = decode_speed(timed(gen, ids, prefix, 1, **off))
+    if "kv" in parts and "nokv" in parts:
+        kv, no_kv = result["kv_cache"], result["no_kv_cache"]
+        result["kv_speedup_tokens_per_s"] = kv["tokens_per_s"] / no_kv["tokens_per_s"]
+    if "ttft" in parts:
+        log("TTFT with vs without prefix cache (interleaved)")
+        prompts = ((ids, prefix), (short_ids, short_prefix))
+        result["ttft"] = [ttft_pair(gen, i, p, cfg.repeats * 2) for i, p in prompts]
+    result["hardware"]["load_avg_1m_end"] = os.getloadavg()[0]
+    return result
 
 
 def hardware(threads: int) -> dict[str, Any]:
-    import os
-
     import torch
 
     return {
@@ -171,55 +189,63 @@ def hardware(threads: int) -> dict[str, Any]:
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
+    """Bar charts of whatever was measured: tokens/s with/without KV cache, TTFT pairs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.5))
-    a.bar(
-        ["KV cache", "no KV cache"],
-        [result["kv_cache"]["tokens_per_s"], result["no_kv_cache"]["tokens_per_s"]],
-    )
+    speeds = {
+        label: result[key]["tokens_per_s"]
+        for label, key in (("KV cache", "kv_cache"), ("no KV cache", "no_kv_cache"))
+        if key in result
+    }
+    a.bar(list(speeds), list(speeds.values()))
     a.set_ylabel("tokens/s")
     a.set_title("decode speed")
-    labels = [f"{t['prompt_tokens']} tok" for t in result["ttft"]]
-    x = range(len(labels))
+    ttft = result.get("ttft", [])
+    x = list(range(len(ttft)))
     b.bar(
         [i - 0.2 for i in x],
-        [t["ttft_no_prefix_cache_s"] for t in result["ttft"]],
+        [t["ttft_no_prefix_cache_s"] for t in ttft],
         0.4,
         label="no prefix cache",
     )
-    b.bar(
-        [i + 0.2 for i in x],
-        [t["ttft_prefix_cache_s"] for t in result["ttft"]],
-        0.4,
-        label="prefix cache",
-    )
-    b.set_xticks(list(x), labels)
+    b.bar([i + 0.2 for i in x], [t["ttft_prefix_cache_s"] for t in ttft], 0.4, label="prefix cache")
+    b.set_xticks(x, [f"{t['prompt_tokens']} tok" for t in ttft])
     b.set_ylabel("seconds")
     b.set_title("time to first token")
-    b.legend()
+    if ttft:
+        b.legend()
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
 
 
 def markdown(result: dict[str, Any]) -> str:
-    kv, off = result["kv_cache"], result["no_kv_cache"]
-    lines = [
-        "| measurement | value |",
-        "|---|---|",
-        f"| tokens/s, KV cache on ({int(kv['new_tokens'])} new) | {kv['tokens_per_s']:.2f} |",
-        f"| tokens/s, KV cache off ({int(off['new_tokens'])} new) | {off['tokens_per_s']:.2f} |",
-        f"| speed-up from the KV cache | {result['kv_speedup_tokens_per_s']:.1f}x |",
-    ]
-    for t in result["ttft"]:
+    lines = ["| measurement | value |", "|---|---|"]
+    for label, key in (("on", "kv_cache"), ("off", "no_kv_cache")):
+        if key in result:
+            r = result[key]
+            lines.append(
+                f"| tokens/s, KV cache {label} ({int(r['new_tokens'])} new): wall / per CPU-second "
+                f"| {r['tokens_per_s']:.2f} / {r['tokens_per_cpu_s']:.2f} |"
+            )
+    if "kv_speedup_tokens_per_s" in result:
+        kv, off = result["kv_cache"], result["no_kv_cache"]
+        cpu = kv["tokens_per_cpu_s"] / off["tokens_per_cpu_s"]
+        lines.append(
+            f"| speed-up from the KV cache: wall / CPU time | "
+            f"{result['kv_speedup_tokens_per_s']:.1f}x / {cpu:.1f}x |"
+        )
+    for t in result.get("ttft", []):
         lines.append(
             f"| TTFT, {t['prompt_tokens']}-token prompt: no prefix cache / prefix cache "
             f"({t['prefix_tokens']} cached) | {t['ttft_no_prefix_cache_s']:.3f} s / "
-            f"{t['ttft_prefix_cache_s']:.3f} s ({t['speedup']:.2f}x) |"
+            f"{t['ttft_prefix_cache_s']:.3f} s ({t['speedup']:.2f}x); CPU "
+            f"{t['cpu_no_prefix_cache_s']:.2f} s / {t['cpu_prefix_cache_s']:.2f} s "
+            f"({t['cpu_speedup']:.2f}x) |"
         )
     return "\n".join(lines)
 
@@ -254,12 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     argv_used = sys.argv[1:] if argv is None else argv
     result["command"] = "python -m benchmarks.decode " + " ".join(argv_used)
-    (out / "results.json").write_text(json.dumps(result, indent=2))
+    name = (
+        "results.json"
+        if cfg.parts == "kv,nokv,ttft"
+        else f"results-{cfg.parts.replace(',', '-')}.json"
+    )
+    (out / name).write_text(json.dumps(result, indent=2))
     (out / "run.json").write_text(
         json.dumps({"config": asdict(cfg), "command": result["command"]}, indent=2)
     )
     plot(result, out / "decode.png")
-    log(f"wrote {out}/results.json and decode.png")
+    log(f"wrote {out}/{name} and decode.png")
     print(json.dumps(result, indent=2) if as_json else markdown(result))
     return 0
 
