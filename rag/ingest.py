@@ -192,6 +192,8 @@ def ingest_config(cfg: IngestConfig) -> IngestReport:
         else:
             report.generation = gen.name if gen else ""
             shutil.rmtree(tmp, ignore_errors=True)
+        if cfg.backend == "chroma":  # ids the published manifest does not name: a crashed run's
+            vindex.delete(sorted(set(vindex.ids()) - set(chunks)))
         vindex.close()
     report.chunks = len(chunks)
     report.seconds = time.perf_counter() - t0
@@ -246,9 +248,6 @@ def _write_generation(cfg, root, tmp, manifest, chunks, vindex, todo, vectors, d
     write_json(tmp / "run.json", asdict(cfg))
     _checkpoint("before-publish")
     final = publish_generation(root, tmp, _checkpoint)
-    if cfg.backend == "chroma":  # only after the manifest no longer names them
-        extra = sorted(set(vindex.ids()) - set(chunks))
-        vindex.delete(extra)
     return final.name
 
 

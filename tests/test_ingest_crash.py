@@ -67,22 +67,24 @@ def check_loads(index):
 
 
 def crash_then_rerun(tmp_path, tiny_mlm_dir, point, backend="faiss"):
+    """Returns the crashed index's name (unique per test: RAG_HOME is shared by the session)."""
     docs = write_docs(tmp_path / "docs")
     enc = str(tiny_mlm_dir)
-    ingest([docs], index="crash", encoder=enc, backend=backend, progress=False)
-    before = index_state("crash")
+    name, ref = f"crash-{tmp_path.name}", f"ref-{tmp_path.name}"
+    ingest([docs], index=name, encoder=enc, backend=backend, progress=False)
+    before = index_state(name)
     change(docs)
-    code, err = run_cli(docs, "crash", enc, crash=point, backend=backend)
+    code, err = run_cli(docs, name, enc, crash=point, backend=backend)
     assert code == -signal.SIGKILL, err[-2000:]
-    check_loads("crash")
-    after_crash = index_state("crash")
-    ingest([docs], index="ref", encoder=enc, backend=backend, progress=False)
-    reference = index_state("ref")
+    check_loads(name)
+    after_crash = index_state(name)
+    ingest([docs], index=ref, encoder=enc, backend=backend, progress=False)
+    reference = index_state(ref)
     assert after_crash in (before, reference)  # the old index, or (after the commit) the new one
-    ingest([docs], index="crash", progress=False)
-    assert index_state("crash") == reference
-    check_loads("crash")
-    return docs
+    ingest([docs], index=name, progress=False)
+    assert index_state(name) == reference
+    check_loads(name)
+    return name
 
 
 @pytest.mark.parametrize("point", FAST + [pytest.param(p, marks=pytest.mark.slow) for p in SLOW])
@@ -93,8 +95,8 @@ def test_kill9_at_checkpoint(tmp_path, tiny_mlm_dir, point):
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["after-vectors", "after-pointer"])
 def test_kill9_chroma(tmp_path, tiny_mlm_dir, point):
-    crash_then_rerun(tmp_path, tiny_mlm_dir, point, backend="chroma")
-    root, gen, manifest = open_generation("crash")
+    name = crash_then_rerun(tmp_path, tiny_mlm_dir, point, backend="chroma")
+    root, gen, manifest = open_generation(name)
     col = open_index(
         "chroma", root / "chroma", manifest.encoder["dim"], collection=manifest.collection
     )
@@ -107,8 +109,8 @@ def test_kill9_at_random_moments(tmp_path, tiny_mlm_dir):
     for i in range(30):
         (docs / f"extra{i}.md").write_text(f"# Page {i}\n\n" + f"Some words about topic {i}. " * 40)
     enc = str(tiny_mlm_dir)
-    ingest([docs], index="ref", encoder=enc, progress=False)
-    reference = index_state("ref")
+    ingest([docs], index="ref-random", encoder=enc, progress=False)
+    reference = index_state("ref-random")
     rng = random.Random(0)
     for _ in range(4):
         proc = run_cli(docs, "rand", enc, wait=False)
