@@ -182,6 +182,15 @@ class Experiment:
             self._sets = dev_sets(self.cfg, self.p)
         return self._sets
 
+    def pairs(self) -> Path:
+        """The shared contrastive pair file (built once, identical for every row and seed)."""
+        return steps.make_pairs(
+            self.out / "pairs.jsonl",
+            scifact=self.cfg.scifact,
+            squad=self.cfg.squad,
+            max_pairs=self.p.contrastive_pairs,
+        )
+
     def tokenizer(self) -> Path:
         return steps.train_tokenizer(self.cfg.corpus, self.p.vocab_size, self.out / "tokenizer")
 
@@ -240,11 +249,9 @@ class Experiment:
                 model_dir,
                 self.out / "models" / f"{name}-s{seed}-ret-{pooling}",
                 pooling=pooling,
-                scifact=self.cfg.scifact,
-                squad=self.cfg.squad,
+                pairs=self.pairs(),
                 steps=p.contrastive_steps,
                 batch_size=p.contrastive_batch,
-                max_pairs=p.contrastive_pairs,
                 max_seq_length=p.max_seq_length,
                 lr=p.contrastive_lr,
                 seed=seed,

@@ -36,7 +36,7 @@ TABLES = {
     "pretrain": "Pretraining (same budget per row; losses of different objectives are not comparable)",
     "retrieval": "Retrieval (identical contrastive fine-tune; pooling in brackets)",
     "bpb": "Generation: bits per byte of left-to-right prediction (lower is better)",
-    "qa": "Grounded QA on SQuAD dev articles (oracle passages, k=3)",
+    "qa": "Grounded QA on SQuAD dev articles (oracle passages, identical LoRA)",
 }
 
 
@@ -109,6 +109,8 @@ def bar_charts(agg: dict, out: Path) -> list[str]:
     """One bar chart (with std error bars) per metric; returns the file names."""
     files = []
     for column, key, heading, higher in METRICS:
+        if column == "pretrain":  # budgets and own-objective losses: tables and curves only
+            continue
         models = {m: v[key] for m, v in agg.get(column, {}).items() if key in v}
         if not models:
             continue

@@ -145,16 +145,29 @@ def clm_to_mlm_state_dict(clm: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return out
 
 
+def make_pairs(out: Path, *, scifact: str, squad: str, max_pairs: int, seed: int = 0) -> Path:
+    """The one pair file every row is fine-tuned on: SciFact train claims -> abstracts and SQuAD
+    train-article questions -> paragraphs (dev splits filtered out by training.contrastive),
+    shuffled by ``seed`` and capped at ``max_pairs``. Written once, so rows share it exactly."""
+    from training.contrastive import ContrastiveConfig, collect_pairs
+    from training.pairs import write_pairs
+
+    if not out.exists():
+        cfg = ContrastiveConfig(scifact=scifact, squad=squad, max_pairs=max_pairs, seed=seed)
+        tmp = out.with_suffix(".tmp")
+        write_pairs(collect_pairs(cfg), tmp)
+        tmp.replace(out)
+    return out
+
+
 def contrastive(
     model_dir: Path,
     out: Path,
     *,
     pooling: str,
-    scifact: str | None,
-    squad: str | None,
+    pairs: Path,
     steps: int,
     batch_size: int,
-    max_pairs: int,
     max_seq_length: int,
     lr: float,
     seed: int,
@@ -170,9 +183,7 @@ def contrastive(
     cfg = ContrastiveConfig(
         model=str(model_dir),
         out=str(out),
-        scifact=scifact,
-        squad=squad,
-        max_pairs=max_pairs,
+        pairs=[str(pairs)],
         max_steps=steps,
         epochs=1000.0,  # max_steps decides
         batch_size=batch_size,

@@ -93,6 +93,7 @@ def test_subsample_keeps_relevant_docs():
 
 
 @pytest.mark.data
+@pytest.mark.slow  # ~130 s of CPU (2-core box): over this area's share of the default suite
 def test_tiny_preset_runs_whole_experiment_and_resumes(shared_data, tmp_path):
     out = tmp_path / "dol"
     args = ["--preset", "tiny", "--out", str(out), "--no-baselines", "--threads", "2"]
