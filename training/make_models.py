@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tokenizer-chars", type=int, default=20_000_000, help="text the tokenizer trains on"
     )
     p.add_argument(
-        "--minutes-per-model", type=float, default=17.0, help="wall-time budget per model"
+        "--minutes-per-model", type=float, default=15.0, help="wall-time budget per model"
     )
     p.add_argument(
         "--max-steps", type=int, default=0, help="fixed steps per model (0: fit the budget)"
