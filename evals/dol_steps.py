@@ -75,6 +75,7 @@ def pretrain(
         device=device,
         eval_every=eval_every,
         save_every=0,
+        log_every=max(1, steps // 50),  # enough points for the loss curves at every scale
         threads=threads,
         overwrite=True,
     )
