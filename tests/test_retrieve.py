@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from ingest_support import write_docs
 
@@ -107,3 +108,19 @@ def test_missing_index_is_a_clear_error():
 
     with pytest.raises(IndexNotFoundError, match="rag.ingest"):
         Retriever.open("does-not-exist")
+
+
+def test_encoder_batches_and_int8(tiny_mlm_dir, tiny_encoder):
+    texts = ["short", "a somewhat longer text about files " * 3, "mid length text here", "x " * 40]
+    batches = tiny_encoder.batches(texts)
+    assert sorted(i for b in batches for i in b) == list(range(len(texts)))
+    assert batches[0][0] == 3  # longest first
+    fp32 = tiny_encoder.encode(texts)
+    assert fp32.shape == (4, tiny_encoder.dim)
+    assert np.allclose(np.linalg.norm(fp32, axis=1), 1, atol=1e-5)
+    int8 = Encoder.load(tiny_mlm_dir, device="cpu", precision="int8")
+    q = int8.encode(texts)
+    assert np.all(np.sum(fp32 * q, axis=1) > 0.9)  # close to fp32, not identical
+    assert int8.fingerprint == tiny_encoder.fingerprint  # same weights, same index identity
+    with pytest.raises(ValueError, match="precision"):
+        Encoder(tiny_encoder.model, precision="fp8")
