@@ -25,15 +25,37 @@ def bpe(tiny_tokenizer_dir):
 def make_doc(seed: int = 0, n_sections: int = 6) -> Document:
     """Markdown with headings, prose, a code block, a long unpunctuated run and long words."""
     rng = random.Random(seed)
-    words = "file read line open close python data index chunk token encoder query answer".split()
+    words = [
+        "file",
+        "read",
+        "line",
+        "open",
+        "close",
+        "python",
+        "data",
+        "index",
+        "chunk",
+        "token",
+        "encoder",
+        "query",
+        "answer",
+    ]
     parts = ["# Guide", "", "Intro sentence about files. Another one here!", ""]
     for s in range(n_sections):
         parts += [f"## Section {s}", ""]
         for _ in range(rng.randint(1, 6)):
-            sent = [" ".join(rng.choices(words, k=rng.randint(4, 25))).capitalize() + "." for _ in range(rng.randint(1, 8))]
+            sent = [
+                " ".join(rng.choices(words, k=rng.randint(4, 25))).capitalize() + "."
+                for _ in range(rng.randint(1, 8))
+            ]
             parts += [" ".join(sent), ""]
         if s % 2:
-            parts += ["```", *(f"    x{i} = read_line(f{i})" for i in range(rng.randint(5, 40))), "```", ""]
+            parts += [
+                "```",
+                *(f"    x{i} = read_line(f{i})" for i in range(rng.randint(5, 40))),
+                "```",
+                "",
+            ]
         if s % 3 == 0:
             parts += [" ".join(rng.choices(words, k=600)), ""]  # no punctuation at all
             parts += ["".join(rng.choices("abcdefghij", k=3000)), ""]  # one enormous 'word'
@@ -47,7 +69,9 @@ def test_chunks_never_exceed_limit_and_cover_text(request, tok_name, chunk_token
     tok = request.getfixturevalue(tok_name)
     doc = make_doc(seed=chunk_tokens)
     max_tokens = 100
-    chunks = chunk_document(doc, tok, chunk_tokens=chunk_tokens, overlap=overlap, max_tokens=max_tokens)
+    chunks = chunk_document(
+        doc, tok, chunk_tokens=chunk_tokens, overlap=overlap, max_tokens=max_tokens
+    )
     assert chunks
     limit = min(chunk_tokens, max_tokens)
     counts = count_tokens(tok, [c.text for c in chunks])
