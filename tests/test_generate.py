@@ -225,3 +225,23 @@ def test_works_with_project_tiny_clm(request):
     assert gen.generate(msgs, max_new_tokens=8) == gen.generate(
         msgs, max_new_tokens=8, use_prefix_cache=False
     )
+
+
+def test_lora_adapter_loads_and_prefix_cache_stays_exact(tiny_decoder_dirs, tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    tok = build_tokenizer()
+    model = get_peft_model(
+        build_model("llama", tok), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # B starts at zero; make the adapter change the output
+            torch.nn.init.normal_(p, std=0.5)
+    model.save_pretrained(tmp_path / "adapter")
+    gen = Generator.load(tiny_decoder_dirs["llama"], adapter=tmp_path / "adapter", device="cpu")
+    base = Generator.load(tiny_decoder_dirs["llama"], device="cpu")
+    msgs = messages()
+    with_lora = gen.generate(msgs, max_new_tokens=12)
+    assert with_lora == gen.generate(msgs, max_new_tokens=12, use_prefix_cache=False)
+    assert gen.prompt_ids(msgs)[1] > 0
+    assert with_lora != base.generate(msgs, max_new_tokens=12)
