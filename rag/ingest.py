@@ -64,6 +64,7 @@ class IngestConfig:
     overlap: int = 32  # tokens shared by consecutive chunks of a section
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | int8 (dynamic quantisation, CPU)
+    faiss_kind: str = "auto"  # auto (HNSW from 200k vectors) | flat (exact) | hnsw
     max_bytes: int = DEFAULT_MAX_BYTES  # larger files are reported and skipped
     progress: bool = True  # tqdm bars on stderr
 
@@ -223,7 +224,7 @@ def _open_vectors(
     if cfg.backend == "faiss":
         if gen is not None and (gen / "vectors").is_dir():
             shutil.copytree(gen / "vectors", tmp / "vectors")
-        return open_index("faiss", tmp / "vectors", dim), set(), tmp
+        return open_index("faiss", tmp / "vectors", dim, kind=cfg.faiss_kind), set(), tmp
     vindex = open_index(
         "chroma", root / "chroma", dim, chroma_url=cfg.chroma_url, collection=manifest.collection
     )
@@ -298,6 +299,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overlap", type=int, default=32)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument(
+        "--faiss-kind",
+        default="auto",
+        choices=["auto", "flat", "hnsw"],
+        help="FAISS index: exact flat, HNSW, or auto (HNSW from 200k vectors)",
+    )
+    p.add_argument(
         "--precision", default="fp32", choices=PRECISIONS, help="int8: quantised CPU encoder"
     )
     p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="skip larger files")
@@ -318,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         overlap=args.overlap,
         device=args.device,
         precision=args.precision,
+        faiss_kind=args.faiss_kind,
         max_bytes=args.max_bytes,
         progress=not args.no_progress,
     )

@@ -155,3 +155,30 @@ def test_chroma_backend_reconciles_with_manifest(tmp_path, tiny_mlm_dir):
     assert sorted(col.ids()) == ids
     with pytest.raises(ValueError, match="backend"):
         ingest([docs], index="chr", backend="faiss", progress=False)
+
+
+def test_faiss_hnsw_flag(tmp_path, tiny_mlm_dir):
+    docs = write_docs(tmp_path / "docs")
+    code = main(
+        [
+            str(docs),
+            "--index",
+            "hnsw",
+            "--encoder",
+            str(tiny_mlm_dir),
+            "--faiss-kind",
+            "hnsw",
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    flat = ingest([docs], index="flat", encoder=str(tiny_mlm_dir), progress=False)
+    assert flat.ok
+    q = "read a file line by line"
+    got = [h.chunk.text for h in Retriever.open("hnsw").search(q, k=3, mode="dense")]
+    assert got == [h.chunk.text for h in Retriever.open("flat").search(q, k=3, mode="dense")]
+    root, gen, _ = open_generation("hnsw")
+    import numpy as np
+
+    with np.load(gen / "vectors" / "faiss.npz") as z:
+        assert z["graph"].size > 0  # the HNSW graph is persisted beside the vectors
