@@ -59,9 +59,7 @@ class PretrainConfig:
     tokenizer: str = ""  # tokenizer folder; empty means $RAG_HOME/tokenizer
     max_steps: int = 1000  # optimizer steps (the lr schedule spans these)
     max_minutes: float = 0.0  # stop early after this wall time (0 = no limit); run still saved
-    schedule: str = (
-        "steps"  # lr decay by "steps" or by "time" (needs --max-minutes; inexact resume)
-    )
+    schedule: str = "steps"  # lr decay follows steps, or time (needs --max-minutes)
     seq_len: int = 0  # tokens per packed sequence (0 = preset default)
     batch_size: int = 0  # sequences per step per process (0 = preset default)
     lr: float = 0.0  # peak learning rate (0 = preset default)

@@ -13,9 +13,11 @@ trains on its own slice of every batch (DDP), with no code change.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -338,32 +340,39 @@ def time_is_up(elapsed_s: float, max_minutes: float, device: str, world: int) ->
 # ---------------------------------------------------------------------------- CLI
 
 
+def field_help() -> dict[str, str]:
+    """The ``# comment`` after each PretrainConfig field, used as its --help text."""
+    src = inspect.getsource(PretrainConfig)
+    pairs = re.findall(r"^    (\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, flags=re.M)
+    return {name: text.replace("%", "%%") for name, text in pairs}  # argparse formats with %
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One flag per PretrainConfig field (kebab-case), help text from the field comments."""
     p = argparse.ArgumentParser(
         prog="python -m training.pretrain", description=__doc__.split("\n")[0]
     )
+    helps = field_help()
+    choices = {
+        "schedule": ["steps", "time"],
+        "objective": ["mlm", "clm"],
+        "mask_strategy": ["80-10-10", "mask-only"],
+        "device": ["auto", "cpu", "cuda"],
+    }
     for f in fields(PretrainConfig):
-        flag = "--" + f.name.replace("_", "-")
+        flag, h = "--" + f.name.replace("_", "-"), helps.get(f.name, "")
         if f.name == "corpus":
-            p.add_argument(
-                flag, nargs="+", required=True, help="folders/files of .txt/.md/.rst/.html"
-            )
-        elif f.name in ("objective", "mask_strategy", "device", "preset", "schedule"):
-            choices = {
-                "schedule": ["steps", "time"],
-                "objective": ["mlm", "clm"],
-                "mask_strategy": ["80-10-10", "mask-only"],
-                "device": ["auto", "cpu", "cuda"],
-                "preset": None,
-            }[f.name]
-            p.add_argument(flag, default=f.default, choices=choices, required=f.name == "objective")
-        elif f.name == "out":
-            p.add_argument(flag, required=True, help="output folder")
+            p.add_argument(flag, nargs="+", required=True, help=h)
+        elif f.name in ("objective", "out"):
+            p.add_argument(flag, required=True, choices=choices.get(f.name), help=h)
         elif isinstance(f.default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=h)
+        elif f.name in choices or isinstance(f.default, str):
+            p.add_argument(flag, default=f.default, choices=choices.get(f.name), help=h)
         else:
-            p.add_argument(flag, type=type(f.default), default=f.default)
+            p.add_argument(
+                flag, type=type(f.default), default=f.default, help=f"{h} (default {f.default})"
+            )
     p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
