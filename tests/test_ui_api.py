@@ -140,3 +140,13 @@ def test_good_upload_is_ingested_and_retrievable(client, tmp_path):
     assert index_digest() != before
     _, _, sources, _ = ask(client, "How often should I descale the kettle with citric acid?")
     assert "kettle.md" in sources
+
+
+def test_load_benchmark_runs_against_the_app(client, tmp_path):
+    from benchmarks.ui_load import LoadConfig, run
+
+    cfg = LoadConfig(url=client.src, index=INDEX, sessions=2, duration=2.0, k=2, out=str(tmp_path))
+    summary = run(cfg)
+    assert summary["errors"] == 0 and summary["requests"] >= 2, summary
+    assert summary["p50_s"] <= summary["p95_s"]
+    assert (tmp_path / "results.json").exists() and (tmp_path / "latency.png").exists()
