@@ -2,7 +2,7 @@
 
     python -m rag.ask "how do I read a file line by line" --index pydocs [--k 5]
         [--mode dense|bm25|hybrid] [--decoder ALIAS|DIR] [--adapter DIR] [--json] [--stream]
-        [--config rag.toml]
+        [--no-complete-citations] [--config rag.toml]
 
 Prints the answer and its sources; ``--json`` prints ``Answer.to_dict()`` on stdout (logs go to
 stderr); ``--stream`` prints the answer as it is decoded, then the sources. Settings come from
@@ -31,6 +31,7 @@ CLI_FIELDS = (
     "max_context_tokens",
     "min_score",
     "prefix_cache",
+    "complete_citations",
     "device",
 )
 

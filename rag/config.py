@@ -56,6 +56,9 @@ class RAGConfig:
     max_context_tokens: int | None = 2048  # prompt+answer cap below the decoder's max positions
     min_score: float | None = None  # relevance threshold on hit scores; None = per-mode default
     prefix_cache: bool = True  # reuse the KV cache of the fixed system prompt across questions
+    # when the answer cites nothing (and is no refusal), append the passage marker [i] the decoder
+    # itself scores likeliest after its answer; Answer.citations_completed records it
+    complete_citations: bool = True
     device: str = "auto"  # auto | cpu | cuda
     # Hook (not from TOML/CLI): turns (question, history) into a standalone retrieval query.
     rewrite_query: Callable[[str, list[tuple[str, str]]], str] | None = field(

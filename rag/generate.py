@@ -318,6 +318,53 @@ class Generator:
         text = self.tokenizer.decode(new, skip_special_tokens=True)
         return cut_at_stop(text, stop)[0].strip()
 
+    def score_continuations(
+        self, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
+    ) -> list[float]:
+        """Log-probability of each continuation after the prompt and the assistant's ``answer``.
+
+        Used to ask the model which passage marker (`` [1]``, `` [2]``, ...) it would write next.
+        One forward pass encodes prompt + answer (starting from the cached system prefix); its KV
+        cache is then repeated once per continuation and all continuations are scored in a single
+        batched pass. Continuations are right-padded: a causal model never attends to later
+        tokens, so the padding changes no score and needs no mask.
+        """
+        if not continuations:
+            return []
+        ids, prefix_len = self.prompt_ids(messages)
+        enc = self.tokenizer
+        ids = ids + list(enc(answer, add_special_tokens=False)["input_ids"])
+        conts = [list(enc(c, add_special_tokens=False)["input_ids"]) for c in continuations]
+        if any(not c for c in conts):
+            raise ValueError("every continuation must encode to at least one token")
+        from transformers import DynamicCache
+
+        with self._decode_lock, torch.inference_mode():
+            if self.prefix_cache and 0 < prefix_len < len(ids):
+                cache, start = self._prefix_cache_for(ids[:prefix_len]), prefix_len
+            else:
+                cache, start = DynamicCache(config=self.model.config), 0
+            out = self.model(
+                input_ids=torch.tensor([ids[start:]], device=self.device),
+                cache=cache,
+                use_cache=True,
+            )
+            first = torch.log_softmax(out["logits"][0, -1].float(), dim=-1)
+            cache = out["cache"] if "cache" in out else out["past_key_values"]
+            scores = [float(first[c[0]]) for c in conts]
+            width = max(len(c) for c in conts) - 1
+            if width:
+                cache.batch_repeat_interleave(len(conts))
+                pad = enc.pad_token_id if enc.pad_token_id is not None else conts[0][0]
+                rows = [c[:-1] + [pad] * (width - len(c) + 1) for c in conts]
+                logits = self.model(
+                    input_ids=torch.tensor(rows, device=self.device), cache=cache, use_cache=True
+                )["logits"]
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                for b, c in enumerate(conts):
+                    scores[b] += sum(float(logp[b, j, t]) for j, t in enumerate(c[1:]))
+        return scores
+
     def stream(
         self,
         messages: Sequence[dict[str, str]],

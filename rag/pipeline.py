@@ -10,7 +10,12 @@ Grounding rules, in one place:
   is :data:`rag.prompt.REFUSAL` and the model is not called;
 - citation markers ``[n]`` are parsed with :func:`rag.prompt.parse_citations`; each valid number
   maps to the passage given at that position; a number that names no given passage is dropped
-  from the text, never shown as a source, and listed in ``Answer.invalid_citations``.
+  from the text, never shown as a source, and listed in ``Answer.invalid_citations``;
+- an answer that is no refusal and carries no valid marker gets one by *citation completion*
+  (``RAGConfig.complete_citations``): the model is asked which passage it used by comparing the
+  log-probability of the continuation `` [i]`` for every given passage i after its own answer, and
+  the likeliest marker is appended (``Answer.citations_completed`` is then true). Small zero-shot
+  models (SmolLM2-135M) answer but almost never write markers by themselves.
 """
 
 from __future__ import annotations
@@ -102,6 +107,27 @@ def make_answer(raw: str, prep: Prepared) -> Answer:
         query=prep.query,
         timings=prep.timings,
     )
+
+
+def complete_citation(raw: str, prep: Prepared, generator: Any) -> Answer:
+    """:func:`make_answer`, plus the likeliest marker when the model cited nothing by itself.
+
+    Fires only when the answer is no refusal and holds no valid marker (invalid ones alone do not
+    count). ``generator.score_continuations`` gives log p(`` [i]`` | prompt, answer) for each
+    passage i; the argmax is appended to the raw text and parsed like a marker the model wrote.
+    ``Answer.raw_text`` stays the model's own text.
+    """
+    answer = make_answer(raw, prep)
+    if answer.refused or answer.citations or not prep.hits:
+        return answer
+    n = len(prep.hits)
+    scores = generator.score_continuations(prep.messages, raw, [f" [{i}]" for i in range(1, n + 1)])
+    best = max(range(n), key=lambda i: scores[i]) + 1
+    completed = make_answer(f"{raw} [{best}]", prep)
+    completed.raw_text = raw
+    completed.citations_completed = True
+    completed.citation_logprobs = [float(x) for x in scores]
+    return completed
 
 
 def refusal(prep: Prepared) -> Answer:
@@ -238,8 +264,9 @@ class RAGPipeline:
         raw = self.generator.generate(
             prep.messages, **self._decode_args(temperature, max_new_tokens), stats=stats
         )
+        answer = self._finish(raw, prep)
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
-        return make_answer(raw, prep)
+        return answer
 
     def stream(
         self,
@@ -251,7 +278,11 @@ class RAGPipeline:
         temperature: float | None = None,
         max_new_tokens: int | None = None,
     ) -> Iterator[str | Answer]:
-        """Raw text deltas (citation markers included) as decoded, then the final :class:`Answer`."""
+        """Raw text deltas (citation markers included) as decoded, then the final :class:`Answer`.
+
+        A completed citation (see :func:`complete_citation`) is scored after decoding ends; its
+        marker (`` [i]``) arrives as the last text delta, before the Answer.
+        """
         t0 = time.perf_counter()
         prep = self.prepare(
             question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens
@@ -268,8 +299,22 @@ class RAGPipeline:
         ):
             parts.append(delta)
             yield delta
+        answer = self._finish("".join(parts), prep)
+        if answer.citations_completed:
+            yield f" [{answer.citations[0].number}]"
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
-        yield make_answer("".join(parts), prep)
+        yield answer
+
+    def _finish(self, raw: str, prep: Prepared) -> Answer:
+        """The Answer for ``raw``, with citation completion when configured and supported."""
+        t0 = time.perf_counter()
+        gen = self.generator
+        if not self.config.complete_citations or not hasattr(gen, "score_continuations"):
+            return make_answer(raw, prep)
+        answer = complete_citation(raw, prep, gen)
+        if answer.citations_completed:
+            prep.timings["cite_s"] = time.perf_counter() - t0
+        return answer
 
 
 def _gen_timings(stats: dict[str, float]) -> dict[str, float]:

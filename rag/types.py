@@ -77,6 +77,10 @@ class Answer:
     passages: list[Hit] = field(default_factory=list)
     query: str = ""  # the (possibly rewritten) query used for retrieval
     timings: dict[str, float] = field(default_factory=dict)
+    # True when the model wrote no marker and the pipeline appended the one it scored likeliest
+    # (see rag.pipeline.complete_citation); ``citation_logprobs[i-1]`` is the score of `` [i]``.
+    citations_completed: bool = False
+    citation_logprobs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,4 +92,6 @@ class Answer:
             "passages": [h.to_dict() for h in self.passages],
             "query": self.query,
             "timings": self.timings,
+            "citations_completed": self.citations_completed,
+            "citation_logprobs": self.citation_logprobs,
         }

@@ -245,3 +245,26 @@ def test_lora_adapter_loads_and_prefix_cache_stays_exact(tiny_decoder_dirs, tmp_
     assert with_lora == gen.generate(msgs, max_new_tokens=12, use_prefix_cache=False)
     assert gen.prompt_ids(msgs)[1] > 0
     assert with_lora != base.generate(msgs, max_new_tokens=12)
+
+
+def test_score_continuations_equals_full_forward(tiny_generator):
+    """The cached, batched scores equal one uncached forward pass per continuation (both
+    architectures, continuations of different lengths so padding is exercised)."""
+    gen = tiny_generator
+    msgs, answer = messages(), "Use open() in a loop."
+    conts = [" [1]", " [2]", " [12]"]
+    tok = gen.tokenizer
+    base = gen.prompt_ids(msgs)[0] + tok(answer, add_special_tokens=False)["input_ids"]
+    expected = []
+    for c in conts:
+        ids = tok(c, add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            logits = gen.model(input_ids=torch.tensor([base + ids]))["logits"][0]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        expected.append(sum(float(logp[len(base) + j - 1, t]) for j, t in enumerate(ids)))
+    for prefix_cache in (True, False):
+        gen.prefix_cache = prefix_cache
+        got = gen.score_continuations(msgs, answer, conts)
+        assert got == pytest.approx(expected, abs=1e-4)
+    gen.prefix_cache = True
+    assert all(s < 0 for s in expected)

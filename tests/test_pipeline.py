@@ -233,3 +233,118 @@ def test_answer_text_keeps_line_breaks_of_code():
     reply = "Loop over the file [1]:\n\n```python\nfor line in f:\n    print(line)\n```"
     ans = pipeline([hit(1)], reply).answer("q?")
     assert ans.text == "Loop over the file:\n\n```python\nfor line in f:\n    print(line)\n```"
+
+
+# ---- citation completion ----------------------------------------------------------------------
+
+
+class ScoringGenerator(FakeGenerator):
+    """A fake generator that also scores continuations with fixed log-probabilities."""
+
+    def __init__(self, reply: str, scores: list[float], keep: int | None = None):
+        super().__init__(reply, keep)
+        self.scores = scores
+        self.scored: list[tuple[str, list[str]]] = []
+
+    def score_continuations(self, messages, answer, continuations):
+        self.scored.append((answer, list(continuations)))
+        return self.scores[: len(continuations)]
+
+
+def scoring_pipeline(hits, reply, scores, **cfg) -> RAGPipeline:
+    gen = ScoringGenerator(reply, scores)
+    return RAGPipeline(RAGConfig(**cfg), retriever=FakeRetriever(hits), generator=gen)
+
+
+def test_completion_appends_the_likeliest_marker():
+    pipe = scoring_pipeline([hit(1), hit(2), hit(3)], "Use a for loop.", [-5.0, -0.5, -2.0], k=3)
+    ans = pipe.answer("q?")
+    assert pipe.generator.scored == [("Use a for loop.", [" [1]", " [2]", " [3]"])]
+    assert ans.citations_completed and [c.number for c in ans.citations] == [2]
+    assert ans.citations[0].chunk_id == "id2"
+    assert ans.text == "Use a for loop." and ans.raw_text == "Use a for loop."
+    assert ans.citation_logprobs == [-5.0, -0.5, -2.0]
+    assert "cite_s" in ans.timings
+    d = ans.to_dict()
+    assert d["citations_completed"] is True and d["citation_logprobs"] == [-5.0, -0.5, -2.0]
+
+
+def test_completion_fires_when_only_invalid_markers():
+    pipe = scoring_pipeline([hit(1), hit(2)], "It is X [7].", [-0.1, -3.0], k=2)
+    ans = pipe.answer("q?")
+    assert ans.citations_completed and [c.number for c in ans.citations] == [1]
+    assert ans.invalid_citations == [7]
+
+
+@pytest.mark.parametrize("reply", ["Use open() [3].", REFUSAL])
+def test_completion_never_fires_on_cited_or_refused_answers(reply):
+    pipe = scoring_pipeline([hit(1), hit(2), hit(3)], reply, [0.0, -1.0, -2.0], k=3)
+    ans = pipe.answer("q?")
+    assert pipe.generator.scored == [] and not ans.citations_completed
+    assert [c.number for c in ans.citations] == ([] if reply == REFUSAL else [3])
+
+
+def test_code_index_is_not_a_citation_so_completion_fires():
+    pipe = scoring_pipeline([hit(1), hit(2)], "Read lines[1] in a loop.", [-4.0, -1.0], k=2)
+    ans = pipe.answer("q?")
+    assert ans.text == "Read lines[1] in a loop." and ans.invalid_citations == []
+    assert ans.citations_completed and [c.number for c in ans.citations] == [2]
+
+
+def test_completion_off_when_disabled():
+    pipe = scoring_pipeline([hit(1), hit(2)], "Use a loop.", [-1.0, -0.1], complete_citations=False)
+    ans = pipe.answer("q?")
+    assert pipe.generator.scored == [] and ans.citations == [] and not ans.citations_completed
+    items = list(pipe.stream("q?"))
+    assert "".join(items[:-1]) == "Use a loop." and items[-1].citations == []
+
+
+def test_stream_sends_completed_marker_last():
+    pipe = scoring_pipeline([hit(1), hit(2)], "Use a loop.", [-1.0, -0.1], k=2)
+    items = list(pipe.stream("q?"))
+    assert items[-2] == " [2]" and "".join(items[:-1]) == "Use a loop. [2]"
+    ans = items[-1]
+    assert ans.citations_completed and [c.number for c in ans.citations] == [2]
+    assert ans.raw_text == "Use a loop."
+
+
+def test_complete_citations_from_flag_and_toml(tmp_path):
+    from rag.ask import build_parser
+    from rag.config import config_from_args, load_config
+
+    assert RAGConfig().complete_citations is True
+    args = build_parser().parse_args(["q?", "--no-complete-citations"])
+    assert config_from_args(args).complete_citations is False
+    toml = tmp_path / "rag.toml"
+    toml.write_text("complete-citations = false\n", encoding="utf-8")
+    assert load_config(toml).complete_citations is False
+
+
+def test_real_tiny_generator_completion_is_the_argmax(tiny_decoder_dirs):  # noqa: F811
+    """With a real (tiny, random) model the completed marker names a given passage and is the
+    argmax of log p(" [i]" | prompt, answer), computed here with one full forward pass per i."""
+    import torch
+
+    from rag.generate import Generator
+    from rag.pipeline import complete_citation
+
+    gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu")
+    hits = [Hit(Chunk(f"c{i}", f"passage {i} about files", f"s{i}.md"), 0.9) for i in range(3)]
+    pipe = RAGPipeline(RAGConfig(k=3), retriever=FakeRetriever(hits), generator=gen)
+    prep = pipe.prepare("how do I read a file?")
+    raw = "Use open and a for loop."
+    ans = complete_citation(raw, prep, gen)
+    n = len(prep.hits)
+    assert n == 3 and ans.citations_completed and len(ans.citations) == 1
+    tok = gen.tokenizer
+    base = gen.prompt_ids(prep.messages)[0] + tok(raw, add_special_tokens=False)["input_ids"]
+    expected = []
+    for i in range(1, n + 1):
+        cont = tok(f" [{i}]", add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            logits = gen.model(input_ids=torch.tensor([base + cont]))["logits"][0]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        expected.append(sum(float(logp[len(base) + j - 1, t]) for j, t in enumerate(cont)))
+    assert ans.citation_logprobs == pytest.approx(expected, abs=1e-4)
+    assert ans.citations[0].number == max(range(n), key=lambda i: expected[i]) + 1
+    assert 1 <= ans.citations[0].number <= n

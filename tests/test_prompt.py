@@ -48,3 +48,10 @@ def test_refusal_round_trips():
     assert target == REFUSAL and is_refusal(target)
     parsed = parse_citations(REFUSAL + " [1]", n_passages=2)
     assert parsed.refused and parsed.cited == []
+
+
+def test_code_indexing_is_not_a_citation():
+    answer = "Use lines[1] or f(x)[2] or grid[0][1], see [2][3]."
+    parsed = parse_citations(answer, n_passages=3)
+    assert parsed.cited == [2, 3] and parsed.invalid == []
+    assert parsed.text == "Use lines[1] or f(x)[2] or grid[0][1], see."
