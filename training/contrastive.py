@@ -367,6 +367,7 @@ def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
     t_train = time.time()
     result = trainer.train()
     train_seconds = time.time() - t_train
+    _remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
     model.save(str(out))
 
     after = evaluate(model, evaluators)
@@ -388,6 +389,11 @@ def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
     }
     (out / "run.json").write_text(json.dumps(summary, indent=2))
     return model, summary
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
 
 
 def _hardware(device: str) -> str:

@@ -32,7 +32,13 @@ from typing import Any
 from rag.models import pick_device, resolve_model
 from rag.paths import models_dir
 from rag.prompt import build_messages, parse_citations
-from training.contrastive import _hardware, _jsonl_logger, plot_loss, torch_threads
+from training.contrastive import (
+    _hardware,
+    _jsonl_logger,
+    _remove_if_empty,
+    plot_loss,
+    torch_threads,
+)
 from training.dataclass_cli import add_dataclass_args, config_from_args, field_help
 from training.lora_data import QAExample, read_examples, squad_examples
 
@@ -328,6 +334,7 @@ def _fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     t_train = time.time()
     result = trainer.train()
     train_seconds = time.time() - t_train
+    _remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
 
