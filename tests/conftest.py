@@ -77,9 +77,21 @@ def _tiny_pretrained(tmp_path_factory, tokenizer_dir: Path, objective: str) -> P
 
     base = tmp_path_factory.mktemp(f"tiny_{objective}")
     cfg = PretrainConfig(
-        objective=objective, preset="tiny", corpus=[str(FIXTURE_CORPUS)], out=str(base / "model"),
-        tokenizer=str(tokenizer_dir), max_steps=40, seq_len=64, batch_size=8, eval_every=20,
-        eval_batches=2, save_every=0, log_every=10, heldout_fraction=0.25, seed=0, device="cpu",
+        objective=objective,
+        preset="tiny",
+        corpus=[str(FIXTURE_CORPUS)],
+        out=str(base / "model"),
+        tokenizer=str(tokenizer_dir),
+        max_steps=40,
+        seq_len=64,
+        batch_size=8,
+        eval_every=20,
+        eval_batches=2,
+        save_every=0,
+        log_every=10,
+        heldout_fraction=0.25,
+        seed=0,
+        device="cpu",
         threads=1,
     )
     with _temporary_rag_home(base / "rag_home"):
