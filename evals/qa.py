@@ -234,6 +234,7 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
         source = OraclePassages(paragraphs, cfg.k, cfg.seed)
         rows = [answer_one(generator, q, source(q), cfg.max_new_tokens) for q in bar]
     else:
+        from rag.config import RAGConfig
         from rag.pipeline import RAGPipeline
 
         if encoder is None and cfg.retriever != "bm25":
@@ -241,7 +242,10 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
 
             encoder = load_embedder(cfg.encoder, device=cfg.device)
         retriever = ParagraphRetriever(paragraphs, cfg.retriever, encoder)
-        pipeline = RAGPipeline(retriever=retriever, generator=generator)
+        # Citation accuracy measures the markers the model writes itself, so the pipeline's
+        # likelihood-based citation completion (a UI fallback) is off here.
+        config = RAGConfig(complete_citations=False)
+        pipeline = RAGPipeline(config, retriever=retriever, generator=generator)
         rows = [answer_rag(pipeline, q, cfg.k, cfg.retriever, cfg.max_new_tokens) for q in bar]
     return {
         "config": {**asdict(cfg), "articles": articles},
