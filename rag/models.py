@@ -114,7 +114,8 @@ def resolve_model(name: str | Path) -> Path:
     artefact = models_dir() / name
     if artefact.is_dir():
         return artefact
-    options = sorted(ENCODER_ALIASES) + sorted(DECODER_ALIASES) + list_artifacts()
+    aliases = sorted(ENCODER_ALIASES) + sorted(DECODER_ALIASES)
+    options = aliases + [a for a in list_artifacts() if a not in aliases]
     raise ModelNotFoundError(
         f"unknown model {name!r}: not a folder, alias or artefact (have: {', '.join(options)})"
     )

@@ -17,9 +17,7 @@ division-of-labour experiment can tune an MLM and a CLM with the identical recip
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import inspect
 import json
 import logging
 import platform
@@ -33,7 +31,7 @@ from typing import Any
 from rag.models import is_sentence_transformer, pick_device, resolve_model
 from rag.paths import models_dir, shared_data_dir
 from training import pairs as P
-from training.dataclass_cli import add_dataclass_args, config_from_args, field_help
+from training.dataclass_cli import run_training_cli
 
 log = logging.getLogger("training.contrastive")
 POOLING = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
@@ -436,34 +434,22 @@ def preset_config(
 # ---------------------------------------------------------------------------- CLI
 
 
+def _report(summary: dict) -> None:
+    for name in summary["before"]:
+        b, a = summary["before"][name]["ndcg@10"], summary["after"][name]["ndcg@10"]
+        print(f"{name}: nDCG@10 {b:.4f} -> {a:.4f}")
+    print(f"saved {summary['out']} ({summary['n_pairs']} pairs, {summary['steps']} steps)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.contrastive", description=__doc__.split("\n\n")[0]
+    return run_training_cli(
+        "python -m training.contrastive",
+        __doc__,
+        ContrastiveConfig,
+        train_contrastive,
+        _report,
+        argv,
     )
-    add_dataclass_args(parser, ContrastiveConfig, field_help(inspect.getsource(ContrastiveConfig)))
-    parser.add_argument(
-        "--json", action="store_true", help="print the run summary as JSON on stdout"
-    )
-    ns = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
-    )
-    cfg = config_from_args(ContrastiveConfig, ns)
-    try:
-        # The Trainer prints its logs on stdout; keep stdout for the --json summary only.
-        with contextlib.redirect_stdout(sys.stderr):
-            summary = train_contrastive(cfg)
-    except (ValueError, OSError, LookupError, RuntimeError) as e:
-        print(f"training.contrastive: error: {e}", file=sys.stderr)
-        return 2
-    if ns.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        for name in summary["before"]:
-            b, a = summary["before"][name]["ndcg@10"], summary["after"][name]["ndcg@10"]
-            print(f"{name}: nDCG@10 {b:.4f} -> {a:.4f}")
-        print(f"saved {summary['out']} ({summary['n_pairs']} pairs, {summary['steps']} steps)")
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,9 +17,6 @@ AutoModelForCausalLM folder.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import inspect
 import json
 import logging
 import sys
@@ -39,7 +36,7 @@ from training.contrastive import (
     plot_loss,
     torch_threads,
 )
-from training.dataclass_cli import add_dataclass_args, config_from_args, field_help
+from training.dataclass_cli import run_training_cli
 from training.lora_data import QAExample, read_examples, squad_examples
 
 log = logging.getLogger("training.lora")
@@ -390,36 +387,19 @@ def preset_config(
 # ---------------------------------------------------------------------------- CLI
 
 
+def _report(summary: dict) -> None:
+    for key in ("em", "f1", "citation_accuracy", "refusal_accuracy"):
+        if key in summary["before"]:
+            print(f"{key}: {summary['before'][key]} -> {summary['after'][key]}")
+    print(
+        f"saved {summary['out']} ({summary['n_train_examples']} examples, {summary['steps']} steps)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m training.lora", description=__doc__.split("\n\n")[0]
+    return run_training_cli(
+        "python -m training.lora", __doc__, LoraTrainConfig, train_lora, _report, argv
     )
-    add_dataclass_args(parser, LoraTrainConfig, field_help(inspect.getsource(LoraTrainConfig)))
-    parser.add_argument(
-        "--json", action="store_true", help="print the run summary as JSON on stdout"
-    )
-    ns = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
-    )
-    cfg = config_from_args(LoraTrainConfig, ns)
-    try:
-        # The Trainer prints its logs on stdout; keep stdout for the --json summary only.
-        with contextlib.redirect_stdout(sys.stderr):
-            summary = train_lora(cfg)
-    except (ValueError, OSError, LookupError, RuntimeError) as e:
-        print(f"training.lora: error: {e}", file=sys.stderr)
-        return 2
-    if ns.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        for key in ("em", "f1", "citation_accuracy", "refusal_accuracy"):
-            if key in summary["before"]:
-                print(f"{key}: {summary['before'][key]} -> {summary['after'][key]}")
-        print(
-            f"saved {summary['out']} ({summary['n_train_examples']} examples, {summary['steps']} steps)"
-        )
-    return 0
 
 
 if __name__ == "__main__":
