@@ -54,3 +54,13 @@ def test_sources_escape_text_and_show_rewrite():
 def test_uncited_lists_the_rest():
     html = uncited_html(_answer("x [2]", [2]))
     assert "#1 " in html and "#3 " in html and "f2.md" not in html
+
+
+def test_completed_citation_is_linked_and_labelled():
+    from rag.types import Answer, Citation
+
+    cite = Citation(2, "docs/a.md", ("A",), "text", 0.5, "c2")
+    answer = Answer(text="It saves prefill.", citations=[cite], raw_text="It saves prefill.")
+    answer.citations_completed = True
+    md = reply_markdown(answer)
+    assert "[[2]](#src-2)" in md and "citation completion" in md

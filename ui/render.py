@@ -73,6 +73,9 @@ def reply_markdown(answer: Answer) -> str:
     """The chat reply: the model's text with linked markers, plus a note for dropped markers."""
     valid = {c.number for c in answer.citations}
     text = link_markers(answer.raw_text or answer.text, valid)
+    if answer.citations_completed:  # raw_text is the model's own reply, without the added marker
+        markers = "".join(f"[[{c.number}]](#src-{c.number})" for c in answer.citations)
+        text += f" {markers}\n\n*The model did not cite by itself; the marker is the passage it finds most likely (citation completion).*"
     if answer.invalid_citations:
         bad = ", ".join(str(n) for n in answer.invalid_citations)
         text += f"\n\n*Citation(s) {bad} named no retrieved passage and were dropped.*"
