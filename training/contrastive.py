@@ -251,21 +251,12 @@ def _jsonl_logger(path: Path):
 
 
 def plot_loss(log_path: Path, out_png: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """loss.png from a fine-tuning train_log.jsonl (the pretraining plotter, ranking-loss axis)."""
+    from training.plots import plot_losses
 
     rows = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if "loss" in r]
-    if not rows:
-        return
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([r["step"] for r in rows], [r["loss"] for r in rows])
-    ax.set(xlabel="step", ylabel="ranking loss", title=title)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=120)
-    plt.close(fig)
+    if any("loss" in r for r in rows):
+        plot_losses(rows, out_png, title, ylabel="loss")
 
 
 def _log_event(path: Path, **row: Any) -> None:

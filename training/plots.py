@@ -10,7 +10,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def plot_losses(log: list[dict], out: Path, title: str) -> Path:
+def plot_losses(
+    log: list[dict], out: Path, title: str, ylabel: str = "cross-entropy (nats/token)"
+) -> Path:
     """Plot ``loss`` and ``heldout_loss`` entries of a train log; returns the png path."""
     train = [(r["step"], r["loss"]) for r in log if "loss" in r]
     held = [(r["step"], r["heldout_loss"]) for r in log if "heldout_loss" in r]
@@ -20,7 +22,7 @@ def plot_losses(log: list[dict], out: Path, title: str) -> Path:
     if held:
         ax.plot(*zip(*held, strict=True), "o-", label="held-out loss", lw=1.5, ms=3)
     ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()

@@ -175,26 +175,13 @@ def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
         forward_model = DistributedDataParallel(
             forward_model, device_ids=[local_rank] if "cuda" in device else None
         )
-    stepper = Stepper(
-        forward_model,
-        cfg.objective,
-        device,
-        spec,
-        cfg.mask_rate,
-        cfg.mask_strategy,
-        cfg.whole_word_mask,
-        cfg.seed,
-    )
-    evaluator = Stepper(
-        model,
-        cfg.objective,
-        device,
-        spec,
-        cfg.mask_rate,
-        cfg.mask_strategy,
-        cfg.whole_word_mask,
-        cfg.seed,
-    )
+
+    def make_stepper(m):  # the same masking and objective for training and evaluation
+        args = (cfg.mask_rate, cfg.mask_strategy, cfg.whole_word_mask, cfg.seed)
+        return Stepper(m, cfg.objective, device, spec, *args)
+
+    stepper = make_stepper(forward_model)  # DDP-wrapped when distributed
+    evaluator = make_stepper(model)
 
     state = {"step": 0, "tokens": 0, "elapsed_s": 0.0, "initial_heldout_loss": None}
     if cfg.resume:
