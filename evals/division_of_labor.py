@@ -274,7 +274,7 @@ class Experiment:
                     steps=p.lora_steps,
                     max_examples=p.lora_examples,
                     k_passages=p.qa_k,
-                    lr=2e-4,
+                    lr=p.lora_lr,
                     seed=seed,
                     device=self.device,
                     threads=self.cfg.threads,

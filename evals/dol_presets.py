@@ -38,6 +38,7 @@ class ExperimentPreset:
     qa_questions: int  # SQuAD dev questions for grounded QA
     clm_fraction: float = 0.5  # clm2mlm: share of the steps spent on CLM
     qa_k: int = 3  # passages per QA prompt (LoRA and eval); tiny uses 1 to fit its context
+    lora_lr: float = 2e-4  # peak learning rate of the LoRA fine-tune
 
 
 def _preset(name: str, **kw: Any) -> ExperimentPreset:
@@ -54,19 +55,20 @@ PRESETS = {
         max_seq_length=64, eval_queries=12, eval_docs=150, bpb_tokens=128,
         lora_steps=3, lora_examples=16, qa_questions=4, qa_k=1,
     ),
-    # CPU: hours with 2 seeds on 2 cores (see docs/division_of_labor.md).
+    # CPU: sized so two seeds (one process per seed, one thread each) plus the baselines finish
+    # in about 1.5 hours on 2 cores (measured in docs/division_of_labor.md).
     "small": _preset(
-        "small", vocab_size=8000, pretrain_steps=1500, seq_len=256, batch_size=16,
-        contrastive_steps=400, contrastive_batch=32, contrastive_pairs=12800, contrastive_lr=1e-4,
-        max_seq_length=256, eval_queries=0, eval_docs=0, bpb_tokens=8192,
-        lora_steps=200, lora_examples=800, qa_questions=200,
+        "small", vocab_size=8000, pretrain_steps=400, seq_len=256, batch_size=16,
+        contrastive_steps=200, contrastive_batch=32, contrastive_pairs=6400, contrastive_lr=2e-4,
+        max_seq_length=128, eval_queries=0, eval_docs=0, bpb_tokens=4096,
+        lora_steps=50, lora_examples=400, qa_questions=100, lora_lr=1e-3,
     ),
     # GPU: ~10 minutes of pretraining per row on one large GPU.
     "base": _preset(
         "base", vocab_size=16000, pretrain_steps=3000, seq_len=512, batch_size=64,
         contrastive_steps=1000, contrastive_batch=64, contrastive_pairs=64000, contrastive_lr=5e-5,
         max_seq_length=256, eval_queries=0, eval_docs=0, bpb_tokens=32768,
-        lora_steps=400, lora_examples=3200, qa_questions=500,
+        lora_steps=400, lora_examples=3200, qa_questions=500, lora_lr=5e-4,
     ),
 }
 # fmt: on
