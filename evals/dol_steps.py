@@ -8,14 +8,9 @@ plain values and returns what the next cell needs (a folder, a model, a summary 
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-import torch
 
 
 class StepUnavailable(RuntimeError):
@@ -52,14 +47,13 @@ def pretrain(
 ) -> dict[str, Any]:
     """One pretraining run via ``training.pretrain.pretrain``; returns its summary (run.json).
 
-    ``init_from`` starts from another run's weights (the CLM->MLM row): the CLM decoder's
-    weights are converted into an encoder's (:func:`clm_to_mlm_state_dict`) and training
-    continues with the MLM objective.
+    ``init_from`` starts from another run's weights (the CLM->MLM row): training.pretrain
+    converts the CLM decoder's weights into the encoder's layout (training.init_from) and
+    training continues with the MLM objective.
     """
     from training.config import PretrainConfig
     from training.pretrain import pretrain as run
 
-    fields = {f.name for f in dataclasses.fields(PretrainConfig)}
     cfg = PretrainConfig(
         objective=objective,
         preset=preset,
@@ -77,73 +71,13 @@ def pretrain(
         save_every=0,
         log_every=max(1, steps // 50),  # enough points for the loss curves at every scale
         threads=threads,
+        init_from=str(init_from) if init_from else "",
         overwrite=True,
     )
-    if init_from is None:
-        return run(cfg)
-    if "init_from" in fields:  # the training code grew the option: use it
-        cfg.init_from = str(init_from)
-        return run(cfg)
-    with _start_from(init_from):
-        summary = run(cfg)
-    summary["init_from"] = str(init_from)
+    summary = run(cfg)
+    if init_from is not None:
+        summary["init_from"] = str(init_from)
     return summary
-
-
-@contextmanager
-def _start_from(weights_dir: Path) -> Iterator[None]:
-    """Make ``training.pretrain`` start from ``weights_dir`` instead of a fresh init.
-
-    ``training.pretrain`` has no init-from option, so for the duration of one call its
-    ``build_model`` is wrapped: the fresh model is built as usual (same preset, same tokenizer),
-    then the saved weights are loaded into it, converted from decoder to encoder layout when the
-    objectives differ. Every weight must be matched; a missing or extra tensor is an error.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM
-
-    import training.pretrain as tp
-
-    original = tp.build_model
-
-    def build(objective: str, *args: Any, **kwargs: Any):
-        model = original(objective, *args, **kwargs)
-        src_cfg = AutoConfig.from_pretrained(weights_dir)
-        is_clm = any(a.endswith("ForCausalLM") for a in (src_cfg.architectures or []))
-        cls = AutoModelForCausalLM if is_clm else AutoModelForMaskedLM
-        state = cls.from_pretrained(weights_dir, dtype=torch.float32).state_dict()
-        if is_clm and objective == "mlm":
-            state = clm_to_mlm_state_dict(state)
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        if missing or unexpected:
-            raise RuntimeError(
-                f"--init-from {weights_dir}: missing {missing}, unexpected {unexpected}"
-            )
-        return model
-
-    tp.build_model = build
-    try:
-        yield
-    finally:
-        tp.build_model = original
-
-
-def clm_to_mlm_state_dict(clm: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """ModernBertDecoderForCausalLM weights renamed into ModernBertForMaskedLM's layout: the
-    separate q/k/v projections are stacked into ``Wqkv`` and ``lm_head`` becomes ``head``."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in clm.items():
-        if ".attn.q_proj." in name:
-            base = name.replace(".q_proj.", ".Wqkv.")
-            k = clm[name.replace(".q_proj.", ".k_proj.")]
-            v = clm[name.replace(".q_proj.", ".v_proj.")]
-            out[base] = torch.cat([t, k, v], dim=0)
-        elif ".attn.k_proj." in name or ".attn.v_proj." in name:
-            continue
-        elif name.startswith("lm_head."):
-            out["head." + name.removeprefix("lm_head.")] = t
-        else:
-            out[name] = t
-    return out
 
 
 def make_pairs(out: Path, *, scifact: str, squad: str, max_pairs: int, seed: int = 0) -> Path:

@@ -16,7 +16,7 @@ from transformers import (
 from evals.datasets import RetrievalDataset
 from evals.division_of_labor import ROWS, Cells, main, subsample
 from evals.dol_report import aggregate, markdown
-from evals.dol_steps import clm_to_mlm_state_dict
+from training.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
 
 KW = dict(
     vocab_size=128,
@@ -47,6 +47,8 @@ def test_clm_weights_convert_into_an_mlm_exactly():
     )
     assert torch.equal(mlm.state_dict()[attn + "Wqkv.weight"], qkv)
     assert torch.equal(mlm.state_dict()["head.dense.weight"], clm["lm_head.dense.weight"])
+    back = mlm_to_clm_state_dict(mlm.state_dict())  # and back again, bit for bit
+    assert set(back) == set(clm) and all(torch.equal(back[k], clm[k]) for k in clm)
 
 
 def test_cells_run_once_then_come_from_cache(tmp_path):

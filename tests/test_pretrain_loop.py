@@ -174,3 +174,34 @@ def test_out_holding_a_run_is_protected(tmp_path, tiny_tokenizer_dir, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: --mask-rate must be in (0, 1), got 1.2"]
+
+
+def test_init_from_starts_from_the_converted_weights(tmp_path, tiny_tokenizer_dir, tiny_clm_dir):
+    """CLM -> MLM (two-stage): with a vanishing learning rate the MLM run ends where it started,
+    on the decoder's weights in the encoder's layout."""
+    from training.init_from import clm_to_mlm_state_dict
+
+    cfg = _cfg(
+        tmp_path, tiny_tokenizer_dir, "mlm", max_steps=1, lr=1e-12, init_from=str(tiny_clm_dir)
+    )
+    summary = pretrain(cfg, progress=False)
+    assert summary["config"]["init_from"] == str(tiny_clm_dir)
+    clm = load_file(str(tiny_clm_dir / "model.safetensors"))
+    mlm = load_file(str(Path(cfg.out) / "model.safetensors"))
+    expected = clm_to_mlm_state_dict(clm)
+    for k in mlm:
+        assert torch.allclose(mlm[k], expected[k], atol=1e-6), k
+    scratch = pretrain(
+        _cfg(tmp_path / "s", tiny_tokenizer_dir, "mlm", max_steps=1, lr=1e-12), False
+    )
+    assert summary["initial_heldout_loss"] < scratch["initial_heldout_loss"]  # trained start
+
+
+def test_init_from_a_model_of_another_size_is_refused(tmp_path, tiny_tokenizer_dir, tiny_clm_dir):
+    with pytest.raises(ConfigError, match="--init-from .* does not fit this mlm model"):
+        pretrain(
+            _cfg(tmp_path, tiny_tokenizer_dir, preset="small", init_from=str(tiny_clm_dir)),
+            progress=False,
+        )
+    with pytest.raises(ConfigError, match="--init-from .*: no such folder"):
+        pretrain(_cfg(tmp_path, tiny_tokenizer_dir, init_from=str(tmp_path / "nope")), False)

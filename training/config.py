@@ -80,6 +80,7 @@ class PretrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     compile: bool = False  # torch.compile the model
     threads: int = 0  # CPU threads for torch (0 = leave torch's default)
+    init_from: str = ""  # start from this saved model's weights (MLM or CLM; converted as needed)
     resume: bool = False  # continue from the checkpoint in --out
     overwrite: bool = False  # delete a previous run in --out first
 
@@ -100,6 +101,8 @@ class PretrainConfig:
             )
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other")
+        if self.init_from and not Path(self.init_from).is_dir():
+            raise ConfigError(f"--init-from {self.init_from}: no such folder")
         if self.schedule not in ("steps", "time"):
             raise ConfigError(f"--schedule must be steps or time, not {self.schedule!r}")
         if self.schedule == "time" and self.max_minutes <= 0:

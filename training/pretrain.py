@@ -39,6 +39,7 @@ from training.data import (
     unigram_bits_per_byte,
 )
 from training.export import save_model_folder
+from training.init_from import load_initial_weights
 from training.masking import make_spec
 from training.model import build_model, count_parameters
 from training.plots import plot_losses
@@ -155,7 +156,10 @@ def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
     heldout = eval_windows(held.ids, cfg.seq_len, cfg.eval_batches * cfg.batch_size)
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.objective, preset, len(tokenizer), tokenizer).to(device)
+    model = build_model(cfg.objective, preset, len(tokenizer), tokenizer)
+    if cfg.init_from and not cfg.resume:  # a resumed run's checkpoint holds the weights
+        load_initial_weights(model, cfg.init_from, cfg.objective)
+    model = model.to(device)
     model.train()
     if cfg.objective == "mlm":  # an instance flag: the saved config stays dense for inference
         model.sparse_prediction = cfg.sparse_prediction
