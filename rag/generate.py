@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from rag.prompt import build_messages
+from rag.streaming import Cancel, FirstTokenClock, cut_at_stop, stream_text
 
 # ChatML without a default system turn: used only when a tokenizer ships no chat template.
 FALLBACK_CHAT_TEMPLATE = (
@@ -35,36 +36,6 @@ FALLBACK_CHAT_TEMPLATE = (
 DEFAULT_STOP = ("<|im_end|>",)
 MIN_TRIMMED_PASSAGE_TOKENS = 32  # a passage cut shorter than this is dropped instead
 _MAX_PREFIXES = 4  # distinct system prompts whose KV cache is kept
-
-
-class _FirstTokenClock:
-    """A streamer that only notes when the first new token arrives (time to first token)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.first: float | None = None
-        self.new_tokens = 0
-
-    def put(self, value: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls == 1:  # generate() first pushes the prompt
-            return
-        if self.first is None:
-            self.first = time.perf_counter()
-        self.new_tokens += int(value.numel())
-
-    def end(self) -> None:
-        pass
-
-
-class _Cancel:
-    """A stopping criterion set from the consumer's side when a stream is abandoned."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-
-    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
 
 
 class Generator:
@@ -265,7 +236,7 @@ class Generator:
         ``stats``, when given, is filled with prompt_tokens, new_tokens, ttft_s and total_s.
         """
         t0 = time.perf_counter()
-        clock = _FirstTokenClock()
+        clock = FirstTokenClock()
         kw = self._generate_kwargs(
             ids,
             prefix_len,
@@ -396,7 +367,7 @@ class Generator:
             min_new_tokens=0,
         )
         streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        cancel = _Cancel()
+        cancel = Cancel()
         errors: list[BaseException] = []
 
         def work() -> None:
@@ -412,7 +383,7 @@ class Generator:
         thread = threading.Thread(target=work, name="rag-generate", daemon=True)
         thread.start()
         try:
-            yield from _stream_text(streamer, stop, t0, stats)
+            yield from stream_text(streamer, stop, t0, stats)
         finally:
             cancel.event.set()
             thread.join()
@@ -420,38 +391,3 @@ class Generator:
             raise errors[0]
         if stats is not None:
             stats.update(prompt_tokens=len(ids), total_s=time.perf_counter() - t0)
-
-
-def _stream_text(
-    pieces: Iterator[str],
-    stop: Sequence[str] | None,
-    t0: float,
-    stats: dict[str, float] | None,
-) -> Iterator[str]:
-    """Deltas whose concatenation is ``cut_at_stop(text).strip()``, as :meth:`Generator.generate`
-    returns. Text that could still turn into a stop string, and trailing whitespace, is held back
-    until it is decided; everything already sent is a prefix of the final answer.
-    """
-    hold = max((len(s) for s in stop), default=1) - 1 if stop else 0
-    text, sent = "", 0
-    for piece in pieces:
-        if stats is not None and piece and "ttft_s" not in stats:
-            stats["ttft_s"] = time.perf_counter() - t0
-        text += piece
-        cut, stopped = cut_at_stop(text, stop)
-        clean = cut.lstrip()
-        safe = (clean if stopped else clean[: max(0, len(clean) - hold)]).rstrip()
-        if len(safe) > sent:
-            yield safe[sent:]
-            sent = len(safe)
-        if stopped:
-            return
-    final = cut_at_stop(text, stop)[0].strip()
-    if len(final) > sent:
-        yield final[sent:]
-
-
-def cut_at_stop(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:
-    """``text`` up to the earliest stop string, and whether one was found."""
-    hits = [i for i in (text.find(s) for s in stop or ()) if i >= 0]
-    return (text[: min(hits)], True) if hits else (text, False)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rag.generate import FALLBACK_CHAT_TEMPLATE, Generator, _stream_text, cut_at_stop
+from rag.generate import FALLBACK_CHAT_TEMPLATE, Generator
 from rag.prompt import SYSTEM_PROMPT, build_messages
+from rag.streaming import cut_at_stop, stream_text
 
 CORPUS = [
     SYSTEM_PROMPT,
@@ -165,14 +166,14 @@ def test_sampling_is_seeded_and_valid(tiny_generator):
 
 def test_stream_text_removes_stop_split_across_pieces():
     pieces = iter(["  Den", "ver [2]", "<|im", "_end|> tail"])
-    assert "".join(_stream_text(pieces, ["<|im_end|>"], 0.0, None)) == "Denver [2]"
+    assert "".join(stream_text(pieces, ["<|im_end|>"], 0.0, None)) == "Denver [2]"
     assert cut_at_stop("a STOP b stop", ["stop", "STOP"]) == ("a ", True)
     assert cut_at_stop("abc", None) == ("abc", False)
 
 
 def test_stream_text_never_sends_text_it_later_removes():
     pieces = ["Answer", " is", " 4.", "\n\n", "User:", " more"]
-    sent = list(_stream_text(iter(pieces), ["\n\nUser:"], 0.0, None))
+    sent = list(stream_text(iter(pieces), ["\n\nUser:"], 0.0, None))
     assert "".join(sent) == "Answer is 4."
 
 
