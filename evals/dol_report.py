@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from evals.dol_compare import head_to_head, head_to_head_markdown, summary_chart  # noqa: E402
 from evals.dol_steps import read_log  # noqa: E402
 
 # (column, metric key in the cell, heading, higher is better)
@@ -162,11 +163,12 @@ def write_report(out: Path, cells: dict[str, dict], meta: dict) -> dict:
     """Write results.json, results.md and the plots into ``out``; returns the results dict."""
     agg = aggregate(cells)
     meta = {**meta, "skipped": {k: v["skipped"] for k, v in cells.items() if "skipped" in v}}
-    plots = bar_charts(agg, out)
-    curve = loss_curves(cells, out)
-    results = {**meta, "summary": agg, "cells": cells, "plots": plots + ([curve] if curve else [])}
+    plots = [p for p in (summary_chart(agg, out), loss_curves(cells, out)) if p]
+    plots += bar_charts(agg, out)
+    comparisons = head_to_head(cells)
+    results = {**meta, "summary": agg, "head_to_head": comparisons, "cells": cells, "plots": plots}
     (out / "results.json").write_text(json.dumps(results, indent=2))
-    md = markdown(agg, meta)
+    md = markdown(agg, meta) + "\n" + head_to_head_markdown(comparisons)
     md += "\n" + "\n".join(f"![{p}]({p})" for p in results["plots"]) + "\n"
     (out / "results.md").write_text(md)
     return results

@@ -15,6 +15,7 @@ from transformers import (
 
 from evals.datasets import RetrievalDataset
 from evals.division_of_labor import ROWS, Cells, main, subsample
+from evals.dol_compare import head_to_head, paired_difference, summary_chart
 from evals.dol_report import aggregate, markdown
 from training.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
 
@@ -82,6 +83,37 @@ def test_aggregate_mean_and_sample_std_over_seeds():
     assert "| clm-mean | 0.300 ± 0.141 (n=2) | 0.500 ± 0.000 (n=2) |" in md
 
 
+def test_paired_difference_by_seed_and_direction():
+    a, b = {"s0": 0.30, "s1": 0.50, "s2": 0.20}, {"s0": 0.10, "s1": 0.20, "s2": 0.25}
+    d = paired_difference(a, b, higher_is_better=True)
+    assert d["per_seed"] == pytest.approx({"s0": 0.2, "s1": 0.3, "s2": -0.05})
+    assert d["mean"] == pytest.approx(0.15) and d["std"] == pytest.approx(0.1803, abs=1e-4)
+    assert d["first_better"] == 2 and d["n"] == 3
+    lower = paired_difference({"s0": 2.0}, {"s0": 3.5, "s1": 9.0}, higher_is_better=False)
+    assert lower["mean"] == pytest.approx(1.5) and lower["std"] is None and lower["n"] == 1
+    assert paired_difference({"s0": 1.0}, {"s1": 1.0}, True) is None
+
+
+def test_head_to_head_table_and_summary_chart(tmp_path):
+    cells = {
+        "retrieval/mlm15-mean/s0": {"scifact_dev": 0.4, "squad_dev": 0.5},
+        "retrieval/mlm15-mean/s1": {"scifact_dev": 0.5, "squad_dev": 0.6},
+        "retrieval/clm-mean/s0": {"scifact_dev": 0.2, "squad_dev": 0.3},
+        "retrieval/clm-mean/s1": {"scifact_dev": 0.3, "squad_dev": 0.3},
+        "retrieval/bm25/s0": {"scifact_dev": 0.7, "squad_dev": 0.8},
+        "bpb/clm/s0": {"wikitext_bpb": 2.0},
+        "bpb/mlm15/s0": {"wikitext_bpb": 5.0},
+    }
+    rows = {(r["first"], r["second"], r["metric"]): r for r in head_to_head(cells)}
+    sf = rows[("mlm15-mean", "clm-mean", "SciFact dev nDCG@10")]
+    assert sf["mean"] == pytest.approx(0.2) and sf["first_better"] == 2
+    assert rows[("clm", "mlm15", "WikiText-2 bits/byte")]["mean"] == pytest.approx(3.0)
+    assert ("mlm40-mean", "clm-mean", "SciFact dev nDCG@10") not in rows  # no data, no row
+    assert summary_chart(aggregate(cells), tmp_path) == "division_of_labor.png"
+    assert (tmp_path / "division_of_labor.png").stat().st_size > 10_000
+    assert summary_chart({}, tmp_path, "empty.png") is None
+
+
 def test_subsample_keeps_relevant_docs():
     ds = RetrievalDataset(
         "t",
@@ -113,6 +145,8 @@ def test_tiny_preset_runs_whole_experiment_and_resumes(shared_data, tmp_path):
     )
     assert (out / "results.md").read_text().count("| mlm15") >= 2
     assert (out / "retrieval_scifact_dev.png").exists() and (out / "pretrain_loss.png").exists()
+    assert (out / "division_of_labor.png").exists()
+    assert "| mlm15-mean vs clm-mean | SciFact dev nDCG@10 |" in (out / "results.md").read_text()
     # A second run finds every cell cached and recomputes nothing.
     before = {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
     assert main(args) == 0

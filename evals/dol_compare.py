@@ -1,0 +1,150 @@
+"""Head-to-head comparisons and the summary chart of the division-of-labour experiment.
+
+The question the experiment answers is a set of pairwise ones (MLM vs CLM for retrieval, CLM vs
+MLM for generation, where CLM->MLM lands), so the differences are computed *paired by seed*: two
+rows with the same seed share the data order, the initial weights' RNG and the fine-tuning
+batches, so the per-seed difference removes the variation they share. Each comparison reports
+the mean difference, its sample std over seeds and in how many seeds the first model was better.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+# (column, metric, heading, higher is better)
+COMPARED_METRICS = {
+    "retrieval": [
+        ("scifact_dev", "SciFact dev nDCG@10", True),
+        ("squad_dev", "SQuAD dev nDCG@10", True),
+    ],
+    "bpb": [("wikitext_bpb", "WikiText-2 bits/byte", False)],
+}
+# (column, first model, second model): "first vs second"
+COMPARISONS = [
+    ("retrieval", "mlm15-mean", "clm-mean"),
+    ("retrieval", "mlm40-mean", "clm-mean"),
+    ("retrieval", "mlm40-mean", "clm-last"),
+    ("retrieval", "clm2mlm-mean", "clm-mean"),
+    ("retrieval", "clm2mlm-mean", "mlm15-mean"),
+    ("bpb", "clm", "mlm15"),
+    ("bpb", "clm", "mlm40"),
+    ("bpb", "clm2mlm", "clm"),
+    ("bpb", "clm2mlm", "mlm15"),
+]
+ROW_COLOURS = {"mlm15": "#4C72B0", "mlm40": "#2A4D7F", "clm": "#DD8452", "clm2mlm": "#55A868"}
+# bars left to right: retrieval cells carry the pooling, bits-per-byte cells the bare row name
+_ORDER = ["mlm15", "mlm15-mean", "mlm40", "mlm40-mean", "clm", "clm-mean", "clm-last"]
+_ORDER += ["clm2mlm", "clm2mlm-mean"]
+
+
+def per_seed(cells: dict[str, dict], column: str, model: str, key: str) -> dict[str, float]:
+    """``{seed: value}`` of one model's metric, from cells named ``column/model/s<seed>``."""
+    out = {}
+    for name, value in cells.items():
+        parts = name.split("/")
+        same = len(parts) == 3 and parts[0] == column and parts[1] == model
+        if same and isinstance(value.get(key), (int, float)):
+            out[parts[2]] = float(value[key])
+    return out
+
+
+def paired_difference(
+    a: dict[str, float], b: dict[str, float], higher_is_better: bool
+) -> dict[str, Any] | None:
+    """How much better ``a`` is than ``b``, seed by seed (positive = ``a`` better).
+
+    Returns mean, sample std (None for one seed), the per-seed differences and the number of
+    seeds in which ``a`` was better; None when the two share no seed.
+    """
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    sign = 1.0 if higher_is_better else -1.0
+    diffs = [sign * (a[s] - b[s]) for s in seeds]
+    return {
+        "mean": statistics.fmean(diffs),
+        "std": statistics.stdev(diffs) if len(diffs) > 1 else None,
+        "per_seed": dict(zip(seeds, diffs, strict=True)),
+        "first_better": sum(d > 0 for d in diffs),
+        "n": len(diffs),
+    }
+
+
+def head_to_head(cells: dict[str, dict]) -> list[dict[str, Any]]:
+    """Every comparison in :data:`COMPARISONS` that has data, for every metric of its column."""
+    rows = []
+    for column, first, second in COMPARISONS:
+        for key, heading, higher in COMPARED_METRICS[column]:
+            d = paired_difference(
+                per_seed(cells, column, first, key), per_seed(cells, column, second, key), higher
+            )
+            if d is not None:
+                rows.append({"first": first, "second": second, "metric": heading, **d})
+    return rows
+
+
+def head_to_head_markdown(rows: list[dict[str, Any]]) -> str:
+    """The comparisons as a markdown table (positive difference = first model better)."""
+    if not rows:
+        return ""
+    lines = [
+        "## Head to head (paired by seed; positive = first model better)",
+        "",
+        "| first vs second | metric | difference (mean ± std) | per seed | first better in |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        std = f" ± {r['std']:.3f}" if r["std"] is not None else ""
+        seeds = ", ".join(f"{v:+.3f}" for v in r["per_seed"].values())
+        lines.append(
+            f"| {r['first']} vs {r['second']} | {r['metric']} | {r['mean']:+.3f}{std} | {seeds} "
+            f"| {r['first_better']}/{r['n']} seeds |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def summary_chart(agg: dict, out: Path, name: str = "division_of_labor.png") -> str | None:
+    """Three panels (SciFact, SQuAD, bits per byte): one bar per row, a dot per seed, baselines
+    as dashed lines. Returns the file name, or None when there are no row results yet."""
+    panels = [
+        ("retrieval", "scifact_dev", "SciFact dev nDCG@10 ↑", ("bm25", "minilm")),
+        ("retrieval", "squad_dev", "SQuAD dev nDCG@10 ↑", ("bm25", "minilm")),
+        ("bpb", "wikitext_bpb", "WikiText-2 bits/byte ↓", ("smollm2",)),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    drawn = False
+    for ax, (column, key, title, baselines) in zip(axes, panels, strict=True):
+        models = agg.get(column, {})
+        names = [m for m in _ORDER if m in models and key in models[m]]
+        for i, m in enumerate(names):
+            cell = models[m][key]
+            colour = ROW_COLOURS[m.split("-")[0]]
+            hatch = "//" if m.endswith("-last") else None
+            ax.bar(i, cell["mean"], color=colour, hatch=hatch, alpha=0.85, edgecolor="white")
+            ax.scatter([i] * len(cell["values"]), cell["values"], color="black", s=10, zorder=3)
+            drawn = True
+        for j, b in enumerate(baselines):
+            if b in models and key in models[b]:
+                ax.axhline(models[b][key]["mean"], color="grey", ls="--" if j == 0 else ":", lw=1)
+                y = models[b][key]["mean"]
+                ax.text(0.01, y, b, transform=ax.get_yaxis_transform(), fontsize=7, va="bottom")
+        ax.set_xticks(range(len(names)), names, rotation=30, fontsize=8)
+        ax.set_title(title, fontsize=10)
+    if not drawn:
+        plt.close(fig)
+        return None
+    fig.suptitle(
+        "Same backbone, corpus and token budget; only the pretraining objective differs",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name
