@@ -131,12 +131,14 @@ def score_retrieval(encoder, sets: dict[str, RetrievalDataset], mode: str = "den
 def score_bpb(
     model_dir: Path | str, cfg: ExperimentConfig, p: ExperimentPreset, device: str
 ) -> dict:
-    """Bits per byte, left to right, on WikiText-2 validation (evals.lm)."""
+    """Bits per byte, left to right, on WikiText-2 validation (evals.lm), every model with the
+    same left context: the pretraining sequence length, the longest the rows were trained on."""
     from evals.lm import bits_per_byte, load_lm, read_texts
 
     model, tok, objective = load_lm(str(model_dir), "auto", device)
+    text = read_texts([cfg.wikitext])
     r = bits_per_byte(
-        model, tok, read_texts([cfg.wikitext]), objective, max_tokens=p.bpb_tokens, device=device
+        model, tok, text, objective, max_tokens=p.bpb_tokens, context=p.seq_len, device=device
     )
     return {"wikitext_bpb": r["bits_per_byte"], "objective": objective, **r}
 

@@ -144,14 +144,34 @@ def mlm_nll(
             input_ids[i, : len(r)] = torch.tensor(r, device=device)
             attention[i, : len(r)] = 1
             mask_at.append(len(r) - len(tail) - 1)
-        logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
-        picked = logits[
-            torch.arange(len(rows), device=device), torch.tensor(mask_at, device=device)
-        ]
+        picked = _logits_at(model, input_ids, attention, mask_at)
         targets = torch.tensor([ids[t] for t in batch], device=device)
         total += torch.nn.functional.cross_entropy(picked, targets, reduction="sum").item()
         count += len(batch)
     return total, count
+
+
+def _logits_at(
+    model, input_ids: torch.Tensor, attention: torch.Tensor, at: list[int]
+) -> torch.Tensor:
+    """Logits at position ``at[i]`` of row ``i``: (rows, vocab).
+
+    ModernBERT's ``sparse_prediction`` runs the prediction head only where ``labels`` is set,
+    which skips the vocabulary projection at every other position (most of an MLM's scoring
+    cost at small sizes); other MLMs compute every position and the rows are picked after.
+    """
+    rows = torch.arange(len(at), device=input_ids.device)
+    cols = torch.tensor(at, device=input_ids.device)
+    if getattr(model, "sparse_prediction", None) is None:
+        logits = model(input_ids=input_ids, attention_mask=attention).logits
+        return logits[rows, cols].float()
+    labels = torch.full_like(input_ids, getattr(model, "sparse_pred_ignore_index", -100))
+    labels[rows, cols] = input_ids[rows, cols]  # any id: only its position matters
+    sparse, model.sparse_prediction = model.sparse_prediction, True
+    try:  # logits come back only at the labelled positions, in row order: (rows, vocab)
+        return model(input_ids=input_ids, attention_mask=attention, labels=labels).logits.float()
+    finally:
+        model.sparse_prediction = sparse
 
 
 def bits_per_byte(

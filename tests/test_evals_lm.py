@@ -98,3 +98,26 @@ def test_cli_on_a_saved_model_and_missing_file(tok, tmp_path, capsys):
     assert '"objective": "mlm"' in capsys.readouterr().out
     assert main(["--model", str(folder), "--text", str(tmp_path / "none.txt")]) == 1
     assert "none.txt: no such file" in capsys.readouterr().err
+
+
+def test_modernbert_scored_only_at_the_mask_equals_the_dense_head():
+    from transformers import ModernBertConfig, ModernBertForMaskedLM
+
+    from evals.lm import _logits_at
+
+    torch.manual_seed(0)
+    cfg = ModernBertConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=2, max_position_embeddings=64, pad_token_id=0,
+    )  # fmt: skip
+    model = ModernBertForMaskedLM(cfg).eval()
+    ids = torch.randint(3, 96, (3, 10))
+    attention = torch.ones_like(ids)
+    attention[2, 7:] = 0  # a padded row
+    at = [9, 4, 6]
+    with torch.no_grad():
+        sparse = _logits_at(model, ids, attention, at)
+        dense = model(input_ids=ids, attention_mask=attention).logits[torch.arange(3), at]
+    assert sparse.shape == (3, 96)
+    assert torch.allclose(sparse, dense, atol=1e-5)
+    assert model.sparse_prediction == cfg.sparse_prediction  # the flag is restored
