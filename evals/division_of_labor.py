@@ -30,7 +30,6 @@ CLI::
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -378,50 +377,22 @@ def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m evals.division_of_labor", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("--preset", default="tiny", choices=list(PRESETS))
-    p.add_argument(
-        "--out", required=True, help="output folder (reused: finished cells are skipped)"
-    )
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
-    p.add_argument("--rows", nargs="+", default=list(ROWS), help=f"subset of {' '.join(ROWS)}")
-    p.add_argument("--corpus", nargs="+", default=[], help="pretraining corpus folders")
-    p.add_argument("--scifact", default="")
-    p.add_argument("--squad", default="")
-    p.add_argument("--wikitext", default="")
-    p.add_argument(
-        "--baselines",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="minilm / smollm2 baselines (BM25 always runs)",
-    )
-    p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=0)
+    from evals.cli import EXPECTED_ERRORS, dataclass_parser, write_result
+    from training.dataclass_cli import config_from_args
+
+    p = dataclass_parser("python -m evals.division_of_labor", __doc__, ExperimentConfig)
     p.add_argument("--json", action="store_true", help="print results.json on stdout")
     a = p.parse_args(argv)
-    cfg = ExperimentConfig(
-        a.preset,
-        a.out,
-        a.seeds,
-        a.rows,
-        a.corpus,
-        a.scifact,
-        a.squad,
-        a.wikitext,
-        a.baselines,
-        a.device,
-        a.threads,
-    )
+    if not a.out:
+        p.error("the following arguments are required: --out")
+    cfg = config_from_args(ExperimentConfig, a)
     try:
         results = Experiment(cfg).run()
-    except (OSError, ValueError, RuntimeError, LookupError) as e:
+    except EXPECTED_ERRORS as e:
         traceback.print_exc(file=sys.stderr)
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if a.json:
-        print(json.dumps(results, indent=2))
+    write_result(results, None, a.json)
     print(f"wrote {Path(a.out) / 'results.md'}", file=sys.stderr)
     return 0
 

@@ -79,13 +79,13 @@ class ExperimentConfig:
     """One experiment run; saved in results.json."""
 
     preset: str = "tiny"  # tiny | small | base
-    out: str = ""  # output folder (cells/, models/, results.*, plots)
+    out: str = ""  # output folder (cells, models, results, plots); finished cells are kept
     seeds: list[int] = field(default_factory=lambda: [0])  # one pretraining per row and seed
-    rows: list[str] = field(default_factory=lambda: list(ROWS))  # subset of ROWS
+    rows: list[str] = field(default_factory=lambda: list(ROWS))  # subset of mlm15 mlm40 clm clm2mlm
     corpus: list[str] = field(default_factory=list)  # pretraining corpus (default by preset)
     scifact: str = ""  # BEIR SciFact folder (default: shared data)
     squad: str = ""  # SQuAD v1.1 JSON (default: shared data)
     wikitext: str = ""  # WikiText-2 validation tokens (default: shared data)
-    baselines: bool = True  # BM25, minilm, smollm2 zero-shot and LoRA
+    baselines: bool = True  # minilm, smollm2 zero-shot and LoRA (BM25 always runs)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0 = torch default)

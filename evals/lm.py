@@ -22,16 +22,15 @@ CLI::
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from evals.cli import run_eval_cli
 
 
 @dataclass
@@ -220,6 +219,8 @@ def evaluate(cfg: LMEvalConfig) -> dict:
     """Load the model, read the text, measure; returns the settings and the numbers."""
     from rag.models import pick_device
 
+    if cfg.objective not in ("auto", "clm", "mlm"):
+        raise ValueError(f"--objective must be auto, clm or mlm, not {cfg.objective!r}")
     device = pick_device(cfg.device)
     text = read_texts(cfg.text)
     model, tokenizer, objective = load_lm(cfg.model, cfg.objective, device)
@@ -234,44 +235,17 @@ def evaluate(cfg: LMEvalConfig) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evals.lm", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", required=True, help="model folder or alias")
-    p.add_argument("--text", nargs="+", required=True, help="text file(s) to score")
-    p.add_argument("--objective", choices=["auto", "clm", "mlm"], default="auto")
-    p.add_argument("--max-tokens", type=int, default=LMEvalConfig.max_tokens)
-    p.add_argument("--context", type=int, default=0, help="max left context (0 = model limit)")
-    p.add_argument("--batch-size", type=int, default=LMEvalConfig.batch_size)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", help="also write the result JSON here")
-    p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
-    args = p.parse_args(argv)
-    cfg = LMEvalConfig(
-        args.model,
-        args.text,
-        args.objective,
-        args.max_tokens,
-        args.context,
-        args.batch_size,
-        args.device,
+def _summary(cfg: LMEvalConfig, result: dict) -> str:
+    return (
+        f"{cfg.model} ({result['config']['objective']}): {result['bits_per_byte']:.4f} bits/byte "
+        f"over {result['tokens_scored']} tokens / {result['bytes']} bytes"
     )
-    try:
-        result = evaluate(cfg)
-    except (OSError, ValueError, RuntimeError, LookupError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=2))
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(
-            f"{cfg.model} ({result['config']['objective']}): {result['bits_per_byte']:.4f} bits/byte "
-            f"over {result['tokens_scored']} tokens / {result['bytes']} bytes",
-            file=sys.stderr,
-        )
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_eval_cli(
+        "python -m evals.lm", __doc__, LMEvalConfig, evaluate, _summary, argv, ("model", "text")
+    )
 
 
 if __name__ == "__main__":

@@ -22,17 +22,14 @@ CLI::
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from tqdm import tqdm
 
+from evals.cli import run_eval_cli
 from evals.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
 from evals.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.prompt import build_messages, parse_citations
@@ -46,9 +43,7 @@ class QAEvalConfig:
     articles: list[str] = field(default_factory=list)  # article titles; empty = fixed dev articles
     generator: str = "smollm2"  # causal LM alias or folder
     adapter: str | None = None  # optional LoRA adapter folder
-    mode: str = (
-        "oracle"  # oracle (gold among BM25 distractors) | rag (retrieve over all paragraphs)
-    )
+    mode: str = "oracle"  # oracle (gold among BM25 distractors) | rag (retrieve, all paragraphs)
     retriever: str = "bm25"  # rag mode: bm25 | dense | hybrid
     encoder: str = "minilm"  # rag mode, dense/hybrid: encoder alias or folder
     k: int = 3  # passages in the prompt
@@ -220,6 +215,8 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     be passed in already loaded (the experiment does), else they are loaded from ``cfg``."""
     if cfg.mode not in ("oracle", "rag"):
         raise ValueError(f"--mode must be oracle or rag, not {cfg.mode!r}")
+    if cfg.retriever not in ("bm25", "dense", "hybrid"):
+        raise ValueError(f"--retriever must be bm25, dense or hybrid, not {cfg.retriever!r}")
     if cfg.k < 1:
         raise ValueError(f"--k must be at least 1, not {cfg.k}")
     paragraphs = load_squad_paragraphs(cfg.squad)
@@ -255,57 +252,19 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m evals.qa", description=__doc__.split("\n\n")[0])
-    p.add_argument("--squad", required=True, help="SQuAD v1.1 JSON file")
-    p.add_argument(
-        "--articles", nargs="+", default=[], help="article titles (default: dev articles)"
-    )
-    p.add_argument("--generator", default="smollm2", help="causal LM alias or folder")
-    p.add_argument("--adapter", default=None, help="LoRA adapter folder")
-    p.add_argument("--mode", default="oracle", choices=["oracle", "rag"])
-    p.add_argument("--retriever", default="bm25", choices=["bm25", "dense", "hybrid"])
-    p.add_argument("--encoder", default="minilm")
-    p.add_argument("--k", type=int, default=3)
-    p.add_argument("--limit", type=int, default=100, help="questions to sample (0 = all)")
-    p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", help="write results (with every prediction) to this JSON file")
-    p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
-    a = p.parse_args(argv)
-    cfg = QAEvalConfig(
-        a.squad,
-        a.articles,
-        a.generator,
-        a.adapter,
-        a.mode,
-        a.retriever,
-        a.encoder,
-        a.k,
-        a.limit,
-        a.max_new_tokens,
-        a.seed,
-        a.device,
-    )
-    try:
-        result = evaluate_qa(cfg)
-    except (OSError, ValueError, LookupError, RuntimeError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
-    if a.json:
-        print(json.dumps(result, indent=2))
+def _summary(cfg: QAEvalConfig, result: dict) -> str:
     m = result["metrics"]
-    print(
+    return (
         f"{cfg.generator} {cfg.mode} k={cfg.k}: EM {m['em']:.3f}  F1 {m['f1']:.3f}  citation acc "
-        f"{m['citation_accuracy']:.3f}  refusals {m['refusal_rate']:.3f}  latency {m['latency_mean_s']:.2f}s"
-        f" ({result['n_questions']} questions)",
-        file=sys.stderr,
+        f"{m['citation_accuracy']:.3f}  refusals {m['refusal_rate']:.3f}  latency "
+        f"{m['latency_mean_s']:.2f}s ({result['n_questions']} questions)"
     )
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_eval_cli(
+        "python -m evals.qa", __doc__, QAEvalConfig, evaluate_qa, _summary, argv, ("squad",)
+    )
 
 
 if __name__ == "__main__":

@@ -136,3 +136,26 @@ def test_rag_mode_runs_through_the_pipeline(squad):
     assert out["metrics"]["answer_in_context"] == pytest.approx(
         len([r for r in rows if r["gold_passages"]]) / 6, abs=1e-4
     )
+
+
+def test_cli_flags_come_from_the_config_and_errors_name_them(squad, tmp_path, capsys):
+    from evals.qa import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--generator", "smollm2"])
+    assert e.value.code == 2 and "--squad" in capsys.readouterr().err
+    assert main(["--squad", str(squad), "--mode", "closed-book"]) == 1
+    assert "--mode must be oracle or rag, not 'closed-book'" in capsys.readouterr().err
+    assert main(["--squad", str(tmp_path / "missing.json"), "--limit", "3"]) == 1
+    assert "missing.json" in capsys.readouterr().err
+    assert "--max-new-tokens" in _help(main)  # one kebab-case flag per config field, with help
+
+
+def _help(main) -> str:
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+        main(["--help"])
+    return buf.getvalue()
