@@ -71,8 +71,13 @@ def aggregate(cells: dict[str, dict]) -> dict[str, dict[str, dict[str, Any]]]:
 def _fmt(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "–"
-    s = f"{cell['mean']:.3f}"
-    return s + (f" ± {cell['std']:.3f}" if cell["std"] is not None else "") + f" (n={cell['n']})"
+    if all(float(v).is_integer() and abs(v) >= 1000 for v in cell["values"]):
+        s = f"{cell['mean']:,.0f}"  # counts (tokens seen): no decimals
+        std = f" ± {cell['std']:,.0f}" if cell["std"] else ""
+    else:
+        s = f"{cell['mean']:.3f}"
+        std = f" ± {cell['std']:.3f}" if cell["std"] is not None else ""
+    return s + std + f" (n={cell['n']})"
 
 
 def markdown(agg: dict, meta: dict) -> str:
