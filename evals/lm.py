@@ -48,12 +48,9 @@ class LMEvalConfig:
 
 def detect_objective(config) -> str:
     """``clm`` for a causal-LM config, ``mlm`` otherwise (from ``architectures`` / ``is_decoder``)."""
-    archs = getattr(config, "architectures", None) or []
-    if any(a.endswith("ForCausalLM") or a.endswith("LMHeadModel") for a in archs):
-        return "clm"
-    if any(a.endswith("ForMaskedLM") for a in archs):
-        return "mlm"
-    return "clm" if getattr(config, "is_decoder", False) else "mlm"
+    from rag.models import lm_objective
+
+    return lm_objective(config) or ("clm" if getattr(config, "is_decoder", False) else "mlm")
 
 
 def load_lm(name: str, objective: str = "auto", device: str = "cpu"):

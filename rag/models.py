@@ -133,6 +133,17 @@ def list_artifacts() -> list[str]:
     )
 
 
+def lm_objective(config: Any) -> str | None:
+    """``clm`` or ``mlm`` from a model config's ``architectures`` (causal-LM or masked-LM head
+    class names); None when they name neither."""
+    archs = getattr(config, "architectures", None) or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "clm"
+    if any(a.endswith("ForMaskedLM") for a in archs):
+        return "mlm"
+    return None
+
+
 def is_sentence_transformer(path: Path) -> bool:
     return (path / "modules.json").exists()
 

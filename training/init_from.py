@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForMaskedLM, PreTrainedModel
 
+from rag.models import lm_objective
 from training.config import ConfigError
 
 _QKV = (".q_proj.", ".k_proj.", ".v_proj.")
@@ -58,12 +59,11 @@ def source_objective(weights_dir: Path | str) -> str:
         cfg = AutoConfig.from_pretrained(weights_dir)
     except (OSError, ValueError) as e:
         raise ConfigError(f"--init-from {weights_dir}: not a saved model folder ({e})") from None
-    archs = cfg.architectures or []
-    if any(a.endswith("ForCausalLM") for a in archs):
-        return "clm"
-    if any(a.endswith("ForMaskedLM") for a in archs):
-        return "mlm"
-    raise ConfigError(f"--init-from {weights_dir}: architectures {archs} are neither MLM nor CLM")
+    if objective := lm_objective(cfg):
+        return objective
+    raise ConfigError(
+        f"--init-from {weights_dir}: architectures {cfg.architectures} are neither MLM nor CLM"
+    )
 
 
 def load_initial_weights(model: PreTrainedModel, weights_dir: Path | str, objective: str) -> str:
