@@ -44,17 +44,6 @@ _ORDER = ["mlm15", "mlm15-mean", "mlm40", "mlm40-mean", "clm", "clm-mean", "clm-
 _ORDER += ["clm2mlm", "clm2mlm-mean"]
 
 
-def per_seed(cells: dict[str, dict], column: str, model: str, key: str) -> dict[str, float]:
-    """``{seed: value}`` of one model's metric, from cells named ``column/model/s<seed>``."""
-    out = {}
-    for name, value in cells.items():
-        parts = name.split("/")
-        same = len(parts) == 3 and parts[0] == column and parts[1] == model
-        if same and isinstance(value.get(key), (int, float)):
-            out[parts[2]] = float(value[key])
-    return out
-
-
 def paired_difference(
     a: dict[str, float], b: dict[str, float], higher_is_better: bool
 ) -> dict[str, Any] | None:
@@ -77,15 +66,18 @@ def paired_difference(
     }
 
 
-def head_to_head(cells: dict[str, dict]) -> list[dict[str, Any]]:
-    """Every comparison in :data:`COMPARISONS` that has data, for every metric of its column."""
+def _by_seed(agg: dict, column: str, model: str, key: str) -> dict[str, float]:
+    return agg.get(column, {}).get(model, {}).get(key, {}).get("by_seed", {})
+
+
+def head_to_head(agg: dict) -> list[dict[str, Any]]:
+    """Every comparison in :data:`COMPARISONS` that has data, for every metric of its column;
+    ``agg`` is :func:`evals.dol_report.aggregate`'s summary (its ``by_seed`` values)."""
     rows = []
     for column, first, second in COMPARISONS:
         for key, heading, higher in COMPARED_METRICS[column]:
-            d = paired_difference(
-                per_seed(cells, column, first, key), per_seed(cells, column, second, key), higher
-            )
-            if d is not None:
+            a, b = _by_seed(agg, column, first, key), _by_seed(agg, column, second, key)
+            if (d := paired_difference(a, b, higher)) is not None:
                 rows.append({"first": first, "second": second, "metric": heading, **d})
     return rows
 

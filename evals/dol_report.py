@@ -42,28 +42,30 @@ TABLES = {
 
 
 def aggregate(cells: dict[str, dict]) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{column: {model: {metric: {"mean", "std", "n", "values"}}}}`` over seeds."""
-    groups: dict[str, dict[str, dict[str, list[float]]]] = {}
+    """``{column: {model: {metric: {"mean", "std", "n", "values", "by_seed"}}}}`` over seeds
+    (``by_seed`` maps ``s<seed>`` to the value, for comparisons paired by seed)."""
+    groups: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for name, value in cells.items():
         parts = name.split("/")
         if len(parts) != 3 or "skipped" in value:
             continue
-        column, model, _seed = parts
+        column, model, seed = parts
         for col, key, _, _ in METRICS:
             if col == column and isinstance(value.get(key), (int, float)):
-                groups.setdefault(column, {}).setdefault(model, {}).setdefault(key, []).append(
-                    float(value[key])
-                )
+                by_model = groups.setdefault(column, {}).setdefault(model, {})
+                by_model.setdefault(key, {})[seed] = float(value[key])
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for column, models in groups.items():
         for model, metrics in models.items():
-            for key, vals in metrics.items():
+            for key, by_seed in metrics.items():
+                vals = list(by_seed.values())
                 std = statistics.stdev(vals) if len(vals) > 1 else None
                 out.setdefault(column, {}).setdefault(model, {})[key] = {
                     "mean": statistics.fmean(vals),
                     "std": std,
                     "n": len(vals),
                     "values": vals,
+                    "by_seed": by_seed,
                 }
     return out
 
@@ -170,7 +172,7 @@ def write_report(out: Path, cells: dict[str, dict], meta: dict) -> dict:
     meta = {**meta, "skipped": {k: v["skipped"] for k, v in cells.items() if "skipped" in v}}
     plots = [p for p in (summary_chart(agg, out), loss_curves(cells, out)) if p]
     plots += bar_charts(agg, out)
-    comparisons = head_to_head(cells)
+    comparisons = head_to_head(agg)
     results = {**meta, "summary": agg, "head_to_head": comparisons, "cells": cells, "plots": plots}
     (out / "results.json").write_text(json.dumps(results, indent=2))
     md = markdown(agg, meta) + "\n" + head_to_head_markdown(comparisons)

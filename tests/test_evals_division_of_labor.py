@@ -104,7 +104,7 @@ def test_head_to_head_table_and_summary_chart(tmp_path):
         "bpb/clm/s0": {"wikitext_bpb": 2.0},
         "bpb/mlm15/s0": {"wikitext_bpb": 5.0},
     }
-    rows = {(r["first"], r["second"], r["metric"]): r for r in head_to_head(cells)}
+    rows = {(r["first"], r["second"], r["metric"]): r for r in head_to_head(aggregate(cells))}
     sf = rows[("mlm15-mean", "clm-mean", "SciFact dev nDCG@10")]
     assert sf["mean"] == pytest.approx(0.2) and sf["first_better"] == 2
     assert rows[("clm", "mlm15", "WikiText-2 bits/byte")]["mean"] == pytest.approx(3.0)
