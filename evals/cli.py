@@ -7,25 +7,16 @@ file, a bad value) exit 1 with one line naming the problem; the result JSON hold
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from training.dataclass_cli import add_dataclass_args, config_from_args, field_help
+from training.dataclass_cli import config_from_args, dataclass_parser
 
 T = TypeVar("T")
 EXPECTED_ERRORS = (OSError, ValueError, LookupError, RuntimeError, ImportError)
-
-
-def dataclass_parser(prog: str, doc: str, cls: type) -> argparse.ArgumentParser:
-    """A parser with one flag per field of ``cls`` (help = the field's comment)."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
-    add_dataclass_args(parser, cls, field_help(inspect.getsource(cls)))
-    return parser
 
 
 def run_eval_cli(

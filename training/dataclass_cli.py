@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import types
 import typing
@@ -76,6 +77,14 @@ def to_json(obj: Any) -> str:
     )
 
 
+def dataclass_parser(prog: str, doc: str, cls: type) -> argparse.ArgumentParser:
+    """A parser with one flag per field of ``cls`` (help = the field's comment); the
+    description is the first paragraph of ``doc``."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    add_dataclass_args(parser, cls, field_help(inspect.getsource(cls)))
+    return parser
+
+
 def run_training_cli(
     prog: str,
     doc: str,
@@ -88,12 +97,10 @@ def run_training_cli(
     ``--json``; logs and the Trainer's own prints go to stderr, so stdout holds only the summary
     (JSON with ``--json``, else ``report(summary)``). Expected failures exit 2 with one line."""
     import contextlib
-    import inspect
     import logging
     import sys
 
-    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
-    add_dataclass_args(parser, cls, field_help(inspect.getsource(cls)))
+    parser = dataclass_parser(prog, doc, cls)
     parser.add_argument(
         "--json", action="store_true", help="print the run summary as JSON on stdout"
     )
