@@ -56,7 +56,7 @@ PRESETS = {
         lora_steps=3, lora_examples=16, qa_questions=4, qa_k=1,
     ),
     # CPU: sized so two seeds (one process per seed, one thread each) plus the baselines finish
-    # in about 1.5 hours on 2 cores (measured in docs/division_of_labor.md).
+    # in under 2 hours on 2 cores (1 h 47 min measured, docs/division_of_labor.md).
     "small": _preset(
         "small", vocab_size=8000, pretrain_steps=400, seq_len=256, batch_size=16,
         contrastive_steps=200, contrastive_batch=32, contrastive_pairs=6400, contrastive_lr=2e-4,
