@@ -14,6 +14,11 @@ accuracy is over the questions whose passages hold the answer; refusal rate over
 Questions come from the held-out articles (:data:`evals.datasets.SQUAD_DEV_ARTICLES`) unless
 ``--articles`` says otherwise; ``--limit`` takes a seeded sample across those articles.
 
+Refusals (rag mode): ``--removed-articles N`` takes N of those articles (seeded) out of the index
+and asks up to ``--unanswerable-limit`` of their questions: the right answer is then the refusal.
+``refusal_rate_unanswerable`` is measured on them, ``false_refusal_rate`` on the answerable
+questions whose retrieved passages hold the answer; EM/F1/citation accuracy on answerable ones.
+
 CLI::
 
     python -m evals.qa --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
@@ -51,6 +56,11 @@ class QAEvalConfig:
     max_new_tokens: int = 32  # answer length cap
     seed: int = 0  # question sample and passage order
     device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # decoder weights: auto | float32 | bfloat16
+    profile: str = "auto"  # prompt profile: auto (the decoder's measured best) | plain | fewshot
+    removed_articles: int = 0  # rag mode: articles taken out of the index (their questions: refuse)
+    unanswerable_limit: int = 100  # rag mode: questions asked from the removed articles
+    complete_citations: bool = False  # rag mode: the pipeline's likelihood citation fallback
 
 
 @dataclass
@@ -77,6 +87,13 @@ def select_questions(
     if limit and limit < len(qs):
         qs = random.Random(seed).sample(qs, limit)
     return qs
+
+
+def removed_articles(articles: list[str], n: int, seed: int) -> list[str]:
+    """``n`` of ``articles`` (seeded) to take out of the index for the refusal measurement."""
+    if n < 0 or n >= len(articles) and n:
+        raise ValueError(f"--removed-articles must be in [0, {len(articles) - 1}], not {n}")
+    return sorted(random.Random(f"removed/{seed}").sample(sorted(articles), n)) if n else []
 
 
 def holds_answer(text: str, answers: list[str]) -> bool:
@@ -140,7 +157,12 @@ def answer_one(
         if d == q.paragraph or holds_answer(t, q.answers)
     ]
     t0 = time.perf_counter()
-    raw = generator.generate(build_messages(q.text, texts), max_new_tokens=max_new_tokens)
+    messages = (
+        generator.messages(q.text, texts)
+        if hasattr(generator, "messages")
+        else build_messages(q.text, texts)
+    )
+    raw = generator.generate(messages, max_new_tokens=max_new_tokens)
     seconds = time.perf_counter() - t0
     parsed = parse_citations(raw, len(texts))
     return {
@@ -187,15 +209,30 @@ def answer_rag(pipeline, q: Question, k: int, mode: str, max_new_tokens: int) ->
         "em": exact_match(ans.text, q.answers),
         "f1": f1_score(ans.text, q.answers),
         "citation_correct": citation_correct(cited, gold) if gold else None,
+        "citations_completed": ans.citations_completed,
+        "new_tokens": int(ans.timings.get("new_tokens", 0)),
+        "generate_s": round(ans.timings.get("generate_s", 0.0), 3),
         "seconds": round(seconds, 3),
     }
 
 
 def summarize(rows: list[dict]) -> dict[str, float]:
     """Means over the per-question rows (EM/F1 as fractions, latency in seconds)."""
+    lat = sorted(r["seconds"] for r in rows) or [0.0]
+    unanswerable = [r for r in rows if r.get("answerable") is False]
+    rows = [r for r in rows if r.get("answerable") is not False]
     n = len(rows) or 1
     answerable = [r for r in rows if r["citation_correct"] is not None]
-    lat = sorted(r["seconds"] for r in rows) or [0.0]
+    new_tokens = sum(r.get("new_tokens", 0) for r in rows + unanswerable)
+    gen_s = sum(r.get("generate_s", 0.0) for r in rows + unanswerable)
+    extra = {}
+    if unanswerable:
+        extra["refusal_rate_unanswerable"] = sum(r["refused"] for r in unanswerable) / len(
+            unanswerable
+        )
+        extra["false_refusal_rate"] = sum(r["refused"] for r in answerable) / (len(answerable) or 1)
+    if gen_s:
+        extra["tokens_per_s"] = new_tokens / gen_s
     return {
         "em": sum(r["em"] for r in rows) / n,
         "f1": sum(r["f1"] for r in rows) / n,
@@ -207,6 +244,7 @@ def summarize(rows: list[dict]) -> dict[str, float]:
         "latency_mean_s": statistics.fmean(lat),
         "latency_p50_s": lat[len(lat) // 2],
         "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
+        **extra,
     }
 
 
@@ -221,12 +259,23 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
         raise ValueError(f"--k must be at least 1, not {cfg.k}")
     paragraphs = load_squad_paragraphs(cfg.squad)
     articles = cfg.articles or squad_split(cfg.squad)[1]
-    questions = select_questions(paragraphs, articles, cfg.limit, cfg.seed)
+    removed = removed_articles(articles, cfg.removed_articles, cfg.seed)
+    if removed and cfg.mode != "rag":
+        raise ValueError("--removed-articles needs --mode rag")
+    asked = [a for a in articles if a not in removed]
+    questions = select_questions(paragraphs, asked, cfg.limit, cfg.seed)
+    unanswerable = select_questions(paragraphs, removed, cfg.unanswerable_limit, cfg.seed)
     if generator is None:
         from rag.generate import Generator
 
-        generator = Generator.load(cfg.generator, adapter=cfg.adapter, device=cfg.device)
-    bar = tqdm(questions, desc=f"qa {cfg.mode}", disable=not progress or None)
+        generator = Generator.load(
+            cfg.generator,
+            adapter=cfg.adapter,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            profile=cfg.profile,
+        )
+    bar = tqdm(questions + unanswerable, desc=f"qa {cfg.mode}", disable=not progress or None)
     if cfg.mode == "oracle":
         source = OraclePassages(paragraphs, cfg.k, cfg.seed)
         rows = [answer_one(generator, q, source(q), cfg.max_new_tokens) for q in bar]
@@ -238,14 +287,19 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             from rag.models import load_embedder
 
             encoder = load_embedder(cfg.encoder, device=cfg.device)
-        retriever = ParagraphRetriever(paragraphs, cfg.retriever, encoder)
-        # Citation accuracy measures the markers the model writes itself, so the pipeline's
-        # likelihood-based citation completion (a UI fallback) is off here.
-        config = RAGConfig(complete_citations=False)
+        kept = [p for p in paragraphs if p.title not in set(removed)]
+        retriever = ParagraphRetriever(kept, cfg.retriever, encoder)
+        # By default citation accuracy measures the markers the model writes itself, so the
+        # pipeline's likelihood-based citation completion (a UI fallback) is off here.
+        config = RAGConfig(complete_citations=cfg.complete_citations)
         pipeline = RAGPipeline(config, retriever=retriever, generator=generator)
-        rows = [answer_rag(pipeline, q, cfg.k, cfg.retriever, cfg.max_new_tokens) for q in bar]
+        rows = []
+        for q in bar:
+            row = answer_rag(pipeline, q, cfg.k, cfg.retriever, cfg.max_new_tokens)
+            row["answerable"] = q.paragraph.rsplit("/", 1)[0] not in removed
+            rows.append(row)
     return {
-        "config": {**asdict(cfg), "articles": articles},
+        "config": {**asdict(cfg), "articles": articles, "removed": removed},
         "n_questions": len(rows),
         "metrics": {m: round(v, 4) for m, v in summarize(rows).items()},
         "predictions": rows,
@@ -254,11 +308,17 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
 
 def _summary(cfg: QAEvalConfig, result: dict) -> str:
     m = result["metrics"]
-    return (
+    line = (
         f"{cfg.generator} {cfg.mode} k={cfg.k}: EM {m['em']:.3f}  F1 {m['f1']:.3f}  citation acc "
         f"{m['citation_accuracy']:.3f}  refusals {m['refusal_rate']:.3f}  latency "
         f"{m['latency_mean_s']:.2f}s ({result['n_questions']} questions)"
     )
+    if "refusal_rate_unanswerable" in m:
+        line += (
+            f"  unanswerable refused {m['refusal_rate_unanswerable']:.3f}"
+            f"  false refusals {m['false_refusal_rate']:.3f}"
+        )
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,13 @@
 """Ask one question from the command line.
 
     python -m rag.ask "how do I read a file line by line" --index pydocs [--k 5]
-        [--mode dense|bm25|hybrid] [--decoder ALIAS|DIR] [--adapter DIR] [--json] [--stream]
-        [--no-complete-citations] [--config rag.toml]
+        [--index-dir PATH] [--mode dense|bm25|hybrid] [--decoder ALIAS|DIR] [--adapter DIR]
+        [--json] [--stream] [--no-complete-citations] [--config rag.toml]
 
-Prints the answer and its sources; ``--json`` prints ``Answer.to_dict()`` on stdout (logs go to
-stderr); ``--stream`` prints the answer as it is decoded, then the sources. Settings come from
-flags over ``rag.toml`` (see :mod:`rag.config`).
+Prints the answer and its sources (paths relative to the ingested folder); ``--json`` prints
+``Answer.to_dict()`` on stdout (logs go to stderr); ``--stream`` prints the answer as it is
+decoded, then the sources. Settings come from flags over ``rag.toml`` (see :mod:`rag.config`).
+Any failure is one line on stderr and exit status 2 (see :mod:`rag.cli`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
-from rag.config import ConfigError, add_config_args, config_from_args
+from rag.cli import OneLineParser, fail, quiet_libraries
+from rag.config import RAGConfig, add_config_args, config_from_args
+from rag.models import DECODER_ALIASES, ENCODER_ALIASES, ModelNotFoundError, resolve_model
+from rag.paths import check_index_name
 from rag.types import Answer
+
+PROG = "rag.ask"
 
 CLI_FIELDS = (
     "index",
@@ -37,7 +45,7 @@ CLI_FIELDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rag.ask", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m rag.ask", description=__doc__.split("\n\n")[0])
     p.add_argument("question", help="the question to answer")
     p.add_argument(
         "--config", default=None, help="TOML config file (default: ./rag.toml if present)"
@@ -45,16 +53,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print Answer.to_dict() as JSON on stdout")
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     add_config_args(p, CLI_FIELDS)
+    p.add_argument(
+        "--index-dir", default=None, metavar="PATH", help="an index folder elsewhere (not --index)"
+    )
     return p
 
 
+def check_models(cfg: RAGConfig) -> None:
+    """Fail now, naming the flag, on a model name that is no alias, folder or artefact: the
+    decoder is loaded only when something relevant was retrieved, so a typo in ``--decoder``
+    would otherwise pass unnoticed on a question the documents do not answer."""
+    aliases = {*ENCODER_ALIASES, *DECODER_ALIASES}
+    for flag, name in (
+        ("--encoder", cfg.encoder),
+        ("--decoder", cfg.decoder),
+        ("--adapter", cfg.adapter),
+    ):
+        if not name or name in aliases or Path(name).expanduser().exists():
+            continue
+        try:
+            resolve_model(name)
+        except ModelNotFoundError as e:
+            raise ModelNotFoundError(f"{flag}: {e}") from None
+
+
+def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
+    """The retriever for ``--index-dir`` (an explicit folder), else None: the pipeline opens the
+    index named by ``cfg.index``, which must be a plain name (checked here, before any model
+    loads)."""
+    if args.index_dir is None:
+        check_index_name(cfg.index)
+        return None
+    if args.index is not None:
+        raise ValueError("give --index NAME or --index-dir PATH, not both")
+    from rag.retrieve import Retriever
+
+    return Retriever.open(Path(args.index_dir), encoder=cfg.encoder, device=cfg.device)
+
+
 def format_sources(answer: Answer) -> str:
-    """Human-readable source list: ``[n] source › heading (score)``."""
+    """Human-readable source list: ``[n] path › heading (score)``, the path relative to the
+    ingested folder."""
     lines = []
     for c in answer.citations:
         where = " › ".join(c.heading_path)
         lines.append(
-            f"[{c.number}] {c.source}" + (f" › {where}" if where else "") + f"  ({c.score:.3f})"
+            f"[{c.number}] {c.display_path}"
+            + (f" › {where}" if where else "")
+            + f"  ({c.score:.3f})"
         )
     if answer.invalid_citations:
         nums = ", ".join(str(n) for n in answer.invalid_citations)
@@ -68,7 +114,9 @@ def run(args: argparse.Namespace) -> int:
     from rag.pipeline import RAGPipeline
 
     cfg = config_from_args(args, args.config)
-    pipe = RAGPipeline(cfg)
+    check_models(cfg)
+    retriever = open_retriever(args, cfg)
+    pipe = RAGPipeline(cfg) if retriever is None else RAGPipeline(cfg, retriever=retriever)
     if args.stream:
         answer = None
         for item in pipe.stream(args.question):
@@ -94,11 +142,11 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    quiet_libraries()
     try:
         return run(args)
-    except (ConfigError, ValueError, LookupError, FileNotFoundError, RuntimeError) as e:
-        print(f"rag.ask: error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
+        return fail(PROG, e)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,10 @@ from typing import Any
 
 import tomllib
 
+from rag.prompt import PROFILES
+
 MODES = ("dense", "bm25", "hybrid")
+DTYPES = ("auto", "float32", "bfloat16")
 BACKENDS = ("faiss", "chroma")
 DEFAULT_CONFIG_FILE = "rag.toml"
 
@@ -60,6 +63,10 @@ class RAGConfig:
     # itself scores likeliest after its answer; Answer.citations_completed records it
     complete_citations: bool = True
     device: str = "auto"  # auto | cpu | cuda
+    # decoder weights: auto = bfloat16 on CUDA or a CPU with bf16 units (AMX), else float32
+    dtype: str = "auto"
+    # prompt format (rag.prompt.PROFILES): auto = the decoder's measured best (rag.models)
+    profile: str = "auto"
     # Hook (not from TOML/CLI): turns (question, history) into a standalone retrieval query.
     rewrite_query: Callable[[str, list[tuple[str, str]]], str] | None = field(
         default=None, repr=False, compare=False
@@ -91,6 +98,10 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(
             f"overlap must be in [0, chunk_tokens={cfg.chunk_tokens}), not {cfg.overlap}"
         )
+    if cfg.dtype not in DTYPES:
+        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, not {cfg.dtype!r}")
+    if cfg.profile not in ("auto", *PROFILES):
+        raise ConfigError(f"profile must be auto, {', '.join(PROFILES)}, not {cfg.profile!r}")
     if cfg.temperature < 0:
         raise ConfigError(f"temperature must be >= 0, not {cfg.temperature}")
     if not 0 < cfg.top_p <= 1:
@@ -178,6 +189,8 @@ def add_config_args(parser: argparse.ArgumentParser, names: Sequence[str] | None
         "chroma_url": "Chroma server URL",
         "mode": "dense | bm25 | hybrid",
         "device": "auto | cpu | cuda",
+        "dtype": "decoder weights: auto (bfloat16 on CUDA or a CPU with bf16 units) | float32 | bfloat16",
+        "profile": "prompt profile: auto (the decoder's measured best) | plain | fewshot",
     }
     for name, typ in _field_types().items():
         if names is not None and name not in names:

@@ -14,6 +14,7 @@ the heading extraction for md/rst and the uniform error reporting that ingest ne
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import unicodedata
@@ -75,12 +76,35 @@ def _suffix_of(path: Path) -> str:
     return path.suffix.lower()
 
 
+def _outside(path: Path, root: Path) -> str | None:
+    """The target of ``path`` when it is a symbolic link that resolves outside ``root`` (already
+    resolved), else None. Links that stay inside the folder are harmless and read as usual."""
+    if not path.is_symlink():
+        return None
+    try:
+        target = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        return None  # broken or looping: load_document reports it with its own reason
+    return None if target == root or target.is_relative_to(root) else str(target)
+
+
 def iter_files(
-    paths: Iterable[str | Path], suffixes: tuple[str, ...] = SUPPORTED_SUFFIXES
+    paths: Iterable[str | Path],
+    suffixes: tuple[str, ...] = SUPPORTED_SUFFIXES,
+    follow_links: bool = False,
+    skipped: list[DocumentError] | None = None,
 ) -> Iterator[Path | DocumentError]:
-    """Yield supported files under ``paths`` in sorted order (or a DocumentError for a path that
-    does not exist, a broken link or a link loop). Directories are walked without following links;
-    a file given explicitly is yielded whatever its suffix."""
+    """Yield supported files under ``paths`` in sorted order, or a DocumentError for a path that
+    does not exist or a link that is not followed. A file given explicitly is yielded whatever
+    its suffix or link (the user named it).
+
+    Inside a folder, symbolic links are the one way a document can reach beyond it: whoever can
+    write the folder could plant ``notes.md -> /etc/passwd`` and have it indexed and quoted. So
+    unless ``follow_links``, a linked file whose target lies outside the folder and a linked
+    directory are reported, not read. With ``follow_links`` both are followed (each real
+    directory walked once, so link cycles end). Files of other types are passed over; when
+    ``skipped`` is a list they are appended to it (path and reason) so ingest can list them.
+    Hidden files and folders (``.git``) are passed over silently."""
     for raw in paths:
         root = Path(raw)
         if not root.exists() and not root.is_symlink():
@@ -89,18 +113,41 @@ def iter_files(
         if not root.is_dir():
             yield root
             continue
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        real_root = root.resolve()
+        walked: set[str] = set()
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_links):
+            real = os.path.realpath(dirpath)
+            if real in walked:  # reached again through a link: a cycle or a duplicate
+                dirnames[:] = []
+                continue
+            walked.add(real)
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for name in sorted(filenames):
                 if name.startswith("."):
                     continue
                 p = Path(dirpath) / name
-                if _suffix_of(p) in suffixes:
-                    yield p
-            for d in dirnames:  # symlinked directories are listed as dirs but not walked
-                p = Path(dirpath) / d
-                if p.is_symlink():
-                    yield DocumentError(p, "symbolic link to a directory (not followed)")
+                if _suffix_of(p) not in suffixes:
+                    if skipped is not None:
+                        skipped.append(
+                            DocumentError(p, f"unsupported file type '{_suffix_of(p) or name}'")
+                        )
+                    continue
+                target = None if follow_links else _outside(p, real_root)
+                if target is not None:
+                    yield DocumentError(
+                        p,
+                        f"symlink points outside the ingested folder: {target} "
+                        "(--follow-links reads it)",
+                    )
+                    continue
+                yield p
+            if not follow_links:  # linked directories are listed as dirs but not walked
+                for d in dirnames:
+                    p = Path(dirpath) / d
+                    if p.is_symlink():
+                        yield DocumentError(
+                            p, "symbolic link to a directory (not followed; --follow-links does)"
+                        )
 
 
 # ---------------------------------------------------------------------------- text cleaning
@@ -196,6 +243,10 @@ def _load_html(path: Path, data: bytes) -> tuple[str, list[Heading]]:
 
 
 def _load_pdf(path: Path) -> tuple[str, list[Heading]]:
+    # pypdf logs its repairs of damaged files ("Ignoring wrong pointing object ...") as
+    # warnings; without a handler Python prints them on stderr between ingest's own one-line
+    # failure reports. A file it cannot read still raises and is reported once, by us.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
 
@@ -270,11 +321,12 @@ def load_documents(
     paths: Iterable[str | Path],
     suffixes: tuple[str, ...] = SUPPORTED_SUFFIXES,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    follow_links: bool = False,
 ) -> tuple[list[Document], list[DocumentError]]:
     """Load every supported file under ``paths``; failures are collected, never raised."""
     docs: list[Document] = []
     errors: list[DocumentError] = []
-    for item in iter_files(paths, suffixes):
+    for item in iter_files(paths, suffixes, follow_links=follow_links):
         if isinstance(item, DocumentError):
             errors.append(item)
             continue

@@ -1,8 +1,8 @@
 """Answer generation: a causal LM with the KV cache on, a reusable prefix cache and streaming.
 
 Decoding itself is ``transformers``' ``model.generate`` (greedy or nucleus sampling, stop strings,
-KV cache) and streaming is its ``TextIteratorStreamer`` run beside a worker thread; what is ours
-is the *prefix cache*. Every grounded prompt starts with the same system turn
+KV cache), with :mod:`rag.decoding`'s loop guard and stop rules; what is ours here is the *prefix
+cache*. Every grounded prompt starts with the same system turn
 (:data:`rag.prompt.SYSTEM_PROMPT` rendered through the chat template), so its keys and values are
 computed once per generator and a deep copy of that ``DynamicCache`` is handed to ``generate`` for
 each question, which then only encodes the passages and the question. To make the reuse exact,
@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
+from rag.decoding import DecodingRules, trim_repetition
 from rag.prompt import build_messages
-from rag.streaming import Cancel, FirstTokenClock, cut_at_stop, stream_text
+from rag.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
 
 # ChatML without a default system turn: used only when a tokenizer ships no chat template.
 FALLBACK_CHAT_TEMPLATE = (
@@ -53,8 +54,12 @@ class Generator:
         *,
         prefix_cache: bool = True,
         max_context_tokens: int | None = None,
+        profile: str = "plain",
+        rules: DecodingRules | None = None,
     ) -> None:
         self.model = model
+        self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.decoding)
+        self.profile = profile  # prompt profile of rag.prompt.build_messages
         self.tokenizer = tokenizer
         self.device = device
         self.prefix_cache = prefix_cache
@@ -71,14 +76,20 @@ class Generator:
         name: str | Path = "smollm2",
         adapter: str | Path | None = None,
         device: str = "auto",
+        *,
+        dtype: str = "float32",
+        profile: str = "auto",
         **kwargs: Any,
     ) -> Generator:
-        """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`."""
-        from rag.models import load_generator, pick_device
+        """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
+        ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
+        ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default)."""
+        from rag.models import load_generator, pick_device, pick_profile
 
         dev = pick_device(device)
-        model, tokenizer = load_generator(name, adapter=adapter, device=dev)
-        return cls(model, tokenizer, dev, **kwargs)
+        model, tokenizer = load_generator(name, adapter=adapter, device=dev, dtype=dtype)
+        profile = pick_profile(name, adapter) if profile == "auto" else profile
+        return cls(model, tokenizer, dev, profile=profile, **kwargs)
 
     # ---- prompt and budget -------------------------------------------------------------------
 
@@ -92,6 +103,10 @@ class Generator:
             n = n if 0 < n < 1_000_000 else 2048
         return min(n, self.max_context_tokens) if self.max_context_tokens else n
 
+    def messages(self, question: str, passages: Sequence[str]) -> list[dict[str, str]]:
+        """The grounded prompt in this generator's profile (:func:`rag.prompt.build_messages`)."""
+        return build_messages(question, passages, self.profile)
+
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -103,13 +118,14 @@ class Generator:
     def prompt_ids(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], int]:
         """Token ids of the full prompt and how many leading ids are the cacheable system prefix.
 
-        The prefix is the system turn rendered alone; it is used only when it is a textual prefix
-        of the full rendering (true for ChatML-style templates), else the prefix length is 0.
+        The prefix is every turn before the last (the system turn and any demonstration turns)
+        rendered alone; it is used only when it is a textual prefix of the full rendering (true
+        for ChatML-style templates), else the prefix length is 0.
         """
         full = self._render(messages, generation_prompt=True)
         enc = self.tokenizer
-        if messages and messages[0].get("role") == "system":
-            prefix = self._render(messages[:1], generation_prompt=False)
+        if len(messages) > 1 and messages[0].get("role") == "system":
+            prefix = self._render(messages[:-1], generation_prompt=False)
             if full.startswith(prefix) and len(prefix) < len(full):
                 head = enc(prefix, add_special_tokens=False)["input_ids"]
                 tail = enc(full[len(prefix) :], add_special_tokens=False)["input_ids"]
@@ -125,7 +141,7 @@ class Generator:
         taken best-first, so the lowest-ranked are the ones trimmed or dropped.
         """
         budget = self.max_positions - max_new_tokens
-        overhead = len(self.prompt_ids(build_messages(question, []))[0])
+        overhead = len(self.prompt_ids(self.messages(question, []))[0])
         if overhead > budget:
             raise ValueError(
                 f"the question alone takes {overhead} tokens, over the budget of {budget} "
@@ -145,7 +161,7 @@ class Generator:
                 kept.append(self._truncate(text, room))
             break
         # Token counts of pieces are not exactly additive: check the real prompt and shrink.
-        while kept and len(self.prompt_ids(build_messages(question, kept))[0]) > budget:
+        while kept and len(self.prompt_ids(self.messages(question, kept))[0]) > budget:
             last = kept.pop()
             room = self.count_tokens(last) - 16
             if room >= MIN_TRIMMED_PASSAGE_TOKENS:
@@ -210,8 +226,7 @@ class Generator:
             kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
         else:
             kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        if stop:
-            kw.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        kw.update(self.rules.generate_kwargs(len(ids), stop, self.tokenizer))
         use_prefix = self.prefix_cache if use_prefix_cache is None else use_prefix_cache
         if use_cache and use_prefix and 0 < prefix_len < len(ids):
             kw["cache"] = self._prefix_cache_for(ids[:prefix_len])
@@ -231,7 +246,8 @@ class Generator:
         min_new_tokens: int = 0,
         stats: dict[str, float] | None = None,
     ) -> list[int]:
-        """New token ids for a prompt given as ids (the benchmark's entry point).
+        """New token ids for a prompt given as ids (the benchmark's entry point), as decoded:
+        a loop the guard stopped is not trimmed here but in :meth:`generate`.
 
         ``stats``, when given, is filled with prompt_tokens, new_tokens, ttft_s and total_s.
         """
@@ -274,7 +290,8 @@ class Generator:
         use_prefix_cache: bool | None = None,
         stats: dict[str, float] | None = None,
     ) -> str:
-        """The assistant's reply to chat ``messages`` (greedy when ``temperature`` is 0)."""
+        """The assistant's reply to chat ``messages`` (greedy when ``temperature`` is 0), cut at
+        the first stop string (``stop`` + :attr:`rules`' own) and trimmed to one copy of a loop."""
         ids, prefix_len = self.prompt_ids(messages)
         new = self.generate_ids(
             ids,
@@ -286,8 +303,8 @@ class Generator:
             use_prefix_cache=use_prefix_cache,
             stats=stats,
         )
-        text = self.tokenizer.decode(new, skip_special_tokens=True)
-        return cut_at_stop(text, stop)[0].strip()
+        text = self.tokenizer.decode(trim_repetition(new, self.rules), skip_special_tokens=True)
+        return cut_at_stop(text, self.rules.stops(stop))[0].strip()
 
     def score_continuations(
         self, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
@@ -351,8 +368,6 @@ class Generator:
 
         Closing the iterator early (e.g. a UI "stop" button) cancels decoding.
         """
-        from transformers import StoppingCriteriaList, TextIteratorStreamer
-
         t0 = time.perf_counter()
         ids, prefix_len = self.prompt_ids(messages)
         kw = self._generate_kwargs(
@@ -366,16 +381,14 @@ class Generator:
             use_prefix_cache=use_prefix_cache,
             min_new_tokens=0,
         )
-        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        cancel = Cancel()
+        streamer, cancel = TokenQueue(), Cancel()
+        kw["stopping_criteria"].append(cancel)
         errors: list[BaseException] = []
 
         def work() -> None:
             try:
                 with self._decode_lock, torch.inference_mode():
-                    self.model.generate(
-                        **kw, streamer=streamer, stopping_criteria=StoppingCriteriaList([cancel])
-                    )
+                    self.model.generate(**kw, streamer=streamer)
             except BaseException as e:  # surfaced in the consumer's thread below
                 errors.append(e)
                 streamer.end()
@@ -383,7 +396,14 @@ class Generator:
         thread = threading.Thread(target=work, name="rag-generate", daemon=True)
         thread.start()
         try:
-            yield from stream_text(streamer, stop, t0, stats)
+            yield from stream_tokens(
+                streamer,
+                lambda new: self.tokenizer.decode(new, skip_special_tokens=True),
+                self.rules.stops(stop),
+                t0,
+                stats,
+                self.rules,
+            )
         finally:
             cancel.event.set()
             thread.join()

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.paths import indexes_dir
+from rag.paths import index_path
 from rag.types import Chunk
 
 MANIFEST_VERSION = 1
@@ -81,13 +81,14 @@ class Manifest:
 
 
 def index_dir(index: str | Path) -> Path:
-    """``index`` as a folder: an existing path, else ``indexes_dir()/index``."""
-    p = Path(index).expanduser()
-    if p.is_dir() and (p / CURRENT).exists():
-        return p
-    if os.sep in str(index) or str(index).startswith("."):
-        return p
-    return indexes_dir() / str(index)
+    """The folder of ``index``: a :class:`~pathlib.Path` is taken as the folder itself (what
+    ``--index-dir`` gives); a string must be a plain name and lives under ``indexes_dir()``.
+
+    Names are checked (:func:`rag.paths.check_index_name`) so that a name typed into a CLI, a
+    ``rag.toml`` or the UI can never address a folder outside ``$RAG_HOME/indexes``."""
+    if isinstance(index, Path):
+        return index.expanduser()
+    return index_path(index)
 
 
 def collection_name(index: str | Path) -> str:
@@ -203,11 +204,10 @@ def write_chunks(gen: Path, chunks: dict[str, Chunk]) -> None:
 
 
 def open_generation(index: str | Path) -> tuple[Path, Path, Manifest]:
-    """(index root, live generation, manifest) or IndexNotFoundError naming the path."""
+    """(index root, live generation, manifest) or IndexNotFoundError naming the index."""
     root = index_dir(index)
     gen = current_generation(root)
     if gen is None:
-        raise IndexNotFoundError(
-            f"no index at {root} (run: python -m rag.ingest DOCS --index {Path(str(index)).name})"
-        )
+        how = f"--index-dir {root}" if isinstance(index, Path) else f"--index {index}"
+        raise IndexNotFoundError(f"no index at {root} (run: python -m rag.ingest DOCS {how})")
     return root, gen, read_manifest(gen)

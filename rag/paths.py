@@ -11,6 +11,8 @@ Layout (see docs/architecture.md)::
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +35,53 @@ def models_dir() -> Path:
 
 def indexes_dir() -> Path:
     return rag_home() / "indexes"
+
+
+# An index is named, never addressed by a path: a name cannot climb out of $RAG_HOME/indexes
+# ("../../escape"), land on a hidden folder or read as a flag. Letters, digits, '.', '_', '-';
+# not '.' or '-' first; at most 100 characters. The one rule for the CLIs (--index), rag.toml
+# and the UI's index setting.
+_INDEX_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,99}$")
+
+
+class IndexNameError(ValueError):
+    """An index name that is not a plain name (a path, a hidden name, odd characters)."""
+
+
+CLI_INDEX_HINT = "a folder elsewhere is given with --index-dir PATH"
+
+
+def check_index_name(name: str, hint: str = CLI_INDEX_HINT) -> str:
+    """``name`` when it is a plain index name, else :class:`IndexNameError` naming it.
+
+    Paths are refused rather than "cleaned": a folder outside ``$RAG_HOME/indexes`` is given
+    explicitly (``--index-dir PATH`` on the command line, a :class:`~pathlib.Path` in Python).
+    ``hint`` ends the message (the UI, which has no --index-dir, passes its own)."""
+    if not isinstance(name, str) or not _INDEX_NAME.match(name) or ".." in name:
+        raise IndexNameError(
+            f"index name {name!r} is not allowed: use letters, digits, '.', '_' or '-' "
+            "(not '.' or '-' first, no '/')" + (f"; {hint}" if hint else "")
+        )
+    return name
+
+
+def index_path(name: str) -> Path:
+    """The folder of the index called ``name`` under :func:`indexes_dir` (name checked)."""
+    return indexes_dir() / check_index_name(name)
+
+
+def display_source(source: str, roots: Iterable[str]) -> str:
+    """``source`` as the user knows it: relative to the broadest ingested folder that holds it
+    (``library/io.rst.txt``), or its file name when it was ingested as a single file or lies
+    under no recorded root. Never the machine's absolute path: citations, search results and
+    the UI show this, while the manifest keeps absolute keys for incremental re-ingest."""
+    best: str | None = None
+    best_len = -1
+    for root in roots:
+        prefix = root if root.endswith(os.sep) else root + os.sep
+        if source.startswith(prefix) and (best is None or len(root) < best_len):
+            best, best_len = source[len(prefix) :], len(root)
+    return best or os.path.basename(source) or source
 
 
 def evals_dir() -> Path:

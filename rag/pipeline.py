@@ -186,6 +186,8 @@ class RAGPipeline:
                         device=cfg.device,
                         prefix_cache=cfg.prefix_cache,
                         max_context_tokens=cfg.max_context_tokens,
+                        dtype=cfg.dtype,
+                        profile=cfg.profile,
                     )
         return self._generator
 
@@ -230,7 +232,11 @@ class RAGPipeline:
         budget_new = max_new_tokens or self.config.max_new_tokens
         kept = self.generator.fit_passages(query, [h.chunk.text for h in hits], budget_new)
         hits = hits[: len(kept)]
-        return Prepared(question, query, hits, build_messages(query, kept), timings)
+        gen = self.generator
+        messages = (
+            gen.messages(query, kept) if hasattr(gen, "messages") else build_messages(query, kept)
+        )
+        return Prepared(question, query, hits, messages, timings)
 
     def _decode_args(self, temperature: float | None, max_new_tokens: int | None) -> dict[str, Any]:
         cfg = self.config

@@ -1,10 +1,18 @@
 """The grounded-answer prompt format, defined once: LoRA training, the pipeline and the QA eval
 all import it from here.
 
-A prompt is a chat: a fixed system instruction (first, so its KV cache can be reused across
-questions) and a user turn holding k numbered passages and the question. The target answer is a
-short answer followed by the citation marker(s) of the passage(s) it came from, e.g.
-``Denver Broncos [2]``, or exactly :data:`REFUSAL` when no passage holds the answer.
+A prompt is a chat: a fixed head (the system instruction and, in the ``fewshot`` profile, worked
+demonstrations as earlier turns) and a user turn holding k numbered passages and the question.
+The head comes first and never changes, so :class:`rag.generate.Generator` computes its KV cache
+once and the demonstrations cost nothing per question. The target answer is a short answer (a
+phrase for a factual question, one or two sentences for a how-to) followed by the citation
+marker(s) of the passage(s) it came from, e.g. ``Denver Broncos [2]``, or exactly
+:data:`REFUSAL` when no passage holds the answer.
+
+Profiles (chosen by measurement, docs/answering.md): ``plain`` is the instruction alone, the
+format LoRA adapters were trained on; ``fewshot`` adds three demonstrations (a factual span, a
+how-to sentence with code, a refusal), which instruction-tuned models that ignore the
+instruction's format (Qwen2.5-Coder-0.5B answered a bare ``[1]``) follow.
 """
 
 from __future__ import annotations
@@ -38,12 +46,54 @@ def user_message(question: str, passages: Sequence[str]) -> str:
     return f"Passages:\n\n{format_passages(passages)}\n\nQuestion: {question.strip()}"
 
 
-def build_messages(question: str, passages: Sequence[str]) -> list[dict[str, str]]:
-    """Chat messages for ``tokenizer.apply_chat_template``: fixed system turn + user turn."""
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": user_message(question, passages)},
-    ]
+# Demonstrations for the ``fewshot`` profile: (passages, question, answer). Written by hand on
+# topics outside every evaluation set (SQuAD dev articles, the Python docs questions).
+DEMOS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        (
+            "The Rhine rises in the Swiss Alps and flows 1,230 km to the North Sea.",
+            "The Danube is Europe's second-longest river. It rises in the Black Forest in "
+            "Germany and flows for about 2,850 km to the Black Sea.",
+            "Vienna, Budapest and Belgrade all stand on the Danube.",
+        ),
+        "How long is the Danube?",
+        "About 2,850 km [2]",
+    ),
+    (
+        (
+            "tar -czf archive.tar.gz DIR creates a gzip-compressed archive of DIR.",
+            "To extract an archive, run tar -xf archive.tar; add -C DIR to extract into "
+            "another folder. The -v flag lists each file as it is extracted.",
+        ),
+        "How do I unpack a tar file into a different directory?",
+        "Run `tar -xf archive.tar -C DIR`, where `-C` names the folder to extract into [2].",
+    ),
+    (
+        (
+            "Honey bees communicate the direction of food with a waggle dance.",
+            "A worker bee lives about six weeks in summer.",
+        ),
+        "Who invented the telescope?",
+        REFUSAL,
+    ),
+)
+
+PROFILES = ("plain", "fewshot")
+
+
+def build_messages(
+    question: str, passages: Sequence[str], profile: str = "plain"
+) -> list[dict[str, str]]:
+    """Chat messages for ``tokenizer.apply_chat_template``: the fixed head (system turn, plus
+    demonstration turns for ``profile="fewshot"``) and the user turn."""
+    if profile not in PROFILES:
+        raise ValueError(f"prompt profile must be one of {', '.join(PROFILES)}, not {profile!r}")
+    head = [{"role": "system", "content": SYSTEM_PROMPT}]
+    if profile == "fewshot":
+        for demo_passages, demo_question, demo_answer in DEMOS:
+            head.append({"role": "user", "content": user_message(demo_question, demo_passages)})
+            head.append({"role": "assistant", "content": demo_answer})
+    return head + [{"role": "user", "content": user_message(question, passages)}]
 
 
 def format_target(answer: str, cited: Sequence[int]) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +24,7 @@ from indexes import VectorIndex, open_index
 from rag.bm25 import BM25Index
 from rag.encoding import Encoder
 from rag.manifest import current_generation, open_generation, read_chunks
+from rag.paths import display_source
 from rag.types import Chunk, Hit
 
 MODES = ("dense", "bm25", "hybrid")
@@ -279,7 +280,9 @@ class Retriever:
         reranker: Reranker | str | Path | None = None,
         **kw: Any,
     ) -> Retriever:
-        """Open ``index`` (name or folder). ``encoder`` None uses the index's own encoder; any
+        """Open ``index``: a name under ``$RAG_HOME/indexes``, or an index folder given as a
+        :class:`~pathlib.Path` (``--index-dir``); a string that is not a plain name raises
+        :class:`rag.paths.IndexNameError`. ``encoder`` None uses the index's own encoder; any
         other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
         both. ``reranker`` may be a Reranker or a cross-encoder model folder."""
         if isinstance(reranker, (str, Path)):
@@ -289,6 +292,7 @@ class Retriever:
     def _load(self) -> None:
         self.root, self.gen, self.manifest = open_generation(self.index)
         self.chunks: dict[str, Chunk] = read_chunks(self.gen)
+        self._paths: dict[str, str] = {}  # source -> display path, for this generation's roots
         m = self.manifest
         if m.backend == "faiss":
             vectors = open_index("faiss", self.gen / "vectors", m.encoder["dim"])
@@ -350,11 +354,26 @@ class Retriever:
         rows = self.engine.search_many(queries, k, mode)
         return [
             [
-                FusedHit(self.chunks[r.id], r.score, rank, r.mode, r.dense, r.bm25)
+                FusedHit(
+                    self._shown(self.chunks[r.id]),
+                    r.score,
+                    rank=rank,
+                    mode=r.mode,
+                    dense_score=r.dense,
+                    bm25_score=r.bm25,
+                )
                 for rank, r in enumerate((r for r in row if r.id in self.chunks), start=1)
             ]
             for row in rows
         ]
+
+    def _shown(self, chunk: Chunk) -> Chunk:
+        """``chunk`` with its display path: relative to the folder it was ingested from (the
+        manifest's roots), so results and citations never show the machine's absolute path."""
+        path = self._paths.get(chunk.source)
+        if path is None:
+            path = self._paths[chunk.source] = display_source(chunk.source, self.manifest.roots)
+        return replace(chunk, path=path)
 
     def __len__(self) -> int:
         return len(self.chunks)

@@ -1,35 +1,38 @@
 """Search an ingested index from the command line.
 
-``python -m rag.search "query" [--index NAME] [--k 10] [--mode dense|bm25|hybrid] [--json]``
+``python -m rag.search "query" [--index NAME | --index-dir PATH] [--k 10]
+[--mode dense|bm25|hybrid] [--json]``
 
-Prints ranked chunks (source, heading path, score, text preview); ``--json`` prints the hits as
-JSON on stdout (logs stay on stderr).
+Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview);
+``--json`` prints the hits as JSON on stdout (logs stay on stderr). Any failure is one line on
+stderr and exit status 2 (see :mod:`rag.cli`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
-from rag.encoding import EncoderMismatchError
-from rag.manifest import IndexNotFoundError
+from rag.cli import OneLineParser, add_index_args, fail, quiet_libraries
 from rag.retrieve import MODES, Retriever
 from rag.types import Hit
+
+PROG = "rag.search"
 
 
 def format_hit(hit: Hit, width: int = 240) -> str:
     heading = " > ".join(hit.chunk.heading_path) or "-"
     preview = " ".join(hit.chunk.text.split())
     preview = preview if len(preview) <= width else preview[: width - 1] + "…"
-    return f"{hit.rank:>2}. [{hit.score:.4f}] {hit.chunk.source}  ({heading})\n    {preview}"
+    return f"{hit.rank:>2}. [{hit.score:.4f}] {hit.chunk.display_path}  ({heading})\n    {preview}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rag.search", description=__doc__.split("\n")[0])
+def build_parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m rag.search", description=__doc__.split("\n")[0])
     p.add_argument("query")
-    p.add_argument("--index", default="default", help="index name or folder; default: %(default)s")
+    add_index_args(p)
     p.add_argument("--k", type=int, default=10, help="number of hits")
     p.add_argument("--mode", default="hybrid", choices=MODES)
     p.add_argument("--encoder", default=None, help="must match the index's encoder (default: it)")
@@ -38,24 +41,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
-    args = p.parse_args(argv)
-    if args.k <= 0:
-        print(f"error: --k must be positive, got {args.k}", file=sys.stderr)
-        return 2
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_libraries()
     t0 = time.perf_counter()
+    index = Path(args.index_dir) if args.index_dir else args.index
     try:
+        if args.k <= 0:
+            raise ValueError(f"--k must be positive, not {args.k}")
         retriever = Retriever.open(
-            args.index, encoder=args.encoder, device=args.device, reranker=args.rerank
+            index, encoder=args.encoder, device=args.device, reranker=args.rerank
         )
         hits = retriever.search(args.query, k=args.k, mode=args.mode)
-    except (IndexNotFoundError, EncoderMismatchError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
+        return fail(PROG, e)
     seconds = time.perf_counter() - t0
     if args.json:
         out = {
             "query": args.query,
-            "index": args.index,
+            "index": str(index),
             "mode": args.mode,
             "k": args.k,
             "seconds": round(seconds, 3),
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         for hit in hits:
             print(format_hit(hit))
         print(
-            f"{len(hits)} hits from {args.index!r} ({args.mode}) in {seconds:.2f}s", file=sys.stderr
+            f"{len(hits)} hits from {str(index)!r} ({args.mode}) in {seconds:.2f}s", file=sys.stderr
         )
     return 0
 

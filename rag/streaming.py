@@ -1,19 +1,24 @@
 """Streaming pieces of :class:`rag.generate.Generator`: stop strings, cancellation, timing.
 
-``transformers`` streams decoded text through ``TextIteratorStreamer`` and stops on stop strings
-only inside ``generate``; what the UI needs on top is text that never has to be taken back (a
-stop string split across two pieces must not leak out), a way to cancel from the consumer's side,
-and the time to the first token. Those are the small units here.
+``transformers`` stops on stop strings only inside ``generate``; what the UI needs on top is text
+that never has to be taken back (a stop string split across two pieces, or the extra copies of a
+loop that :func:`rag.decoding.trim_repetition` will cut, must not leak out), a way to cancel from
+the consumer's side, and the time to the first token. Those are the small units here. The stream
+decodes token ids itself (:class:`TokenQueue` + :func:`stream_tokens`) rather than through
+``TextIteratorStreamer``, because deciding what is safe to send needs the ids.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
+
+from rag.decoding import DecodingRules, settled_length, trim_repetition
 
 
 class FirstTokenClock:
@@ -46,33 +51,111 @@ class Cancel:
         return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool)
 
 
+class TokenQueue:
+    """A ``generate`` streamer that hands each step's new token ids to the consuming thread.
+
+    ``generate`` first pushes the prompt, which is skipped; :meth:`end` closes the iteration.
+    Batch size 1 only, like ``TextIteratorStreamer``.
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[list[int] | None] = queue.Queue()
+        self._prompt_seen = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_seen:
+            self._prompt_seen = True
+            return
+        self._queue.put(value.reshape(-1).tolist())
+
+    def end(self) -> None:
+        self._queue.put(None)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        while (ids := self._queue.get()) is not None:
+            yield ids
+
+
+class _Sender:
+    """Sends a growing text as deltas whose concatenation is ``cut_at_stop(text)[0].strip()``."""
+
+    def __init__(self, stop: Sequence[str] | None) -> None:
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1 if stop else 0
+        self.sent = 0
+
+    def update(self, text: str) -> tuple[str, bool]:
+        """The delta that is safe to send for ``text`` so far, and whether a stop string ended it.
+
+        Text that could still turn into a stop string, and trailing whitespace, is held back.
+        """
+        cut, stopped = cut_at_stop(text, self.stop)
+        clean = cut.lstrip()
+        safe = (clean if stopped else clean[: max(0, len(clean) - self.hold)]).rstrip()
+        return self._advance(safe), stopped
+
+    def finish(self, text: str) -> str:
+        """The last delta, for the final ``text``."""
+        return self._advance(cut_at_stop(text, self.stop)[0].strip())
+
+    def _advance(self, safe: str) -> str:
+        if len(safe) <= self.sent:
+            return ""
+        delta, self.sent = safe[self.sent :], len(safe)
+        return delta
+
+
 def stream_text(
     pieces: Iterator[str],
     stop: Sequence[str] | None,
     t0: float,
     stats: dict[str, float] | None,
 ) -> Iterator[str]:
-    """Deltas whose concatenation is ``cut_at_stop(text).strip()``, as :meth:`Generator.generate`
-    returns. Text that could still turn into a stop string, and trailing whitespace, is held back
-    until it is decided; everything already sent is a prefix of the final answer.
+    """Deltas whose concatenation is ``cut_at_stop(text).strip()``, for text arriving in pieces.
+    Text that could still turn into a stop string, and trailing whitespace, is held back until it
+    is decided; everything already sent is a prefix of the final answer.
     """
-    hold = max((len(s) for s in stop), default=1) - 1 if stop else 0
-    text, sent = "", 0
+    sender, text = _Sender(stop), ""
     for piece in pieces:
         if stats is not None and piece and "ttft_s" not in stats:
             stats["ttft_s"] = time.perf_counter() - t0
         text += piece
-        cut, stopped = cut_at_stop(text, stop)
-        clean = cut.lstrip()
-        safe = (clean if stopped else clean[: max(0, len(clean) - hold)]).rstrip()
-        if len(safe) > sent:
-            yield safe[sent:]
-            sent = len(safe)
+        delta, stopped = sender.update(text)
+        if delta:
+            yield delta
         if stopped:
             return
-    final = cut_at_stop(text, stop)[0].strip()
-    if len(final) > sent:
-        yield final[sent:]
+    if delta := sender.finish(text):
+        yield delta
+
+
+def stream_tokens(
+    chunks: Iterable[Sequence[int]],
+    decode: Callable[[Sequence[int]], str],
+    stop: Sequence[str] | None,
+    t0: float,
+    stats: dict[str, float] | None,
+    rules: DecodingRules | None = None,
+) -> Iterator[str]:
+    """Deltas whose concatenation is ``cut_at_stop(decode(trim_repetition(ids)))[0].strip()``,
+    exactly what :meth:`Generator.generate` returns, for new token ids arriving in chunks.
+
+    Besides what :func:`stream_text` holds back, the tokens a loop trim could still remove
+    (:func:`rag.decoding.settled_length`) and a trailing incomplete character wait until decided.
+    Every text sent decodes a prefix of the final trimmed ids, so it is a prefix of the answer.
+    """
+    sender, ids = _Sender(stop), []
+    for chunk in chunks:
+        if stats is not None and chunk and "ttft_s" not in stats:
+            stats["ttft_s"] = time.perf_counter() - t0
+        ids.extend(chunk)
+        delta, stopped = sender.update(decode(ids[: settled_length(ids, rules)]).rstrip("\ufffd"))
+        if delta:
+            yield delta
+        if stopped:
+            return
+    if delta := sender.finish(decode(trim_repetition(ids, rules))):
+        yield delta
 
 
 def cut_at_stop(text: str, stop: Sequence[str] | None) -> tuple[str, bool]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
@@ -12,6 +12,11 @@ class Chunk:
 
     ``id`` is stable: derived from the source path, the file's content hash and the chunk's
     position, so re-ingesting an unchanged file yields the same ids.
+
+    ``source`` is the absolute path (the manifest's key, what incremental re-ingest matches on);
+    ``path`` is how the user knows the file, relative to the folder they ingested
+    (``library/io.rst.txt``). The retriever fills ``path`` from the manifest's ingest roots
+    when it returns a hit, so it is never stored and follows the roots as they change.
     """
 
     id: str
@@ -20,10 +25,18 @@ class Chunk:
     heading_path: tuple[str, ...] = ()
     start: int = 0  # character offsets into the loaded document text
     end: int = 0
+    path: str = ""  # display path relative to the ingested folder ("" = not known here)
+
+    @property
+    def display_path(self) -> str:
+        """What to show the user: ``path`` when known, else ``source`` as stored."""
+        return self.path or self.source
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["heading_path"] = list(self.heading_path)
+        if not self.path:  # the chunk store keeps its old shape
+            del d["path"]
         return d
 
     @classmethod
@@ -41,12 +54,22 @@ class Hit:
     mode: str = "dense"  # dense | bm25 | hybrid | rerank
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.chunk.to_dict(), "score": self.score, "rank": self.rank, "mode": self.mode}
+        return {
+            **self.chunk.to_dict(),
+            "path": self.chunk.display_path,
+            "score": self.score,
+            "rank": self.rank,
+            "mode": self.mode,
+        }
 
 
 @dataclass(frozen=True)
 class Citation:
-    """A passage the answer cites: its number in the prompt and where it came from."""
+    """A passage the answer cites: its number in the prompt and where it came from.
+
+    ``source`` is the absolute path as stored; ``path`` the one to show (relative to the
+    ingested folder, see :class:`Chunk`). :class:`Answer` fills an empty ``path`` from the
+    passage with the same chunk id."""
 
     number: int
     source: str
@@ -54,10 +77,16 @@ class Citation:
     text: str
     score: float
     chunk_id: str
+    path: str = ""
+
+    @property
+    def display_path(self) -> str:
+        return self.path or self.source
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["heading_path"] = list(self.heading_path)
+        d["path"] = self.display_path
         return d
 
 
@@ -81,6 +110,15 @@ class Answer:
     # (see rag.pipeline.complete_citation); ``citation_logprobs[i-1]`` is the score of `` [i]``.
     citations_completed: bool = False
     citation_logprobs: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        # Citations are made from a passage's chunk fields (rag.pipeline); the passages carry
+        # the display path the retriever derived, so every citation shows the same one.
+        paths = {h.chunk.id: h.chunk.path for h in self.passages if h.chunk.path}
+        self.citations = [
+            replace(c, path=paths[c.chunk_id]) if not c.path and c.chunk_id in paths else c
+            for c in self.citations
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -17,8 +17,8 @@ def fake_pipeline(monkeypatch):
     seen = {}
     real = rag.pipeline.RAGPipeline
 
-    def factory(cfg):
-        seen["config"] = cfg
+    def factory(cfg, **kw):
+        seen["config"], seen["kw"] = cfg, kw
         return real(
             cfg,
             retriever=FakeRetriever([hit(1), hit(2)]),
@@ -71,4 +71,46 @@ def test_bad_config_is_one_line_error(fake_pipeline, tmp_path, capsys):
 
 def test_bad_flag_value_is_an_error(fake_pipeline, capsys):
     assert ask.main(["q", "--mode", "fuzzy"]) == 2
-    assert "mode must be one of" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert err == "rag.ask: error: mode must be one of dense, bm25, hybrid, not 'fuzzy'"
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal: one line too
+        ask.main(["q", "--k", "five"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "\n" not in err and "'five'" in err
+
+
+def test_index_dir_opens_that_folder(fake_pipeline, tmp_path, tiny_mlm_dir, capsys):
+    from ingest_support import write_docs
+
+    from rag.ingest import ingest
+
+    folder = tmp_path / "somewhere" / "idx"
+    ingest([write_docs(tmp_path / "docs")], folder, str(tiny_mlm_dir), progress=False)
+    assert ask.main(["how?", "--index-dir", str(folder), "--json"]) == 0
+    assert fake_pipeline["kw"]["retriever"].root == folder
+    capsys.readouterr()
+    assert ask.main(["how?", "--index", "a", "--index-dir", str(folder)]) == 2
+    assert "not both" in capsys.readouterr().err
+
+
+def test_sources_show_the_relative_path(monkeypatch, capsys):
+    """Citations show the path relative to the ingested folder; "source" stays absolute."""
+    from dataclasses import replace
+
+    hits = [hit(1), hit(2)]
+    hits[1] = replace(
+        hits[1], chunk=replace(hits[1].chunk, source="/srv/x/docs/f2.md", path="f2.md")
+    )
+
+    real = rag.pipeline.RAGPipeline
+
+    def factory(cfg, **kw):
+        return real(cfg, retriever=FakeRetriever(hits), generator=FakeGenerator("Use open() [2]."))
+
+    monkeypatch.setattr(rag.pipeline, "RAGPipeline", factory)
+    assert ask.main(["how?"]) == 0
+    out = capsys.readouterr().out
+    assert "[2] f2.md › Guide › Part 2" in out and "/srv/x" not in out
+    assert ask.main(["how?", "--json"]) == 0
+    cited = json.loads(capsys.readouterr().out)["citations"][0]
+    assert cited["path"] == "f2.md" and cited["source"] == "/srv/x/docs/f2.md"

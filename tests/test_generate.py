@@ -1,8 +1,8 @@
 """Generator: KV cache, prefix cache, streaming, stop strings and the context budget.
 
-Uses tiny random decoders (2 layers x 64) built here in a second, one Llama (smollm2's
-architecture) and one ModernBertDecoder (our from-scratch CLM's), with a tiny byte-level BPE
-tokenizer that has a ChatML chat template.
+Uses tiny random decoders (2 layers x 64, tests/generate_support.py) built in a second, one Llama
+(smollm2's architecture) and one ModernBertDecoder (our from-scratch CLM's), with a tiny
+byte-level BPE tokenizer that has a ChatML chat template.
 """
 
 from __future__ import annotations
@@ -11,67 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from generate_support import build_model, build_tokenizer, messages
 
-from rag.generate import FALLBACK_CHAT_TEMPLATE, Generator
-from rag.prompt import SYSTEM_PROMPT, build_messages
+from rag.generate import Generator
+from rag.prompt import build_messages
 from rag.streaming import cut_at_stop, stream_text
 
-CORPUS = [
-    SYSTEM_PROMPT,
-    "Passages: Question: how do I read a file line by line in python? Use open and a for loop.",
-    "The with statement closes the file. Lines end with a newline character.",
-]
 ARCHS = ("llama", "modernbert")
-
-
-def build_tokenizer(chat_template: bool = True):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(CORPUS * 5, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-    )
-    if chat_template:
-        fast.chat_template = FALLBACK_CHAT_TEMPLATE
-    return fast
-
-
-def build_model(arch: str, tokenizer, max_positions: int = 512, seed: int = 0):
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        ModernBertDecoderConfig,
-        ModernBertDecoderForCausalLM,
-    )
-
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=max_positions,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-    )
-    if arch == "llama":
-        return LlamaForCausalLM(LlamaConfig(num_key_value_heads=2, **common)).eval()
-    cfg = ModernBertDecoderConfig(cls_token_id=0, sep_token_id=0, **common)
-    return ModernBertDecoderForCausalLM(cfg).eval()
 
 
 @pytest.fixture(scope="session")
@@ -90,10 +36,6 @@ def tiny_decoder_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session", params=ARCHS)
 def tiny_generator(request, tiny_decoder_dirs) -> Generator:
     return Generator.load(tiny_decoder_dirs[request.param], device="cpu")
-
-
-def messages(question: str = "how do I read a file?") -> list[dict[str, str]]:
-    return build_messages(question, ["Use open() and iterate.", "The with statement closes it."])
 
 
 def test_prefix_cache_output_equals_uncached(tiny_generator):

@@ -138,3 +138,47 @@ def test_lora_loss_falls_and_artefacts_load_back(squad, tmp_path):
     assert not torch.allclose(plain, with_adapter, atol=1e-4)  # the adapter changes the model
     assert torch.allclose(with_adapter, from_merged, atol=1e-4)  # merged folder = base + adapter
     assert torch.allclose(in_memory, from_merged, atol=1e-5)  # saved = what was trained
+
+
+def save_tiny_qwen2(path, seed: int = 0):
+    """A plain HF Qwen2 causal LM folder (the architecture of Qwen2/2.5) with a chat template."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_llama_and_qwen2_take_named_modules_and_doc_examples(arch, squad, tmp_path):
+    """Both architectures name their linear layers q/k/v/o_proj + gate/up/down_proj; a run mixing
+    SQuAD and doc examples adapts exactly those and saves an adapter that loads back."""
+    from pathlib import Path
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_dir = (save_tiny_decoder if arch == "llama" else save_tiny_qwen2)(tmp_path / "base")
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    cfg = LoraTrainConfig(
+        model=str(base_dir), out=str(tmp_path / "lora"), data=[str(squad)],
+        docs=[str(Path(__file__).parent / "fixtures" / "corpus")], doc_fraction=0.5, r=2,
+        alpha=4, target_modules=names, max_steps=2, batch_size=2, grad_accum=1, k_passages=2,
+        max_examples=8, passage_words=12, doc_passage_words=40, eval_examples=2,
+        eval_batch_size=2, max_new_tokens=2, logging_steps=1, device="cpu", threads=1,
+    )  # fmt: skip
+    model, _, summary = fit(cfg)
+    assert summary["n_train_doc_examples"] == 4 and summary["steps"] == 2
+    assert summary["before"]["n_answerable"] + summary["before"]["n_unanswerable"] == 2
+    lora_a = [n.split(".lora_A")[0] for n, _ in model.named_parameters() if ".lora_A" in n]
+    assert {n.rsplit(".", 1)[-1] for n in lora_a} == set(names)
+    saved = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
+    assert set(saved["target_modules"]) == set(names)
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), cfg.out)  # loads

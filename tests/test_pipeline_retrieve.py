@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
@@ -35,13 +36,13 @@ DOCS = {
 
 
 @pytest.fixture(scope="module")
-def small_index(tmp_path_factory) -> str:
+def small_index(tmp_path_factory) -> Path:
     from rag.ingest import ingest
 
     docs = tmp_path_factory.mktemp("docs")
     for name, text in DOCS.items():
         (docs / name).write_text(text)
-    index = str(tmp_path_factory.mktemp("index") / "pipe-test")  # a folder: no RAG_HOME needed
+    index = tmp_path_factory.mktemp("index") / "pipe-test"  # a folder: no RAG_HOME needed
     report = ingest([docs], index=index, encoder="minilm", device="cpu")
     assert report.ok
     return index
@@ -49,14 +50,16 @@ def small_index(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
+    from rag.retrieve import Retriever
+
     cfg = RAGConfig(
-        index=small_index,
+        index=small_index.name,
         decoder=str(tiny_decoder_dirs["llama"]),
         k=2,
         max_new_tokens=12,
         device="cpu",
     )
-    return RAGPipeline(cfg)
+    return RAGPipeline(cfg, retriever=Retriever.open(small_index, device="cpu"))
 
 
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])

@@ -20,14 +20,15 @@ def test_search_cli_json_and_text(tmp_path, tiny_mlm_dir, capsys):
     assert out["mode"] == "bm25" and len(out["hits"]) == 2
     top = out["hits"][0]
     assert top["source"].endswith("files.md") and top["heading_path"] == ["Files", "Reading"]
+    assert top["path"] == "files.md"  # relative to the ingested folder, not the machine's path
     assert top["rank"] == 1 and "line by line" in top["text"]
     assert main(["zebra", "--index", "cli", "--k", "1"]) == 0
     text = capsys.readouterr().out
-    assert "notes.txt" in text and "[" in text
+    assert "notes.txt" in text and "[" in text and str(tmp_path) not in text
 
 
 def test_search_cli_errors(capsys):
     assert main(["q", "--index", "missing-index"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error:") and "missing-index" in err and "\n" not in err
+    assert err.startswith("rag.search: error:") and "missing-index" in err and "\n" not in err
     assert main(["q", "--k", "0"]) == 2

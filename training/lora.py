@@ -4,11 +4,15 @@
         --data ../shared/data/squad/squad-v1.1-dev-part.json --max-examples 300 --k-passages 3
 
 ``--data`` takes a SQuAD JSON file (examples built by :mod:`training.lora_data`, train articles
-only) or JSONL files of prebuilt examples. The prompt is the pipeline's (:mod:`rag.prompt`)
-rendered with the model's own chat template; the loss covers only the assistant turn (answer,
-citation markers and the end-of-turn token), never the prompt. Training is the transformers
-Trainer over a peft LoRA model; the held-out SQuAD articles are scored before and after (EM/F1 with
-the official normalisation, citation accuracy, refusal accuracy) by greedy generation.
+only) or JSONL files of prebuilt examples; ``--docs DIR...`` adds examples mined from the user's
+own documents (:mod:`training.doc_qa_data`: heading → question, section lead → cited answer), a
+``--doc-fraction`` share of ``--max-examples``. Any causal LM with a chat template works (Llama,
+SmolLM2, Qwen2, our decoder): ``all-linear`` adapts every linear layer but the head; Llama and
+Qwen2 both call theirs ``q_proj k_proj v_proj o_proj gate_proj up_proj down_proj``. The prompt is
+the pipeline's (:mod:`rag.prompt`) in the model's own chat template; the loss covers only the
+assistant turn (answer, citation markers, end-of-turn token), never the prompt. Training is the
+transformers Trainer over a peft LoRA model; the held-out SQuAD articles are scored before and
+after (EM/F1, citation accuracy, refusal accuracy) by greedy generation.
 
 Output: a peft adapter folder (adapter_config.json, adapter_model.safetensors, tokenizer,
 run.json, train_log.jsonl, loss.png); ``--merge`` also writes ``<out>/merged``, a plain
@@ -37,7 +41,7 @@ from training.contrastive import (
     torch_threads,
 )
 from training.dataclass_cli import run_training_cli
-from training.lora_data import QAExample, read_examples, squad_examples
+from training.lora_data import QAExample, squad_examples, training_examples
 
 log = logging.getLogger("training.lora")
 
@@ -48,16 +52,14 @@ class LoraTrainConfig:
 
     model: str = "smollm2"  # causal LM folder, alias (smollm2) or artefact name
     out: str = ""  # adapter folder (default: $RAG_HOME/models/<model>-lora)
-    data: list[str] = field(
-        default_factory=list
-    )  # SQuAD JSON (built on the fly) or example JSONL files
+    data: list[str] = field(default_factory=list)  # SQuAD JSON (built on the fly) or example JSONL
+    docs: list[str] = field(default_factory=list)  # document folders/files for doc-style examples
+    doc_fraction: float = 0.5  # share of doc examples when both --data and --docs are given
     eval_data: str | None = None  # SQuAD JSON for held-out eval (default: the --data SQuAD file)
     r: int = 8  # LoRA rank
     alpha: int = 16  # LoRA scaling numerator (scale = alpha / r)
     dropout: float = 0.05  # LoRA dropout
-    target_modules: list[str] = field(
-        default_factory=lambda: ["all-linear"]
-    )  # module names or all-linear
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # all-linear or names
     epochs: float = 1.0  # passes over the examples
     max_steps: int = -1  # stop after this many optimiser steps (-1 = run the epochs)
     batch_size: int = 2  # examples per forward pass
@@ -66,8 +68,9 @@ class LoraTrainConfig:
     warmup_ratio: float = 0.05  # fraction of steps spent warming up
     k_passages: int = 3  # passages per prompt (gold + k-1 BM25 distractors)
     refusal_fraction: float = 0.15  # share of examples with no answer-bearing passage
-    max_examples: int = 300  # training examples drawn from the SQuAD train articles
-    passage_words: int = 0  # trim each passage to this many words around the answer (0 = whole)
+    max_examples: int = 300  # training examples in all, SQuAD + docs (0 = every one available)
+    passage_words: int = 0  # trim SQuAD passages to this many words around the answer (0 = whole)
+    doc_passage_words: int = 180  # trim doc sections to this many words (0 = whole section)
     max_length: int = 1024  # examples longer than this many tokens are skipped
     eval: bool = True  # score held-out questions before and after tuning
     eval_examples: int = 100  # held-out examples (fixed by seed; same refusal share)
@@ -123,22 +126,6 @@ class PadCollator:
             "labels": torch.tensor(labels),
             "attention_mask": torch.tensor(mask),
         }
-
-
-def load_training_examples(cfg: LoraTrainConfig) -> list[QAExample]:
-    if not cfg.data:
-        raise ValueError("--data is required (a SQuAD JSON file or example JSONL files)")
-    out: list[QAExample] = []
-    for f in cfg.data:
-        if not Path(f).is_file():
-            raise ValueError(f"--data {f}: no such file")
-        if f.endswith(".jsonl"):
-            out += read_examples(f)
-        else:
-            out += squad_examples(
-                f, "train", cfg.max_examples, cfg.k_passages, cfg.refusal_fraction, cfg.seed
-            )
-    return out[: cfg.max_examples] if cfg.max_examples else out
 
 
 # ---------------------------------------------------------------------------- generation + scoring
@@ -277,8 +264,11 @@ def _fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     log_path = out / "train_log.jsonl"
     log_path.write_text("")
 
+    examples = training_examples(  # SQuAD train articles and/or --docs, mixed; before the model
+        cfg.data, cfg.docs, cfg.max_examples, cfg.doc_fraction, cfg.k_passages,
+        cfg.refusal_fraction, cfg.seed, cfg.passage_words, cfg.doc_passage_words,
+    )  # fmt: skip
     model, tokenizer = load_base(cfg.model, device)
-    examples = load_training_examples(cfg)
     rows = [
         r for r in (encode_example(tokenizer, e, cfg.max_length) for e in examples) if r is not None
     ]
@@ -348,6 +338,7 @@ def _fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
         "out": str(out),
         "n_train_examples": len(rows),
         "n_train_refusals": sum(not e.answerable for e in examples),
+        "n_train_doc_examples": sum(e.kind == "doc" for e in examples),
         "trainable_params": n_trainable,
         "steps": result.global_step,
         "train_loss": round(result.training_loss, 4),

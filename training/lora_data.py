@@ -1,23 +1,26 @@
 """Grounded-QA examples for LoRA tuning, built from SQuAD in the pipeline's prompt format.
 
 Each example is a question, k numbered passages and a target ``answer [i]``: the gold paragraph
-plus k-1 distractors ranked by BM25 (:class:`rag.bm25.BM25Index`) for the question among other
-articles' and the same article's paragraphs, shuffled so the gold number is uniform. A fraction
-of examples hold *no* answer-bearing passage (k distractors, none containing a gold answer
-string) and their target is :data:`rag.prompt.REFUSAL`, so the model learns to refuse rather
-than invent. The prompt and target come from :mod:`rag.prompt`, the one definition the pipeline
-uses too.
+plus k-1 distractors ranked by BM25 (:class:`rag.bm25.BM25Index`, one batched search for all
+questions) among other articles' and the same article's paragraphs, with the gold at a position
+drawn uniformly and balanced over 1..k. A fixed fraction of examples hold *no* answer-bearing
+passage (k distractors, none containing a gold answer string) and their target is
+:data:`rag.prompt.REFUSAL`, so the model learns to refuse rather than invent. The prompt and
+target come from :mod:`rag.prompt`, the one definition the pipeline uses too.
 
 Train examples use only paragraphs of SQuAD train articles (gold *and* distractors); held-out
 examples use the :data:`~evals.datasets.SQUAD_DEV_ARTICLES` questions and are never trained on.
+``--docs`` adds documentation examples mined from the user's own files
+(:mod:`training.doc_qa_data`), mixed in at ``--doc-fraction``.
 
     python -m training.lora_data --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
         --split train --n 300 --k 3 --out train.jsonl
+    python -m training.lora_data --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
+        --docs ../shared/data/python-docs --n 5000 --doc-fraction 0.4 --out mix.jsonl
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -43,6 +46,7 @@ class QAExample:
     article: str
     answerable: bool = True
     passage_ids: list[str] = field(default_factory=list)
+    kind: str = "squad"  # squad | doc (mined from documents by training.doc_qa_data)
 
 
 def _holds_answer(text: str, answers: Sequence[str]) -> bool:
@@ -68,6 +72,17 @@ def trim_passage(text: str, max_words: int, answers: Sequence[str] = ()) -> str:
     return " ".join(words[start : start + max_words])
 
 
+def _gold_positions(n: int, k: int, rng: random.Random) -> list[int]:
+    """``n`` gold positions (0-based) over 0..k-1, each used ``n // k`` or ``n // k + 1`` times
+    (the extra ones from a random offset), in random order: each example's position is uniform,
+    as with a shuffle, but without its sampling noise, so no position is favoured (a model must
+    not learn "the answer is usually in [1]")."""
+    offset = rng.randrange(k)
+    positions = [(i + offset) % k for i in range(n)]
+    rng.shuffle(positions)
+    return positions
+
+
 def build_examples(
     paragraphs: Sequence[SquadParagraph],
     articles: Sequence[str],
@@ -78,31 +93,37 @@ def build_examples(
     pool_articles: Sequence[str] | None = None,
     passage_words: int = 0,
 ) -> list[QAExample]:
-    """``n`` examples from questions of ``articles``; distractors come from paragraphs of
-    ``pool_articles`` (default: ``articles``), so train data never touches held-out text.
-    ``passage_words`` > 0 trims each passage (the gold one around its answer)."""
+    """``n`` examples (0 = every question) from questions of ``articles``; distractors come from
+    paragraphs of ``pool_articles`` (default: ``articles``), so train data never touches held-out
+    text. Exactly ``round(n * refusal_fraction)`` examples are refusals; the gold positions of the
+    others are balanced over 1..k (:func:`_gold_positions`). BM25 runs once for all questions
+    (``search_many``), so thousands of examples take seconds. ``passage_words`` > 0 trims each
+    passage (the gold one around its answer)."""
     if k < 1:
         raise ValueError(f"--k-passages must be at least 1, not {k}")
+    if not 0 <= refusal_fraction <= 1:
+        raise ValueError(f"--refusal-fraction must be in [0, 1], not {refusal_fraction}")
     wanted, pool_set = set(articles), set(pool_articles or articles)
     pool = [p for p in paragraphs if p.title in pool_set]
     by_id = {p.id: p for p in pool}
     questions = [(p, q) for p in paragraphs if p.title in wanted for q in p.questions if q.answers]
     rng = random.Random(seed)
     rng.shuffle(questions)
-    questions = questions[:n]
+    questions = questions[:n] if n > 0 else questions
+    refuse = set(rng.sample(range(len(questions)), round(len(questions) * refusal_fraction)))
+    positions = _gold_positions(len(questions) - len(refuse), k, rng)
     index = BM25Index(
         [p.id for p in pool], [f"{p.title.replace('_', ' ')} {p.context}" for p in pool]
     )
     hits = index.search_many([q.question for _, q in questions], k=3 * k + 10)
     out = []
-    for (para, q), row in zip(questions, hits):
-        refuse = k > 0 and rng.random() < refusal_fraction
+    for i, ((para, q), row) in enumerate(zip(questions, hits)):
         cands = [
-            by_id[i]
-            for i, _ in row
-            if i != para.id and not _holds_answer(by_id[i].context, q.answers)
+            by_id[j]
+            for j, _ in row
+            if j != para.id and not _holds_answer(by_id[j].context, q.answers)
         ]
-        need = k if refuse else k - 1
+        need = k if i in refuse else k - 1
         if len(cands) < need:  # BM25 found too few: fill with random pool paragraphs
             have = {p.id for p in cands} | {para.id}
             for p in rng.sample(pool, len(pool)):
@@ -111,10 +132,12 @@ def build_examples(
                 if p.id not in have and not _holds_answer(p.context, q.answers):
                     cands.append(p)
                     have.add(p.id)
-        chosen = rng.sample(cands[: 2 * need], min(need, len(cands))) if need else []
-        docs = chosen if refuse else chosen + [para]
-        rng.shuffle(docs)
-        cited = [] if refuse else [docs.index(para) + 1]
+        docs = rng.sample(cands[: 2 * need], min(need, len(cands))) if need else []
+        cited: list[int] = []
+        if i not in refuse:
+            pos = min(positions.pop(), len(docs))
+            docs.insert(pos, para)
+            cited = [pos + 1]
         out.append(
             QAExample(
                 id=q.id,
@@ -124,7 +147,7 @@ def build_examples(
                 answers=q.answers,
                 target=format_target(q.answers[0], cited) if cited else REFUSAL,
                 article=para.title,
-                answerable=not refuse,
+                answerable=bool(cited),
                 passage_ids=[p.id for p in docs],
             )
         )
@@ -196,33 +219,96 @@ def read_examples(path: str | Path) -> list[QAExample]:
     return out
 
 
+def training_examples(
+    data: Sequence[str | Path],
+    docs: Sequence[str | Path] = (),
+    n: int = 300,
+    doc_fraction: float = 0.5,
+    k: int = 3,
+    refusal_fraction: float = 0.15,
+    seed: int = 0,
+    passage_words: int = 0,
+    doc_passage_words: int = 180,
+) -> list[QAExample]:
+    """The LoRA training mix: ``data`` (SQuAD JSON, built on the fly from train articles only, or
+    prebuilt example JSONL) plus documentation examples mined from the folders/files ``docs``
+    (:func:`training.doc_qa_data.doc_examples`), shuffled together.
+
+    With both, ``round(n * doc_fraction)`` examples come from ``docs`` and the rest from ``data``;
+    with one source it supplies all ``n``. ``n`` = 0 takes everything each source has. Why a mix:
+    SQuAD teaches short extractive answers and refusals on clean prose, the doc examples the
+    user's own markup-laden chunks and longer "what does this cover" answers."""
+    if not data and not docs:
+        raise ValueError("--data or --docs is required (a SQuAD JSON, example JSONL or folders)")
+    if not 0 <= doc_fraction <= 1:
+        raise ValueError(f"--doc-fraction must be in [0, 1], not {doc_fraction}")
+    n_doc = (round(n * doc_fraction) if data else n) if docs else 0
+    n_data = n - n_doc
+    out: list[QAExample] = []
+    for f in data:
+        if not Path(f).is_file():
+            raise ValueError(f"--data {f}: no such file")
+        if str(f).endswith(".jsonl"):
+            out += read_examples(f)
+        elif n <= 0 or n_data > len(out):
+            left = n_data - len(out) if n > 0 else 0
+            out += squad_examples(f, "train", left, k, refusal_fraction, seed, passage_words)
+    out = out[:n_data] if n > 0 else out
+    if docs and (n <= 0 or n_doc > 0):
+        from training.doc_qa_data import doc_examples
+
+        out += doc_examples(docs, n_doc, k, refusal_fraction, seed, doc_passage_words)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+@dataclass
+class LoraDataConfig:
+    """What ``python -m training.lora_data`` builds; one kebab-case flag per field."""
+
+    squad: str | None = None  # SQuAD v1.1 JSON file (train articles for --split train)
+    docs: list[str] = field(default_factory=list)  # document folders/files for doc-style examples
+    split: str = "train"  # train | dev (held-out SQuAD articles; no --docs)
+    n: int = 300  # number of examples (0 = all)
+    doc_fraction: float = 0.5  # share of doc examples when both --squad and --docs are given
+    k: int = 3  # passages per example
+    refusal_fraction: float = 0.15  # share of no-answer examples (target = the refusal)
+    seed: int = 0  # sampling seed
+    passage_words: int = 0  # trim SQuAD passages to this many words (0 = whole paragraph)
+    doc_passage_words: int = 180  # trim doc sections to this many words (0 = whole section)
+    out: str = ""  # output JSONL (required)
+
+
+def build_from_config(cfg: LoraDataConfig) -> list[QAExample]:
+    """Examples for ``cfg``; ValueError with a one-line reason on a bad combination."""
+    if not cfg.out:
+        raise ValueError("--out is required")
+    if cfg.split not in ("train", "dev"):
+        raise ValueError(f"--split must be train or dev, not {cfg.split!r}")
+    if cfg.split == "dev":
+        if cfg.docs or not cfg.squad:
+            raise ValueError("--split dev takes --squad only (doc examples are training data)")
+        return squad_examples(cfg.squad, "dev", cfg.n, cfg.k, cfg.refusal_fraction, cfg.seed)
+    return training_examples(
+        [cfg.squad] if cfg.squad else [], cfg.docs, cfg.n, cfg.doc_fraction, cfg.k,
+        cfg.refusal_fraction, cfg.seed, cfg.passage_words, cfg.doc_passage_words,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m training.lora_data", description=__doc__.split("\n\n")[0]
-    )
-    ap.add_argument("--squad", required=True, help="SQuAD v1.1 JSON file")
-    ap.add_argument(
-        "--split", default="train", choices=["train", "dev"], help="train or held-out articles"
-    )
-    ap.add_argument("--n", type=int, default=300, help="number of examples")
-    ap.add_argument("--k", type=int, default=3, help="passages per example")
-    ap.add_argument(
-        "--refusal-fraction", type=float, default=0.15, help="share of no-answer examples"
-    )
-    ap.add_argument("--seed", type=int, default=0, help="sampling seed")
-    ap.add_argument(
-        "--passage-words", type=int, default=0, help="trim passages to this many words (0 = whole)"
-    )
-    ap.add_argument("--out", required=True, help="output JSONL")
-    a = ap.parse_args(argv)
+    from training.dataclass_cli import config_from_args, dataclass_parser
+
+    ap = dataclass_parser("python -m training.lora_data", __doc__, LoraDataConfig)
+    cfg = config_from_args(LoraDataConfig, ap.parse_args(argv))
     try:
-        ex = squad_examples(a.squad, a.split, a.n, a.k, a.refusal_fraction, a.seed, a.passage_words)
+        ex = build_from_config(cfg)
     except (ValueError, OSError) as e:
         print(f"training.lora_data: error: {e}", file=sys.stderr)
         return 2
-    write_examples(ex, a.out)
+    write_examples(ex, cfg.out)
+    n_doc, n_ref = sum(e.kind == "doc" for e in ex), sum(not e.answerable for e in ex)
     print(
-        f"wrote {len(ex)} examples ({sum(not e.answerable for e in ex)} refusals) to {a.out}",
+        f"wrote {len(ex)} examples ({n_doc} from docs, {n_ref} refusals) to {cfg.out}",
         file=sys.stderr,
     )
     return 0

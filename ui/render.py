@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import html
 import re
-from pathlib import Path
 
 from rag.types import Answer, Citation, Hit
 
@@ -48,14 +47,6 @@ CSS = """
 """
 
 
-def display_source(source: str) -> str:
-    """A readable file name: relative to the working directory when under it, else as stored."""
-    try:
-        return str(Path(source).resolve().relative_to(Path.cwd().resolve()))
-    except (ValueError, OSError):
-        return source
-
-
 def link_markers(raw_text: str, valid: set[int]) -> str:
     """Replace ``[2]`` / ``[1, 3]`` with markdown links to ``#src-N``; numbers that name no given
     passage are kept as plain text with a note (never linked)."""
@@ -89,12 +80,14 @@ def _heading(path: tuple[str, ...] | list[str]) -> str:
 
 
 def _block(
-    number: int | None, source: str, heading_path, text: str, score: float, open_: bool
+    number: int | None, path: str, heading_path, text: str, score: float, open_: bool
 ) -> str:
+    """One passage; ``path`` is the display path (relative to the ingested folder: the server's
+    absolute paths are not shown to whoever reaches the UI)."""
     anchor = f' id="src-{number}"' if number is not None else ""
     label = f"[{number}] " if number is not None else ""
     summary = (
-        f"{label}{html.escape(display_source(source))} — {html.escape(_heading(heading_path))}"
+        f"{label}{html.escape(path)} — {html.escape(_heading(heading_path))}"
         f' <span class="rag-meta">score {score:.3f}</span>'
     )
     return (
@@ -104,7 +97,7 @@ def _block(
 
 
 def citation_html(c: Citation) -> str:
-    return _block(c.number, c.source, c.heading_path, c.text, c.score, open_=False)
+    return _block(c.number, c.display_path, c.heading_path, c.text, c.score, open_=False)
 
 
 def sources_html(answer: Answer, question: str) -> str:
@@ -140,7 +133,7 @@ def uncited_html(answer: Answer) -> str:
         )
     return "\n".join(
         _block(
-            None, h.chunk.source, h.chunk.heading_path, h.chunk.text, h.score, open_=False
+            None, h.chunk.display_path, h.chunk.heading_path, h.chunk.text, h.score, open_=False
         ).replace("<summary>", f"<summary>#{i} ", 1)
         for i, h in hits
     )

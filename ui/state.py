@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -23,7 +22,8 @@ from typing import Any
 
 from rag.config import RAGConfig
 from rag.models import DECODER_ALIASES, ENCODER_ALIASES, list_artifacts
-from rag.paths import indexes_dir, models_dir
+from rag.paths import IndexNameError, indexes_dir, models_dir
+from rag.paths import check_index_name as check_name
 
 log = logging.getLogger("ui")
 
@@ -31,7 +31,6 @@ INDEX_DEFAULT_ENCODER = (
     "(index default)"  # encoder choice meaning "the one the index was built with"
 )
 NO_ADAPTER = "(none)"
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 PipelineFactory = Callable[[RAGConfig], Any]
 
@@ -41,13 +40,12 @@ class SettingError(ValueError):
 
 
 def check_index_name(name: str) -> str:
-    """``name`` when it is a plain index name (letters, digits, ``._-``), else SettingError."""
-    name = (name or "").strip()
-    if not _NAME.match(name) or ".." in name:
-        raise SettingError(
-            f"index name {name!r} is not allowed: use letters, digits, '.', '_' or '-' (no paths)"
-        )
-    return name
+    """``name`` when it is a plain index name, else SettingError: the one rule of
+    :func:`rag.paths.check_index_name`, shown to the user without the CLI's --index-dir hint."""
+    try:
+        return check_name((name or "").strip(), hint="no paths")
+    except IndexNameError as e:
+        raise SettingError(str(e)) from None
 
 
 def list_indexes() -> list[str]:

