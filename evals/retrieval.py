@@ -9,12 +9,20 @@ Query sets: ``--queries dev`` is SciFact's fixed dev split (20% of the train cla
 BEIR folder, and the fixed held-out articles for SQuAD; ``train`` is the rest; ``all`` everything.
 The corpus is always the whole corpus.
 
+Rows: each ``--retriever`` mode; ``hybrid`` once per ``--fusion`` (``rrf``: reciprocal rank
+fusion, plain at the default weight; ``convex``: normalised scores, weight chosen on the train
+queries); with ``--rerank`` each row (or those named by ``--rerank-on``) again with the
+cross-encoder on top. ``--latency`` searches one query at a time and reports p50/p90 latency.
+
 CLI::
 
     python -m evals.retrieval --dataset ../shared/data/scifact --split train --queries dev \\
         --retriever hybrid --encoder minilm --out scifact-dev-hybrid.json
     python -m evals.retrieval --dataset squad:../shared/data/squad/squad-v1.1-dev-part.json \\
         --queries dev --retriever bm25
+    python -m evals.retrieval --dataset ../shared/data/scifact --split train --queries dev \\
+        --retriever bm25 dense hybrid --fusion rrf convex --rerank minilm-rerank \\
+        --rerank-on hybrid --rerank-depth 50 --latency --out scifact-dev-table.json
 """
 
 from __future__ import annotations
@@ -23,10 +31,13 @@ import argparse
 import json
 import os
 import platform
+import random
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import numpy as np
 
 from evals.datasets import (
     DatasetError,
@@ -37,6 +48,7 @@ from evals.datasets import (
     squad_split,
 )
 from evals.metrics import exclude_self_hits, retrieval_metrics
+from evals.retrieval_rows import FUSIONS, MODES, choose_alphas, parse_alpha, table_rows
 
 
 @dataclass
@@ -48,10 +60,19 @@ class RetrievalEvalConfig:
     queries: str = "all"  # dev | train | all (fixed splits, see module docstring)
     retriever: str = "bm25"  # bm25 | dense | hybrid (reciprocal rank fusion of the two)
     encoder: str = "minilm"  # alias, folder or SentenceTransformer for dense / hybrid
-    rerank: str | None = None  # cross-encoder folder for rag's optional rerank stage
+    rerank: str | None = None  # cross-encoder folder or artefact name (e.g. minilm-rerank)
     k: int = 100  # results per query (Recall@100 / MAP@100 need 100)
     limit: int = 0  # evaluate only the first N queries (0 = all), for quick checks
     device: str = "auto"  # auto | cpu | cuda
+    fusion: str = "rrf"  # hybrid fusion: rrf | convex (rag.fusion); the CLI takes several
+    alpha: str = "default"  # dense weight in [0, 1] | auto | default (rrf 0.5, convex auto)
+    norm: str = "minmax"  # convex fusion's score normalisation: minmax | zscore
+    tune_queries: str = "train"  # query set alpha is chosen on (auto): never the reported one
+    tune_limit: int = 500  # at most this many tuning queries (fixed sample; 0 = all)
+    rerank_depth: int = 100  # candidates the cross-encoder re-scores (sets query latency)
+    rerank_max_length: int | None = None  # tokens per query+passage pair (None: the model's)
+    rerank_on: list[str] | None = None  # rows to rerank (bm25, dense, hybrid, hybrid-convex)
+    latency: bool = False  # search one query at a time and report p50/p90 latency
 
 
 def load_eval_dataset(spec: str, split: str = "test", queries: str = "all") -> RetrievalDataset:
@@ -72,9 +93,6 @@ def load_eval_dataset(spec: str, split: str = "test", queries: str = "all") -> R
         return ds
     train, dev = scifact_split(ds)
     return ds.subset(dev if queries == "dev" else train, name=f"{ds.name}-{queries}")
-
-
-MODES = ("bm25", "dense", "hybrid")
 
 
 def _build_mode(modes: list[str]) -> str:
@@ -104,29 +122,62 @@ def make_retriever(
     if cfg.rerank:
         from rag.retrieve import CrossEncoderReranker
 
-        reranker = CrossEncoderReranker(cfg.rerank, device=cfg.device)
+        reranker = CrossEncoderReranker(
+            cfg.rerank, device=cfg.device, max_length=cfg.rerank_max_length
+        )
     return CorpusRetriever(
-        ids, texts, enc, mode, reranker=reranker, device=cfg.device, depth=max(cfg.k, 100)
+        ids,
+        texts,
+        enc,
+        mode,
+        reranker=reranker,
+        device=cfg.device,
+        depth=max(cfg.k, 100),
+        norm=cfg.norm,
+        rerank_depth=cfg.rerank_depth,
     )
 
 
 def run_retrieval(
-    ds: RetrievalDataset, retriever, k: int = 100, mode: str | None = None
+    ds: RetrievalDataset, retriever, k: int = 100, mode: str | None = None, **options
 ) -> dict[str, dict[str, float]]:
-    """``{query_id: {doc_id: score}}`` for every query, self-hits removed."""
+    """``{query_id: {doc_id: score}}`` for every query, self-hits removed (``options``:
+    ``fusion``, ``alpha``, ``rerank`` for :meth:`CorpusRetriever.search_many`)."""
+    return timed_retrieval(ds, retriever, k, mode, per_query=False, **options)[0]
+
+
+def timed_retrieval(
+    ds: RetrievalDataset, retriever, k: int, mode: str | None, per_query: bool, **options
+) -> tuple[dict[str, dict[str, float]], list[float]]:
+    """:func:`run_retrieval` plus per-query latencies in ms (``per_query``: one query at a time,
+    as a user searches; else one batch, and no latencies)."""
     qids = list(ds.queries)
-    results = retriever.search_many([ds.queries[q] for q in qids], k, mode)
+    texts = [ds.queries[q] for q in qids]
+    latencies: list[float] = []
+    if per_query:
+        results = []
+        for text in texts:
+            t0 = time.perf_counter()
+            results += retriever.search_many([text], k, mode, **options)
+            latencies.append(1000 * (time.perf_counter() - t0))
+    else:
+        results = retriever.search_many(texts, k, mode, **options)
     run = {q: {d: float(s) for d, s in hits} for q, hits in zip(qids, results)}
-    return exclude_self_hits(run)
+    return exclude_self_hits(run), latencies
 
 
 def evaluate_modes(
-    cfg: RetrievalEvalConfig, modes: list[str], encoder=None, ds: RetrievalDataset | None = None
+    cfg: RetrievalEvalConfig,
+    modes: list[str],
+    encoder=None,
+    ds: RetrievalDataset | None = None,
+    fusions: list[str] | None = None,
 ) -> list[dict]:
     """Score several retrieval modes over ONE index build (the corpus is encoded once), one
-    result dict per mode; ``cfg.retriever`` is ignored."""
-    if bad := [m for m in modes if m not in MODES]:
-        raise ValueError(f"--retriever must be bm25, dense or hybrid, not {bad[0]!r}")
+    result dict per :class:`Row` (hybrid once per fusion, plus reranked rows when
+    ``cfg.rerank``); ``cfg.retriever`` and ``cfg.fusion`` are ignored."""
+    fusions = fusions or [cfg.fusion]
+    rows = table_rows(cfg, modes, fusions)
     if ds is None:
         ds = load_eval_dataset(cfg.dataset, cfg.split, cfg.queries)
     if cfg.limit:
@@ -136,32 +187,57 @@ def evaluate_modes(
     t0 = time.perf_counter()
     retriever = make_retriever(ds, cfg, encoder, _build_mode(modes))
     t_index = time.perf_counter() - t0
+    hybrid_fusions = sorted({r.fusion for r in rows if r.fusion}, key=fusions.index)
+    alphas = {}
+    if hybrid_fusions:
+        alphas = choose_alphas(cfg, hybrid_fusions, retriever, ds, lambda: _tuning_set(cfg))
     out = []
-    for mode in modes:
-        t1 = time.perf_counter()
-        run = run_retrieval(ds, retriever, cfg.k, mode)
+    for row in rows:
+        options = {"rerank": row.rerank}
+        if row.fusion:
+            options |= {"fusion": row.fusion, "alpha": alphas[row.fusion]["alpha"]}
+        t1, spent = time.perf_counter(), dict(retriever.engine.timings)
+        run, lat = timed_retrieval(ds, retriever, cfg.k, row.mode, cfg.latency, **options)
         t_search = time.perf_counter() - t1
+        spent = {k: round(v - spent[k], 3) for k, v in retriever.engine.timings.items()}
         metrics = retrieval_metrics(ds.qrels, run)
+        config = {**asdict(cfg), "retriever": row.mode, "fusion": row.fusion}
+        config |= {"alpha": alphas[row.fusion]["alpha"] if row.fusion else None}
+        config |= {"rerank": cfg.rerank if row.rerank else None}
         out.append(
             {
-                "config": {**asdict(cfg), "retriever": mode},
+                "row": row.label,
+                "config": config,
+                "fusion_tuning": alphas.get(row.fusion) if row.fusion else None,
                 "dataset": ds.name,
                 "n_queries": len(ds.queries),
                 "n_docs": len(ds.corpus),
                 "metrics": {m: round(v, 4) for m, v in metrics.items()},
                 "corpus_encode_s": round(t_index, 2),
-                "index_shared_by": list(modes) if len(modes) > 1 else None,
+                "index_shared_by": [r.label for r in rows] if len(rows) > 1 else None,
                 "search_s": round(t_search, 2),
                 "search_ms_per_query": round(1000 * t_search / len(ds.queries), 2),
+                "latency_ms_p50": round(float(np.percentile(lat, 50)), 1) if lat else None,
+                "latency_ms_p90": round(float(np.percentile(lat, 90)), 1) if lat else None,
                 "retriever_timings": {
                     k: round(v, 3)
                     for k, v in retriever.timings.items()
                     if isinstance(v, (int, float))
                 },
+                "search_timings": spent,
                 "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs",
             }
         )
     return out
+
+
+def _tuning_set(cfg: RetrievalEvalConfig) -> RetrievalDataset:
+    """The queries a fusion weight is chosen on (``--tune-queries``, at most ``--tune-limit``)."""
+    tune = load_eval_dataset(cfg.dataset, cfg.split, cfg.tune_queries)
+    if cfg.tune_limit and len(tune.queries) > cfg.tune_limit:
+        keep = random.Random(0).sample(sorted(tune.queries), cfg.tune_limit)
+        tune = tune.subset(sorted(keep), name=tune.name)
+    return tune
 
 
 def evaluate(cfg: RetrievalEvalConfig, encoder=None, ds: RetrievalDataset | None = None) -> dict:
@@ -171,12 +247,15 @@ def evaluate(cfg: RetrievalEvalConfig, encoder=None, ds: RetrievalDataset | None
 
 def _line(r: dict) -> str:
     m, c = r["metrics"], r["config"]
+    lat = f", p50 {r['latency_ms_p50']} ms/query" if r.get("latency_ms_p50") is not None else ""
+    weighted = c.get("fusion") and (c["fusion"] == "convex" or c["alpha"] != 0.5)
+    alpha = f" alpha={c['alpha']:g}" if weighted else ""
     return (
-        f"{r['dataset']} {c['retriever']}"
+        f"{r['dataset']} {r.get('row', c['retriever'])}{alpha}"
         + (f" ({c['encoder']})" if c["retriever"] != "bm25" else "")
         + f": nDCG@10 {m['ndcg@10']:.4f}  R@10 {m['recall@10']:.4f}  R@100 {m['recall@100']:.4f}"
         f"  MRR@10 {m['mrr@10']:.4f}  MAP@100 {m['map@100']:.4f}  ({r['n_queries']} queries,"
-        f" {r['n_docs']} docs, index {r['corpus_encode_s']}s, search {r['search_s']}s)"
+        f" {r['n_docs']} docs, index {r['corpus_encode_s']}s, search {r['search_s']}s{lat})"
     )
 
 
@@ -195,18 +274,92 @@ def main(argv: list[str] | None = None) -> int:
         help="one or more modes; several share one index build (one JSON list in --out)",
     )
     p.add_argument("--encoder", default="minilm", help="encoder alias or folder (dense, hybrid)")
-    p.add_argument("--rerank", default=None, help="cross-encoder folder to rerank with")
+    p.add_argument(
+        "--fusion",
+        nargs="+",
+        default=["rrf"],
+        choices=FUSIONS,
+        help="hybrid fusion(s): rrf (rank-based; alpha 0.5 = plain RRF) and/or convex"
+        " (normalised scores); one row each",
+    )
+    p.add_argument(
+        "--alpha",
+        default="default",
+        help="dense weight in [0, 1], 'auto' (chosen on --tune-queries), or 'default'"
+        " (rrf: 0.5, convex: auto)",
+    )
+    p.add_argument(
+        "--norm",
+        default="minmax",
+        choices=["minmax", "zscore"],
+        help="convex fusion's per-list score normalisation",
+    )
+    p.add_argument(
+        "--tune-queries",
+        default="train",
+        choices=["dev", "train", "all"],
+        help="query set alpha is chosen on (default train: disjoint from dev)",
+    )
+    p.add_argument("--tune-limit", type=int, default=500, help="at most N tuning queries")
+    p.add_argument(
+        "--rerank",
+        default=None,
+        metavar="DIR|NAME",
+        help="cross-encoder folder or artefact name (minilm-rerank): adds reranked rows",
+    )
+    p.add_argument(
+        "--rerank-depth",
+        type=int,
+        default=100,
+        help="first-stage candidates the cross-encoder re-scores",
+    )
+    p.add_argument(
+        "--rerank-max-length",
+        type=int,
+        default=None,
+        help="tokens per query+passage pair (default: the model's)",
+    )
+    p.add_argument(
+        "--rerank-on",
+        nargs="+",
+        default=None,
+        metavar="ROW",
+        help="rows to rerank: bm25 dense hybrid hybrid-convex (default: all)",
+    )
+    p.add_argument(
+        "--latency",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="search one query at a time and report p50/p90 latency per row",
+    )
     p.add_argument("--k", type=int, default=100)
     p.add_argument("--limit", type=int, default=0, help="only the first N queries")
     p.add_argument("--device", default="auto")
     p.add_argument("--out", help="write the result JSON to this file")
     p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
     a = p.parse_args(argv)
-    cfg = RetrievalEvalConfig(
-        a.dataset, a.split, a.queries, a.retriever[0], a.encoder, a.rerank, a.k, a.limit, a.device
-    )
     try:
-        results = evaluate_modes(cfg, a.retriever)
+        cfg = RetrievalEvalConfig(
+            dataset=a.dataset,
+            split=a.split,
+            queries=a.queries,
+            retriever=a.retriever[0],
+            encoder=a.encoder,
+            rerank=a.rerank,
+            k=a.k,
+            limit=a.limit,
+            device=a.device,
+            fusion=a.fusion[0],
+            alpha=parse_alpha(a.alpha),
+            norm=a.norm,
+            tune_queries=a.tune_queries,
+            tune_limit=a.tune_limit,
+            rerank_depth=a.rerank_depth,
+            rerank_max_length=a.rerank_max_length,
+            rerank_on=a.rerank_on,
+            latency=a.latency,
+        )
+        results = evaluate_modes(cfg, a.retriever, fusions=a.fusion)
     except (OSError, ValueError, LookupError, RuntimeError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -69,7 +69,9 @@ def check_models(cfg: RAGConfig) -> None:
         ("--decoder", cfg.decoder),
         ("--adapter", cfg.adapter),
     ):
-        if not name or name in aliases or Path(name).expanduser().exists():
+        if not name or name in aliases or name in ("auto", "none"):
+            continue
+        if Path(name).expanduser().exists():
             continue
         try:
             resolve_model(name)

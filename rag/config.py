@@ -23,6 +23,7 @@ from typing import Any
 
 import tomllib
 
+from rag.models import DEFAULT_DECODER
 from rag.prompt import PROFILES
 
 MODES = ("dense", "bm25", "hybrid")
@@ -43,13 +44,20 @@ class RAGConfig:
     encoder: str | None = (
         None  # query encoder alias/folder; None = the one the index was built with
     )
-    decoder: str = "smollm2"  # causal LM alias or folder that writes the answer
-    adapter: str | None = None  # optional peft LoRA adapter folder for the decoder
+    decoder: str = DEFAULT_DECODER  # causal LM alias or folder that writes the answer
+    # peft LoRA adapter for the decoder: auto = <decoder>-lora under $RAG_HOME/models when it
+    # exists (what `make models` trains), none = the base model alone, or a folder/artefact name
+    adapter: str | None = "auto"
     backend: str = "faiss"  # vector store used by ingest: faiss | chroma
     chroma_url: str | None = (
         None  # Chroma server URL (HttpClient); None = embedded PersistentClient
     )
     k: int = 5  # passages retrieved and given to the decoder
+    rerank: str | None = None  # cross-encoder folder/artefact (minilm-rerank); None = no rerank
+    rerank_depth: int = 30  # candidates the reranker re-scores (one forward pass each: latency)
+    rerank_max_length: int = 256  # tokens per query+passage pair given to the reranker
+    fusion: str = "rrf"  # hybrid fusion: rrf | convex (rag.fusion)
+    alpha: float = 0.5  # dense weight in hybrid fusion (rrf with 0.5 = plain RRF)
     mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
     chunk_tokens: int = 256  # ingest: target chunk size in encoder tokens
     overlap: int = 32  # ingest: tokens shared by consecutive chunks
@@ -98,6 +106,10 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(
             f"overlap must be in [0, chunk_tokens={cfg.chunk_tokens}), not {cfg.overlap}"
         )
+    if cfg.fusion not in ("rrf", "convex"):
+        raise ConfigError(f"fusion must be rrf or convex, not {cfg.fusion!r}")
+    if not 0 <= cfg.alpha <= 1:
+        raise ConfigError(f"alpha must be in [0, 1], not {cfg.alpha}")
     if cfg.dtype not in DTYPES:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, not {cfg.dtype!r}")
     if cfg.profile not in ("auto", *PROFILES):
@@ -183,8 +195,8 @@ def add_config_args(parser: argparse.ArgumentParser, names: Sequence[str] | None
     help_text = {
         "index": "index name or folder",
         "encoder": "query encoder alias/folder (default: the index's own)",
-        "decoder": "decoder alias or folder (default smollm2)",
-        "adapter": "LoRA adapter folder",
+        "decoder": f"decoder alias or folder (default {DEFAULT_DECODER})",
+        "adapter": "LoRA adapter: auto (<decoder>-lora when trained) | none | folder/name",
         "backend": "faiss | chroma",
         "chroma_url": "Chroma server URL",
         "mode": "dense | bm25 | hybrid",

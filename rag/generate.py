@@ -84,9 +84,10 @@ class Generator:
         """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
         ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
         ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default)."""
-        from rag.models import load_generator, pick_device, pick_profile
+        from rag.models import load_generator, pick_device, pick_profile, resolve_adapter
 
         dev = pick_device(device)
+        adapter = resolve_adapter(name, adapter)
         model, tokenizer = load_generator(name, adapter=adapter, device=dev, dtype=dtype)
         profile = pick_profile(name, adapter) if profile == "auto" else profile
         return cls(model, tokenizer, dev, profile=profile, **kwargs)

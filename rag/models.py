@@ -157,6 +157,29 @@ def load_embedder(name: str | Path, device: str = "auto", **kwargs: Any) -> Sent
 # Prompt profile (rag.prompt.PROFILES) per decoder alias, chosen by the grounded-QA measurements
 # in docs/answering.md. Folders and adapters say theirs in run.json ("profile"); else "plain".
 DECODER_PROFILES = {"smollm2": "plain", "qwen2.5-coder-0.5b": "fewshot"}
+# The product's decoder, chosen by the grounded-QA table in docs/answering.md.
+DEFAULT_DECODER = "qwen2.5-coder-0.5b"
+
+
+def resolve_adapter(decoder: str | Path, adapter: str | Path | None) -> str | None:
+    """``auto`` → the adapter trained here for ``decoder`` (``$RAG_HOME/models/<decoder>-lora``,
+    what ``make models`` writes) when it exists, else None: the base model answers zero-shot.
+    ``none`` or empty → None; anything else is returned as given."""
+    if adapter is None or str(adapter) in ("", "none"):
+        return None
+    if str(adapter) != "auto":
+        return str(adapter)
+    name = f"{Path(str(decoder)).name}-lora"
+    return name if (models_dir() / name / "adapter_config.json").exists() else None
+
+
+def describe_decoder(decoder: str | Path, adapter: str | Path | None) -> str:
+    """One line for people: which decoder answers, and whether a LoRA adapter tuned it."""
+    resolved = resolve_adapter(decoder, adapter)
+    if resolved:
+        return f"{decoder} + LoRA adapter {Path(resolved).name} (tuned here for cited answers)"
+    hint = " (no adapter trained yet: `make models`)" if str(adapter) == "auto" else ""
+    return f"{decoder}, zero-shot{hint}"
 
 
 def pick_profile(name: str | Path, adapter: str | Path | None = None) -> str:

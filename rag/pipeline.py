@@ -65,7 +65,9 @@ def normalise_history(history: Any) -> list[tuple[str, str]]:
 
 def relevant_hits(hits: Sequence[Hit], mode: str, min_score: float | None = None) -> list[Hit]:
     """The hits that pass the relevance threshold for ``mode`` (in their original order)."""
-    if mode == "hybrid" and min_score is None:
+    # Reranked hits carry cross-encoder logits, not cosine/BM25 scores: judge them like a fused
+    # list, by the dense/BM25 component scores they keep.
+    if min_score is None and (mode == "hybrid" or any(h.mode == "rerank" for h in hits)):
         return list(hits) if hybrid_is_relevant(hits) else []
     threshold = DEFAULT_MIN_SCORE.get(mode, 0.0) if min_score is None else min_score
     return [h for h in hits if h.score >= threshold]
@@ -168,7 +170,14 @@ class RAGPipeline:
 
                     cfg = self.config
                     self._retriever = Retriever.open(
-                        cfg.index, encoder=cfg.encoder, device=cfg.device
+                        cfg.index,
+                        encoder=cfg.encoder,
+                        device=cfg.device,
+                        reranker=cfg.rerank,
+                        max_length=cfg.rerank_max_length,
+                        rerank_depth=cfg.rerank_depth,
+                        fusion=cfg.fusion,
+                        alpha=cfg.alpha,
                     )
         return self._retriever
 
@@ -325,6 +334,8 @@ class RAGPipeline:
 
 def _gen_timings(stats: dict[str, float]) -> dict[str, float]:
     out = {}
+    if "prompt_tokens" in stats:
+        out["prompt_tokens"] = float(stats["prompt_tokens"])
     if "ttft_s" in stats:
         out["ttft_s"] = stats["ttft_s"]
     if "total_s" in stats:

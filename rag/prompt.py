@@ -10,9 +10,10 @@ marker(s) of the passage(s) it came from, e.g. ``Denver Broncos [2]``, or exactl
 :data:`REFUSAL` when no passage holds the answer.
 
 Profiles (chosen by measurement, docs/answering.md): ``plain`` is the instruction alone, the
-format LoRA adapters were trained on; ``fewshot`` adds three demonstrations (a factual span, a
-how-to sentence with code, a refusal), which instruction-tuned models that ignore the
-instruction's format (Qwen2.5-Coder-0.5B answered a bare ``[1]``) follow.
+format LoRA adapters were trained on; ``fewshot`` adds two demonstrations (a factual span, a
+how-to sentence with code), which instruction-tuned models that ignore the instruction's format
+(Qwen2.5-Coder-0.5B answered a bare ``[1]``) follow. A refusal demonstration was tried and
+dropped: Qwen2.5-Coder-0.5B then refused 44% of answerable questions (docs/answering.md).
 """
 
 from __future__ import annotations
@@ -67,14 +68,6 @@ DEMOS: tuple[tuple[tuple[str, ...], str, str], ...] = (
         ),
         "How do I unpack a tar file into a different directory?",
         "Run `tar -xf archive.tar -C DIR`, where `-C` names the folder to extract into [2].",
-    ),
-    (
-        (
-            "Honey bees communicate the direction of food with a waggle dance.",
-            "A worker bee lives about six weeks in summer.",
-        ),
-        "Who invented the telescope?",
-        REFUSAL,
     ),
 )
 

@@ -1,5 +1,5 @@
-"""Retrieval: dense (encoder + vector index), BM25, and hybrid by reciprocal rank fusion, with an
-optional rerank stage.
+"""Retrieval: dense (encoder + vector index), BM25, and hybrid by reciprocal rank fusion (or a
+convex fusion of normalised scores, :mod:`rag.fusion`), with an optional cross-encoder rerank stage.
 
 Two faces over the same engine (:class:`SearchEngine`):
 
@@ -16,15 +16,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
-
-import numpy as np
+from typing import Any
 
 from indexes import VectorIndex, open_index
 from rag.bm25 import BM25Index
 from rag.encoding import Encoder
+from rag.fusion import check_fusion, fuse
 from rag.manifest import current_generation, open_generation, read_chunks
 from rag.paths import display_source
+from rag.rerank import CrossEncoderReranker, Reranker, check_cross_encoder  # noqa: F401 (re-export)
 from rag.types import Chunk, Hit
 
 MODES = ("dense", "bm25", "hybrid")
@@ -40,34 +40,6 @@ def rrf(rankings: Sequence[Sequence[str]], k: int = RRF_K) -> list[tuple[str, fl
         for rank, doc in enumerate(ranking, start=1):
             scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
     return sorted(scores.items(), key=lambda kv: -kv[1])
-
-
-class Reranker(Protocol):
-    """Anything that scores (query, passage) pairs; higher is more relevant."""
-
-    def score(self, query: str, texts: list[str]) -> list[float]: ...
-
-
-class CrossEncoderReranker:
-    """A sentence-transformers ``CrossEncoder`` from a local model folder (nothing downloads)."""
-
-    def __init__(self, model: str | Path, device: str = "auto", batch_size: int = 32):
-        from sentence_transformers import CrossEncoder
-
-        from rag.models import pick_device, resolve_model
-
-        self.model = CrossEncoder(
-            str(resolve_model(model)), device=pick_device(device), local_files_only=True
-        )
-        self.batch_size = batch_size
-
-    def score(self, query: str, texts: list[str]) -> list[float]:
-        if not texts:
-            return []
-        scores = self.model.predict(
-            [(query, t) for t in texts], batch_size=self.batch_size, show_progress_bar=False
-        )
-        return [float(s) for s in np.asarray(scores).reshape(len(texts), -1)[:, -1]]
 
 
 @dataclass(frozen=True)
@@ -96,7 +68,12 @@ class Scored:
 class SearchEngine:
     """Dense / BM25 / hybrid search plus rerank over an encoder, a vector index and a BM25 index.
 
-    ``depth``: candidates each retriever contributes to fusion and to the rerank stage.
+    ``depth``: candidates each retriever contributes to fusion (and to the rerank stage).
+    ``fusion``/``alpha``/``norm``: how ``hybrid`` fuses the two lists (:func:`rag.fusion.fuse`;
+    the default, ``rrf`` with ``alpha`` 0.5, is plain reciprocal rank fusion).
+    ``rerank_depth``: how many of the best candidates the reranker re-scores (default ``depth``);
+    the rest follow in first-stage order. A cross-encoder costs one forward pass per candidate,
+    so this depth sets the query latency.
     ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
     that the manifest does not name; those are never returned).
     """
@@ -110,10 +87,19 @@ class SearchEngine:
         reranker: Reranker | None = None,
         depth: int = 100,
         keep: Callable[[str], bool] | None = None,
+        fusion: str = "rrf",
+        alpha: float = 0.5,
+        norm: str = "minmax",
+        rerank_depth: int | None = None,
     ):
+        check_fusion(fusion, alpha, norm)
+        if rerank_depth is not None and rerank_depth <= 0:
+            raise ValueError(f"rerank depth must be positive, not {rerank_depth}")
         self._encoder = encoder
         self.vectors, self.bm25, self.text_of = vectors, bm25, text_of
         self.reranker, self.depth, self.keep = reranker, depth, keep
+        self.fusion, self.alpha, self.norm = fusion, alpha, norm
+        self.rerank_depth = rerank_depth or depth
         self.timings = {
             "query_encode_s": 0.0,
             "dense_search_s": 0.0,
@@ -153,16 +139,30 @@ class SearchEngine:
         return res
 
     def search_many(
-        self, queries: list[str], k: int = 10, mode: str = "hybrid"
+        self,
+        queries: list[str],
+        k: int = 10,
+        mode: str = "hybrid",
+        fusion: str | None = None,
+        alpha: float | None = None,
+        rerank: bool = True,
     ) -> list[list[Scored]]:
-        """Top-``k`` results per query, best first."""
+        """Top-``k`` results per query, best first. ``fusion``/``alpha`` override the engine's
+        for this call (hybrid only); ``rerank=False`` skips the rerank stage, so one engine
+        serves both sides of a with/without-reranker comparison."""
         if mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
+        fusion = fusion or self.fusion
+        alpha = self.alpha if alpha is None else alpha
+        check_fusion(fusion, alpha, self.norm)
+        reranking = rerank and self.reranker is not None
         queries = list(queries)
         self.timings["queries"] += len(queries)
         if not queries or k <= 0:
             return [[] for _ in queries]
-        n = max(k, self.depth) if (mode == "hybrid" or self.reranker) else k
+        n = max(k, self.depth) if mode == "hybrid" else k
+        if reranking:
+            n = max(n, self.rerank_depth)
         dense = self._dense(queries, n) if mode in ("dense", "hybrid") else None
         sparse = self._bm25(queries, n) if mode in ("bm25", "hybrid") else None
         out = []
@@ -170,20 +170,27 @@ class SearchEngine:
             d = dict(dense[qi]) if dense else {}
             b = dict(sparse[qi]) if sparse else {}
             if mode == "hybrid":
-                fused = rrf([[i for i, _ in dense[qi]], [i for i, _ in sparse[qi]]])
+                fused = fuse(dense[qi], sparse[qi], fusion, alpha, self.norm, RRF_K)
             else:
                 fused = dense[qi] if mode == "dense" else sparse[qi]
             row = [Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused]
-            out.append(self._rerank(query, row)[:k] if self.reranker else row[:k])
+            out.append(self._rerank(query, row)[:k] if reranking else row[:k])
         return out
 
     def _rerank(self, query: str, row: list[Scored]) -> list[Scored]:
+        """The top ``rerank_depth`` of ``row`` by reranker score; the rest keep their order
+        below them, with scores under the lowest reranked one (evaluators sort by score)."""
         t0 = time.perf_counter()
-        row = row[: self.depth]
-        scores = self.reranker.score(query, [self.text_of(r.id) for r in row])
-        ranked = sorted(zip(scores, range(len(row))), key=lambda x: (-x[0], x[1]))
+        head, tail = row[: self.rerank_depth], row[self.rerank_depth :]
+        scores = self.reranker.score(query, [self.text_of(r.id) for r in head])
+        ranked = sorted(zip(scores, range(len(head))), key=lambda x: (-x[0], x[1]))
         self.timings["rerank_s"] += time.perf_counter() - t0
-        return [Scored(row[i].id, float(s), "rerank", row[i].dense, row[i].bm25) for s, i in ranked]
+        out = [
+            Scored(head[i].id, float(s), "rerank", head[i].dense, head[i].bm25) for s, i in ranked
+        ]
+        floor = min((float(s) for s in scores), default=0.0)
+        out += [Scored(r.id, floor - j, r.mode, r.dense, r.bm25) for j, r in enumerate(tail, 1)]
+        return out
 
 
 class CorpusRetriever:
@@ -191,6 +198,7 @@ class CorpusRetriever:
 
     ``encoder``: a SentenceTransformer, an alias/folder, an :class:`Encoder`, or None (BM25 only).
     ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
+    ``fusion``/``alpha``/``norm``/``rerank_depth``: as :class:`SearchEngine`.
     """
 
     def __init__(
@@ -204,6 +212,10 @@ class CorpusRetriever:
         device: str = "auto",
         depth: int = 100,
         progress: bool = False,
+        fusion: str = "rrf",
+        alpha: float = 0.5,
+        norm: str = "minmax",
+        rerank_depth: int | None = None,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -232,28 +244,43 @@ class CorpusRetriever:
             t0 = time.perf_counter()
             bm25 = BM25Index(self.ids, list(texts))
             self.timings["bm25_build_s"] = time.perf_counter() - t0
-        self.engine = SearchEngine(enc, vectors, bm25, self._text.__getitem__, reranker, depth)
+        self.engine = SearchEngine(
+            enc,
+            vectors,
+            bm25,
+            self._text.__getitem__,
+            reranker,
+            depth,
+            fusion=fusion,
+            alpha=alpha,
+            norm=norm,
+            rerank_depth=rerank_depth,
+        )
 
     @property
     def encoder(self) -> Encoder | None:
         return self.engine._encoder if isinstance(self.engine._encoder, Encoder) else None
 
     def search_many(
-        self, queries: list[str], k: int = 10, mode: str | None = None
+        self, queries: list[str], k: int = 10, mode: str | None = None, **options: Any
     ) -> list[list[tuple[str, float]]]:
-        """(id, score) lists, best first, one per query."""
-        rows = self.engine.search_many(queries, k, mode or self.mode)
+        """(id, score) lists, best first, one per query; ``options`` (``fusion``, ``alpha``,
+        ``rerank``) as :meth:`SearchEngine.search_many`."""
+        rows = self.engine.search_many(queries, k, mode or self.mode, **options)
         return [[(r.id, r.score) for r in row] for row in rows]
 
-    def search(self, query: str, k: int = 10, mode: str | None = None) -> list[tuple[str, float]]:
-        return self.search_many([query], k, mode)[0]
+    def search(
+        self, query: str, k: int = 10, mode: str | None = None, **options: Any
+    ) -> list[tuple[str, float]]:
+        return self.search_many([query], k, mode, **options)[0]
 
 
 class Retriever:
     """Search an index written by ``rag.ingest``; returns :class:`Hit` objects with chunks.
 
     Re-reads the index when an ingest publishes a new generation, so a long-lived retriever (the
-    UI) sees uploads without a restart.
+    UI) sees uploads without a restart. ``fusion``/``alpha``/``norm``/``rerank_depth``: as
+    :class:`SearchEngine` (defaults: plain RRF, every candidate reranked).
     """
 
     def __init__(
@@ -263,8 +290,19 @@ class Retriever:
         device: str = "auto",
         reranker: Reranker | None = None,
         depth: int = 100,
+        fusion: str = "rrf",
+        alpha: float = 0.5,
+        norm: str = "minmax",
+        rerank_depth: int | None = None,
     ):
+        check_fusion(fusion, alpha, norm)
         self.index, self.device, self.reranker, self.depth = index, device, reranker, depth
+        self.options = {
+            "fusion": fusion,
+            "alpha": alpha,
+            "norm": norm,
+            "rerank_depth": rerank_depth,
+        }
         self._given = encoder
         self._encoder: Encoder | None = None
         self._load()
@@ -278,15 +316,17 @@ class Retriever:
         encoder: Any = None,
         device: str = "auto",
         reranker: Reranker | str | Path | None = None,
+        max_length: int | None = None,
         **kw: Any,
     ) -> Retriever:
         """Open ``index``: a name under ``$RAG_HOME/indexes``, or an index folder given as a
         :class:`~pathlib.Path` (``--index-dir``); a string that is not a plain name raises
         :class:`rag.paths.IndexNameError`. ``encoder`` None uses the index's own encoder; any
         other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
-        both. ``reranker`` may be a Reranker or a cross-encoder model folder."""
+        both. ``reranker`` may be a Reranker or a cross-encoder folder, alias or artefact name
+        (``max_length``: its tokens per query + passage pair)."""
         if isinstance(reranker, (str, Path)):
-            reranker = CrossEncoderReranker(reranker, device=device)
+            reranker = CrossEncoderReranker(reranker, device=device, max_length=max_length)
         return cls(index, encoder=encoder, device=device, reranker=reranker, **kw)
 
     def _load(self) -> None:
@@ -314,6 +354,7 @@ class Retriever:
             self.reranker,
             self.depth,
             keep,
+            **self.options,
         )
 
     def _get_encoder(self) -> Encoder:
@@ -345,13 +386,16 @@ class Retriever:
         self._load()
         return True
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid") -> list[Hit]:
-        """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid)."""
-        return self.search_many([query], k, mode)[0]
+    def search(self, query: str, k: int = 10, mode: str = "hybrid", **options: Any) -> list[Hit]:
+        """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid;
+        ``options``: ``fusion``, ``alpha``, ``rerank`` as :meth:`SearchEngine.search_many`)."""
+        return self.search_many([query], k, mode, **options)[0]
 
-    def search_many(self, queries: list[str], k: int = 10, mode: str = "hybrid") -> list[list[Hit]]:
+    def search_many(
+        self, queries: list[str], k: int = 10, mode: str = "hybrid", **options: Any
+    ) -> list[list[Hit]]:
         self.refresh()
-        rows = self.engine.search_many(queries, k, mode)
+        rows = self.engine.search_many(queries, k, mode, **options)
         return [
             [
                 FusedHit(

@@ -17,8 +17,11 @@ from rag.config import (
 
 
 def test_defaults():
+    from rag.models import DEFAULT_DECODER
+
     cfg = RAGConfig()
-    assert (cfg.decoder, cfg.k, cfg.mode, cfg.encoder) == ("smollm2", 5, "hybrid", None)
+    assert (cfg.decoder, cfg.k, cfg.mode, cfg.encoder) == (DEFAULT_DECODER, 5, "hybrid", None)
+    assert (cfg.adapter, cfg.dtype, cfg.profile) == ("auto", "auto", "auto")
 
 
 def test_toml_then_overrides(tmp_path):

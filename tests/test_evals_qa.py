@@ -159,3 +159,45 @@ def _help(main) -> str:
     with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
         main(["--help"])
     return buf.getvalue()
+
+
+class RefusingWhenAbsent(ScriptedGenerator):
+    """The scripted reader, refusing instead of "no idea" when no passage answers."""
+
+    def generate(self, messages, max_new_tokens=32, **kwargs):
+        out = super().generate(messages, max_new_tokens)
+        return "The documents do not contain the answer." if out == "no idea" else out
+
+
+def test_removed_articles_are_out_of_the_index_and_their_questions_score_refusals(squad):
+    from evals.qa import removed_articles
+
+    assert removed_articles(["A", "B", "C"], 1, 0) == removed_articles(["C", "B", "A"], 1, 0)
+    with pytest.raises(ValueError, match="--removed-articles"):
+        removed_articles(["A", "B"], 2, 0)
+    cfg = QAEvalConfig(
+        squad=str(squad),
+        articles=["Paints", "Flags"],
+        mode="rag",
+        retriever="bm25",
+        k=2,
+        limit=0,
+        removed_articles=1,
+        unanswerable_limit=10,
+    )
+    out = evaluate_qa(cfg, generator=RefusingWhenAbsent(), progress=False)
+    (gone,) = out["config"]["removed"]
+    rows = out["predictions"]
+    unanswerable = [r for r in rows if not r["answerable"]]
+    assert len(unanswerable) == 3 and all(r["id"].startswith(gone) for r in unanswerable)
+    assert not any(p.startswith(gone + "/") for r in rows for p in r["passages"])
+    m = out["metrics"]
+    assert m["refusal_rate_unanswerable"] == 1.0 and m["false_refusal_rate"] == 0.0
+    answerable = [r for r in rows if r["answerable"]]
+    assert m["em"] > 0 and m["em"] == pytest.approx(sum(r["em"] for r in answerable) / 3, abs=1e-4)
+    with pytest.raises(ValueError, match="needs --mode rag"):
+        evaluate_qa(
+            QAEvalConfig(squad=str(squad), articles=["Paints", "Flags"], removed_articles=1),
+            generator=RefusingWhenAbsent(),
+            progress=False,
+        )

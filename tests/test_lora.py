@@ -11,7 +11,7 @@ from training_support import build_tokenizer, save_tiny_decoder, write_tiny_squa
 
 from evals.datasets import load_squad_paragraphs
 from rag.prompt import REFUSAL, build_messages, parse_citations
-from training.lora import LoraTrainConfig, encode_example, fit, score_answers
+from training.lora import LoraTrainConfig, encode_example, fit
 from training.lora_data import (
     QAExample,
     assert_no_heldout,
@@ -19,6 +19,7 @@ from training.lora_data import (
     squad_examples,
     write_examples,
 )
+from training.lora_eval import score_answers
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +183,15 @@ def test_llama_and_qwen2_take_named_modules_and_doc_examples(arch, squad, tmp_pa
     saved = json.loads((tmp_path / "lora" / "adapter_config.json").read_text())
     assert set(saved["target_modules"]) == set(names)
     PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir), cfg.out)  # loads
+
+
+def test_top_layers_picks_the_last_n_and_rejects_too_many():
+    from types import SimpleNamespace
+
+    from training.lora import top_layer_ids
+
+    model = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=24))
+    assert top_layer_ids(model, 0) is None
+    assert top_layer_ids(model, 3) == [21, 22, 23]
+    with pytest.raises(ValueError, match="--top-layers must be in"):
+        top_layer_ids(model, 25)

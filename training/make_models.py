@@ -179,8 +179,9 @@ def build_steps(args: argparse.Namespace) -> list[Step]:
 
 
 def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
-    """Issue 3's fine-tunes: the MLM encoder into a retriever (contrastive), SmolLM2 into a
-    grounded answerer (LoRA). They need ../shared/data (SciFact, SQuAD, python-docs)."""
+    """The fine-tunes: the MLM encoder into a retriever (contrastive), the default decoder into a
+    grounded answerer (LoRA on the default decoder). They need ../shared/data (SciFact, SQuAD, python-docs)."""
+    from rag.models import DEFAULT_DECODER
     from rag.paths import shared_data_dir
 
     data = shared_data_dir()
@@ -190,7 +191,7 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
         )
         return []
     ft = models_dir() / f"{enc.name}-contrastive"
-    lora_out = models_dir() / "smollm2-lora"
+    lora_out = models_dir() / f"{DEFAULT_DECODER}-lora"  # what the pipeline's adapter=auto finds
 
     def contrastive_step() -> dict:
         from training.contrastive import preset_config, train_contrastive
@@ -210,7 +211,7 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
         from training.lora import preset_config, train_lora
 
         s = train_lora(
-            preset_config("smollm2", lora_out, data, args.preset, args.device, args.threads)
+            preset_config(DEFAULT_DECODER, lora_out, data, args.preset, args.device, args.threads)
         )
         for key in ("em", "f1", "citation_accuracy"):
             print(f"   held-out {key} {s['before'][key]} -> {s['after'][key]}", file=sys.stderr)
@@ -223,7 +224,7 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
 
     return [
         Step("encoder (contrastive)", ft, contrastive_step, done_marker="modules.json"),
-        Step("smollm2 (LoRA)", lora_out, lora_step, done_marker="adapter_config.json"),
+        Step(f"{DEFAULT_DECODER} (LoRA)", lora_out, lora_step, done_marker="adapter_config.json"),
     ]
 
 

@@ -67,6 +67,7 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
     indexes = list_indexes()
     with gr.Blocks(title="Local RAG chat") as demo:
         gr.Markdown("## Local RAG chat — answers cite the passages they come from")
+        gr.Markdown(f"Answering with {app.decoder_line}.", elem_id="decoder-line")
         with gr.Row():
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Chat", height=520, elem_id="chat", buttons=["copy"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
+from rag.models import DEFAULT_DECODER
 from ui.uploads import DEFAULT_MAX_UPLOAD_BYTES
 
 
@@ -16,8 +17,9 @@ class AppConfig:
     host: str = "127.0.0.1"  # bind address; loopback unless told otherwise
     port: int = 7860  # TCP port (0 = any free port)
     encoder: str | None = None  # query encoder; None = the one the index was built with
-    decoder: str = "smollm2"  # answer decoder alias or artefact name
-    adapter: str | None = None  # optional LoRA adapter artefact for the decoder
+    decoder: str = DEFAULT_DECODER  # answer decoder alias or artefact name
+    # LoRA adapter: auto = <decoder>-lora when `make models` trained it, none, or an artefact name
+    adapter: str | None = "auto"
     mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
     k: int = 5  # passages retrieved per question
     temperature: float = 0.0  # 0 = greedy
@@ -38,8 +40,8 @@ HELP = {
     "host": "bind address (default 127.0.0.1: loopback only)",
     "port": "TCP port (default 7860)",
     "encoder": "query encoder alias/folder (default: the index's own)",
-    "decoder": "decoder alias/folder (default smollm2)",
-    "adapter": "LoRA adapter folder or artefact name",
+    "decoder": f"decoder alias/folder (default {DEFAULT_DECODER})",
+    "adapter": "LoRA adapter: auto (<decoder>-lora when trained) | none | folder/name",
     "mode": "retrieval mode: dense | bm25 | hybrid",
     "k": "passages per question",
     "temperature": "0 = greedy decoding",

@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from rag.config import MODES, RAGConfig
+from rag.models import describe_decoder, resolve_adapter
 from rag.rewrite import rewrite_query
 from rag.types import Answer
 from ui import render
@@ -62,6 +64,10 @@ class ChatApp:
     """The handlers behind the Blocks layout, over one shared :class:`PipelineCache`."""
 
     def __init__(self, config: AppConfig, pipeline_factory: PipelineFactory | None = None):
+        # "auto" becomes the adapter trained for the decoder when there is one, else none; the
+        # page says which (decoder_line), so a user knows whether the tuned model answers.
+        self.decoder_line = describe_decoder(config.decoder, config.adapter)
+        config = replace(config, adapter=resolve_adapter(config.decoder, config.adapter))
         self.config = config
         base = RAGConfig(
             index=config.index,

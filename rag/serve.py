@@ -1,0 +1,399 @@
+"""An OpenAI-compatible HTTP API over the RAG pipeline, so any OpenAI client (the ``openai``
+package, LangChain's ``ChatOpenAI``, curl) can ask the indexes questions.
+
+    python -m rag.serve --index docs [--host 127.0.0.1] [--port 8000] [--api-key KEY]
+        [--decoder ALIAS|DIR] [--adapter auto|none|DIR] [--k 5] [--mode hybrid] [--config rag.toml]
+
+Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``,
+``POST /v1/embeddings``, ``GET /health``. A model name is ``rag:<index>`` for each index under
+``$RAG_HOME/indexes`` (``rag`` alone is ``--index``); every model answers with the server's one
+decoder and adapter. The answer keeps its ``[n]`` markers and the cited passages arrive in the
+extra field ``sources`` (docs/serving.md). Binds 127.0.0.1 unless told otherwise; a key from
+``--api-key`` or ``$RAG_API_KEY`` is then required on every ``/v1`` request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from rag.cli import OneLineParser, fail, quiet_libraries
+from rag.config import RAGConfig, add_config_args, config_from_args
+from rag.paths import IndexNameError, check_index_name, indexes_dir
+from rag.rewrite import rewrite_query
+from rag.serve_api import (
+    DONE,
+    MODEL_PREFIX,
+    ApiError,
+    ChatRequest,
+    EmbeddingRequest,
+    check_chat_request,
+    chunk,
+    completion,
+    embedding_data,
+    embedding_texts,
+    final_chunks,
+    max_new_tokens,
+    split_messages,
+    sse,
+)
+from rag.serve_http import (
+    ClosingStreamingResponse,
+    Guard,
+    install_error_handlers,
+    server_error,
+    stream_error,
+)
+from rag.serve_state import (
+    END,
+    PipelineFactory,
+    Pipelines,
+    Run,
+    Slots,
+    default_factory,
+    list_indexes,
+)
+from rag.types import Answer
+
+PROG = "rag.serve"
+log = logging.getLogger("rag.serve")
+
+
+@dataclass
+class ServeOptions:
+    """Server settings beside the RAGConfig; the defaults are the safe ones."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # None: no key asked (fine on loopback only)
+    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
+    max_body_bytes: int = 1 << 20  # request bodies over this are refused (413)
+    max_concurrent: int = 4  # chat completions in flight; more get 429 (clients retry)
+    max_embedding_inputs: int = 256  # texts per embeddings request
+    pipelines: int = 4  # indexes kept loaded (each holds its retriever)
+
+
+class Service:
+    """What the routes share: the config, the options, the pipelines and the slots."""
+
+    def __init__(self, config: RAGConfig, options: ServeOptions, factory: PipelineFactory) -> None:
+        self.config, self.options, self.factory = config, options, factory
+        self.pipelines = Pipelines(config, factory, options.pipelines)
+        self.slots = Slots(options.max_concurrent)
+
+    def index_for(self, model: str) -> str:
+        """The index a model name selects: ``rag:<index>``, or ``rag`` for the default."""
+        name = self.config.index if model == "rag" else None
+        if model.startswith(MODEL_PREFIX):
+            name = model[len(MODEL_PREFIX) :]
+        try:
+            if name is not None and check_index_name(name, hint="") in list_indexes():
+                return name
+        except IndexNameError:
+            pass
+        have = ", ".join(MODEL_PREFIX + i for i in list_indexes()) or "none"
+        raise ApiError(
+            404,
+            f"model {model!r} does not exist; models are rag:<index> (have: {have})",
+            param="model",
+            code="model_not_found",
+        )
+
+    def preload(self) -> None:
+        """Load the default index's retriever, encoder and the decoder before serving, so a
+        broken index or a missing model stops the command instead of the first request."""
+        pipe = self.pipelines.get(self.config.index)
+        retriever = getattr(pipe, "retriever", None)
+        if retriever is not None:
+            _ = retriever.encoder
+        shared = getattr(self.factory, "shared", None)
+        if shared is not None:
+            shared.load()
+
+    async def start(self, req: ChatRequest) -> tuple[Run, Any, int, str]:
+        """Validate, take a slot, and run the pipeline to its first item, so failures before
+        any text (a broken index) still get a proper status code. Returns (run, first item,
+        max_new_tokens, index)."""
+        index = self.index_for(req.model)
+        check_chat_request(req)
+        question, history = split_messages(req.messages)
+        limit = self.options.max_tokens_limit
+        max_new = max_new_tokens(req, self.config.max_new_tokens, limit)
+        self.slots.take()
+        run: Run | None = None
+        try:
+            pipe = await anyio.to_thread.run_sync(self.pipelines.get, index)
+            items = pipe.stream(
+                question,
+                history=history,
+                k=req.k,
+                mode=req.mode,
+                temperature=req.temperature,
+                max_new_tokens=max_new,
+            )
+            run = Run(items, self.slots)
+            first = await run.next()
+        except BaseException as e:  # a cancel too: free the slot, then let it go on
+            if run is not None:
+                await run.close()
+            else:
+                self.slots.give()
+            if isinstance(e, Exception) and not isinstance(e, ApiError):
+                raise server_error(e) from None
+            raise
+        return run, first, max_new, index
+
+
+def _meta(model: str) -> dict[str, Any]:
+    return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "created": int(time.time()), "model": model}
+
+
+async def _events(
+    run: Run, first: Any, meta: dict[str, Any], max_new: int, include_usage: bool
+) -> AsyncIterator[str]:
+    """The SSE stream: a role chunk, one chunk per text delta, the finish chunk with
+    ``sources``, the usage chunk when asked, ``[DONE]``. Closing it closes the pipeline's stream."""
+    try:
+        yield sse(chunk(meta, {"role": "assistant", "content": ""}))
+        item = first
+        while not isinstance(item, Answer):
+            if item is END:
+                raise RuntimeError("the pipeline ended without a final answer")
+            if item:
+                yield sse(chunk(meta, {"content": str(item)}))
+            item = await run.next()
+        await run.close()  # the slot is free before [DONE]: a client's next request fits
+        for obj in final_chunks(meta, item, max_new, include_usage):
+            yield sse(obj)
+        yield DONE
+    except Exception as e:  # noqa: BLE001 - the headers are sent: report in-band
+        yield sse(stream_error(e))
+    finally:
+        await run.close()
+
+
+def create_app(
+    config: RAGConfig,
+    pipeline_factory: PipelineFactory | None = None,
+    *,
+    options: ServeOptions | None = None,
+) -> FastAPI:
+    """The FastAPI app. ``pipeline_factory(RAGConfig) -> pipeline`` builds one pipeline per
+    index (tests inject a scripted one); by default a RAGPipeline sharing one decoder."""
+    options = options or ServeOptions()
+    if config.rewrite_query is None:  # follow-ups are rewritten as in the UI
+        config = replace(config, rewrite_query=rewrite_query)
+    service = Service(config, options, pipeline_factory or default_factory(config))
+    app = FastAPI(title="rag.serve", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.rag = service
+    install_error_handlers(app)
+    app.add_middleware(Guard, api_key=options.api_key, max_body=options.max_body_bytes)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        s = service.slots
+        return {"status": "ok", "in_flight": s.used, "max_concurrent": s.size}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        data = []
+        for name in list_indexes():
+            try:
+                created = int((indexes_dir() / name).stat().st_mtime)
+            except OSError:  # removed since it was listed
+                continue
+            data.append(
+                {
+                    "id": MODEL_PREFIX + name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "rag",
+                }
+            )
+        return {"object": "list", "data": data}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        run, first, max_new, index = await service.start(body)
+        meta = _meta(MODEL_PREFIX + index)
+        if body.stream:
+            usage = bool(body.stream_options and body.stream_options.include_usage)
+            return ClosingStreamingResponse(
+                _events(run, first, meta, max_new, usage),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            )
+        parts: list[str] = []
+        try:
+            item = first
+            while not isinstance(item, Answer):
+                if item is END:
+                    raise RuntimeError("the pipeline ended without a final answer")
+                parts.append(str(item))
+                if await request.is_disconnected():  # nobody to answer: stop decoding
+                    log.info("client left before the answer was complete")
+                    return Response(status_code=499)
+                item = await run.next()
+        except Exception as e:  # noqa: BLE001
+            raise server_error(e) from None
+        finally:
+            await run.close()
+        return JSONResponse(completion(meta, "".join(parts), item, max_new))
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        index = service.index_for(body.model)
+        texts = embedding_texts(body, options.max_embedding_inputs)
+
+        def embed() -> tuple[Any, int]:
+            encoder = service.pipelines.get(index).retriever.encoder
+            dim = int(encoder.dim)
+            if body.dimensions is not None and body.dimensions != dim:
+                raise ApiError(
+                    400,
+                    f"dimensions must be {dim} (this index's encoder) or left out",
+                    param="dimensions",
+                )
+            tokens = 0
+            tokenizer = getattr(encoder, "tokenizer", None)
+            if tokenizer is not None:
+                from rag.chunking import count_tokens
+
+                tokens = sum(count_tokens(tokenizer, texts))
+            return encoder.encode(texts, kind=body.input_type), tokens
+
+        try:
+            vectors, tokens = await anyio.to_thread.run_sync(embed)
+        except ApiError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise server_error(e) from None
+        return {
+            "object": "list",
+            "data": embedding_data(vectors, body.encoding_format),
+            "model": MODEL_PREFIX + index,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    return app
+
+
+# ---- command line ----------------------------------------------------------------------------
+
+CLI_FIELDS = (
+    "index", "encoder", "decoder", "adapter", "k", "mode", "temperature", "top_p",
+    "max_new_tokens", "max_context_tokens", "min_score", "prefix_cache", "complete_citations",
+    "device", "dtype", "profile",
+)  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineParser(prog="python -m rag.serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=None, help="TOML config file (default: ./rag.toml)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; default %(default)s")
+    p.add_argument("--port", type=int, default=8000, help="default %(default)s")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1 (default: $RAG_API_KEY, else none)",
+    )
+    d = ServeOptions()
+    p.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        default=d.max_tokens_limit,
+        help="largest max_tokens a request may ask for; default %(default)s",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=d.max_body_bytes,
+        help="largest request body; default %(default)s",
+    )
+    p.add_argument(
+        "--max-concurrent",
+        type=int,
+        default=d.max_concurrent,
+        help="answers in progress at once, more get 429; default %(default)s",
+    )
+    p.add_argument(
+        "--no-preload",
+        dest="preload",
+        action="store_false",
+        help="load the models on the first request instead of at start-up",
+    )
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_config_args(p, CLI_FIELDS)
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    for flag in ("port", "max_tokens_limit", "max_body_bytes", "max_concurrent"):
+        if getattr(args, flag) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, not {getattr(args, flag)}")
+    return ServeOptions(
+        host=args.host,
+        port=args.port,
+        api_key=args.api_key or os.environ.get("RAG_API_KEY") or None,
+        max_tokens_limit=args.max_tokens_limit,
+        max_body_bytes=args.max_body_bytes,
+        max_concurrent=args.max_concurrent,
+    )
+
+
+def check_index(name: str) -> None:
+    check_index_name(name, hint="the server serves indexes under $RAG_HOME/indexes by name")
+    if name not in list_indexes():
+        raise LookupError(
+            f"index {name!r} does not exist under {indexes_dir()}: "
+            f"create it with python -m rag.ingest FOLDER --index {name}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    quiet_libraries()
+    try:
+        from rag.ask import check_models
+        from rag.models import describe_decoder
+
+        cfg = config_from_args(args, args.config)
+        options = options_from_args(args)
+        check_index(cfg.index)
+        check_models(cfg)
+        app = create_app(cfg, options=options)
+        if args.preload:
+            app.state.rag.preload()
+    except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
+        return fail(PROG, e)
+    import uvicorn
+
+    loopback = options.host in ("127.0.0.1", "localhost", "::1")
+    if not loopback and not options.api_key:
+        print(
+            f"{PROG}: warning: serving on {options.host} without --api-key: "
+            "anyone who can reach this port can query every index",
+            file=sys.stderr,
+        )
+    print(
+        f"{PROG}: model rag:{cfg.index} ({describe_decoder(cfg.decoder, cfg.adapter)}) on "
+        f"http://{options.host}:{options.port}/v1",
+        file=sys.stderr,
+    )
+    uvicorn.run(app, host=options.host, port=options.port, log_level=args.log_level)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

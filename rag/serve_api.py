@@ -1,0 +1,302 @@
+"""The OpenAI wire format of :mod:`rag.serve`: request models, the error shape, and the builders
+of completions, stream chunks and embeddings.
+
+Kept apart from the app so the protocol can be read (and checked against the OpenAI reference)
+in one place. Requests accept unknown fields: OpenAI clients send parameters this server has no
+use for (``user``, ``seed``, ``top_p``, ``stop`` ...), and refusing them would break those clients
+for nothing. Parameters whose meaning would silently change the answer (``n`` > 1, ``tools``)
+are refused instead.
+
+The extensions to the format, all documented in docs/serving.md:
+
+- top-level ``sources`` on a completion (and on the stream chunk that carries the
+  ``finish_reason``): the passages the answer's ``[n]`` markers cite;
+- top-level ``rag``: the retrieval query after the follow-up rewrite, whether the answer is the
+  refusal, whether the marker was added by citation completion, and dropped marker numbers;
+- request fields ``k`` and ``mode`` (retrieval depth and mode for this request);
+- ``input_type`` on embedding requests (``document`` or ``query``: the encoder's prompts differ).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag.config import MODES
+from rag.types import Answer
+
+MODEL_PREFIX = "rag:"
+DONE = "data: [DONE]\n\n"
+
+
+class ApiError(Exception):
+    """A failure answered with ``status`` and the OpenAI error body (never a traceback)."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",  # noqa: A002 - the OpenAI field name
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+        self.type, self.param, self.code = type, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(
+    message: str,
+    type: str,
+    param: str | None = None,
+    code: str | None = None,  # noqa: A002
+) -> dict[str, Any]:
+    """``{"error": {"message", "type", "param", "code"}}``: what every OpenAI client parses."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# ---- requests --------------------------------------------------------------------------------
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    """``POST /v1/chat/completions``; unknown fields are accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    n: int | None = Field(default=None, ge=1)
+    tools: list[Any] | None = None
+    k: int | None = Field(default=None, ge=1, le=100)  # extension: passages retrieved
+    mode: str | None = None  # extension: retrieval mode, one of rag.config.MODES
+
+
+class EmbeddingRequest(BaseModel):
+    """``POST /v1/embeddings``; token-id inputs are refused (the index's encoder has its own
+    tokenizer, so ids from another one would mean other words)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    input_type: Literal["document", "query"] = "document"  # extension
+
+
+def message_text(message: ChatMessage) -> str:
+    """The text of a message: a string, or the text parts of a content list (others refused)."""
+    content = message.content
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise ApiError(
+                400,
+                f"only text message content is supported, not {part.get('type')!r}",
+                param="messages",
+            )
+        texts.append(str(part.get("text") or ""))
+    return "\n".join(texts)
+
+
+def split_messages(messages: list[ChatMessage]) -> tuple[str, list[dict[str, str]]]:
+    """(question, history): the last message must be the user's question; earlier user and
+    assistant turns are the history the follow-up rewrite reads. System messages are ignored:
+    the grounded prompt is fixed, so a client's system prompt cannot loosen the grounding."""
+    last = messages[-1]
+    if last.role != "user":
+        raise ApiError(
+            400, f"the last message must have role 'user', not {last.role!r}", param="messages"
+        )
+    question = message_text(last).strip()
+    if not question:
+        raise ApiError(400, "the last user message is empty", param="messages")
+    history = []
+    for m in messages[:-1]:
+        text = message_text(m).strip()
+        if m.role in ("user", "assistant") and text:
+            history.append({"role": m.role, "content": text})
+    return question, history
+
+
+def check_chat_request(req: ChatRequest) -> None:
+    """Refuse what this server would otherwise quietly answer differently from OpenAI."""
+    if req.n is not None and req.n > 1:
+        raise ApiError(400, "n > 1 is not supported: one answer per request", param="n")
+    if req.tools:
+        raise ApiError(400, "tools are not supported by this server", param="tools")
+    if req.mode is not None and req.mode not in MODES:
+        raise ApiError(
+            400, f"mode must be one of {', '.join(MODES)}, not {req.mode!r}", param="mode"
+        )
+
+
+def max_new_tokens(req: ChatRequest, default: int, limit: int) -> int:
+    """``max_completion_tokens`` (or the older ``max_tokens``) as the decoder's max_new_tokens;
+    over ``limit`` is an error rather than a silent cut, so a client learns the real bound."""
+    param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+    asked = req.max_completion_tokens or req.max_tokens
+    if asked is None:
+        return min(default, limit)
+    if asked > limit:
+        raise ApiError(
+            400,
+            f"{param} is {asked}, over this server's limit of {limit}",
+            param=param,
+            code="invalid_value",
+        )
+    return asked
+
+
+def embedding_texts(req: EmbeddingRequest, max_inputs: int) -> list[str]:
+    texts = [req.input] if isinstance(req.input, str) else list(req.input)
+    if not texts:
+        raise ApiError(400, "input is empty", param="input")
+    if not all(isinstance(t, str) for t in texts):
+        raise ApiError(400, "token-id input is not supported: send text", param="input")
+    if len(texts) > max_inputs:
+        raise ApiError(
+            400, f"{len(texts)} inputs, over this server's limit of {max_inputs}", param="input"
+        )
+    if any(not t.strip() for t in texts):
+        raise ApiError(400, "input holds an empty string", param="input")
+    return texts
+
+
+# ---- responses -------------------------------------------------------------------------------
+
+
+def sources(answer: Answer) -> list[dict[str, Any]]:
+    """The cited passages, one per valid ``[n]`` marker. ``path`` is relative to the ingested
+    folder; the absolute path on the server is not sent (docs/security.md: never reveal the
+    machine's layout)."""
+    return [
+        {
+            "number": c.number,
+            "path": c.display_path,
+            "heading_path": list(c.heading_path),
+            "chunk_id": c.chunk_id,
+            "score": float(c.score),
+            "text": c.text,
+        }
+        for c in answer.citations
+    ]
+
+
+def rag_info(answer: Answer) -> dict[str, Any]:
+    return {
+        "query": answer.query,
+        "refused": answer.refused,
+        "citations_completed": answer.citations_completed,
+        "invalid_citations": list(answer.invalid_citations),
+    }
+
+
+def usage(answer: Answer) -> dict[str, int]:
+    """Token counts from the pipeline's timings (0 where it did not report them)."""
+    prompt = int(answer.timings.get("prompt_tokens", 0))
+    completion = int(answer.timings.get("new_tokens", 0))
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
+def finish_reason(answer: Answer, max_new: int) -> str:
+    return "length" if answer.timings.get("new_tokens", 0) >= max_new else "stop"
+
+
+def completion(meta: dict[str, Any], text: str, answer: Answer, max_new: int) -> dict[str, Any]:
+    """A ``chat.completion`` object; ``meta`` holds id, created and model."""
+    choice = {
+        "index": 0,
+        "message": {"role": "assistant", "content": text},
+        "finish_reason": finish_reason(answer, max_new),
+        "logprobs": None,
+    }
+    return {
+        **meta,
+        "object": "chat.completion",
+        "choices": [choice],
+        "usage": usage(answer),
+        "sources": sources(answer),
+        "rag": rag_info(answer),
+    }
+
+
+def chunk(
+    meta: dict[str, Any], delta: dict[str, Any], finish: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A ``chat.completion.chunk`` with one choice (``extra`` adds top-level fields)."""
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+    return {**meta, "object": "chat.completion.chunk", "choices": [choice], **extra}
+
+
+def final_chunks(
+    meta: dict[str, Any], answer: Answer, max_new: int, include_usage: bool
+) -> list[dict[str, Any]]:
+    """The chunk with ``finish_reason`` (carrying ``sources`` and ``rag``), then the usage chunk
+    when the client asked for it (``stream_options.include_usage``, empty ``choices``)."""
+    out = [
+        chunk(
+            meta,
+            {},
+            finish_reason(answer, max_new),
+            sources=sources(answer),
+            rag=rag_info(answer),
+        )
+    ]
+    if include_usage:
+        out.append(
+            {**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage(answer)}
+        )
+    return out
+
+
+def sse(obj: dict[str, Any]) -> str:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def embedding_data(vectors: np.ndarray, encoding_format: str) -> list[dict[str, Any]]:
+    """``base64`` is the little-endian float32 bytes (what the openai client decodes by
+    default), ``float`` a JSON list."""
+    out = []
+    for i, vec in enumerate(np.asarray(vectors, dtype=np.float32)):
+        if encoding_format == "base64":
+            value: Any = base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
+        else:
+            value = [float(x) for x in vec]
+        out.append({"object": "embedding", "index": i, "embedding": value})
+    return out

@@ -1,0 +1,143 @@
+"""Process state behind :mod:`rag.serve`: the pipelines per index (sharing one decoder), the
+slots that bound answers in flight, and one generation's run with its clean-up.
+
+Why the clean-up lives here: a client that disconnects mid-answer must stop its decoding and
+give its slot back, whatever path the request left by (finished, failed, cancelled). A
+:class:`Run` is the one owner of both, closed exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import anyio
+
+from rag.config import RAGConfig
+from rag.paths import indexes_dir
+from rag.serve_api import ApiError
+
+log = logging.getLogger("rag.serve")
+
+PipelineFactory = Callable[[RAGConfig], Any]
+END = object()  # the pipeline's stream ended (StopIteration cannot cross a thread boundary)
+
+
+def list_indexes() -> list[str]:
+    """Index folders under ``$RAG_HOME/indexes`` (the same listing as the UI's dropdown)."""
+    root = indexes_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+class SharedDecoder:
+    """One decoder for every index's pipeline, loaded on first use.
+
+    Each index needs its own retriever, but the decoder is the same for all of them (the model
+    name picks the index only), and a second copy would double the largest memory cost. This
+    stands in for the generator: attribute access loads the host pipeline's generator once.
+    """
+
+    def __init__(self, config: RAGConfig) -> None:
+        from rag.pipeline import RAGPipeline
+
+        self._host = RAGPipeline(config)
+
+    def load(self) -> Any:
+        return self._host.generator
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self._host.generator, name)
+
+
+def default_factory(base: RAGConfig) -> PipelineFactory:
+    from rag.pipeline import RAGPipeline
+
+    shared = SharedDecoder(base)
+
+    def build(cfg: RAGConfig) -> Any:
+        return RAGPipeline(cfg, generator=shared)
+
+    build.shared = shared  # type: ignore[attr-defined] - for preload
+    return build
+
+
+class Pipelines:
+    """Built pipelines by index name, the most recently used ``size`` kept; built under a lock
+    so concurrent first requests for one index load it once."""
+
+    def __init__(self, base: RAGConfig, factory: PipelineFactory, size: int = 4) -> None:
+        self.base, self.factory, self.size = base, factory, size
+        self._items: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, index: str) -> Any:
+        with self._lock:
+            if index in self._items:
+                self._items.move_to_end(index)
+                return self._items[index]
+            log.info("loading pipeline for index %s", index)
+            pipe = self.factory(replace(self.base, index=index))
+            self._items[index] = pipe
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+            return pipe
+
+
+class Slots:
+    """Chat completions in flight. Only touched from the event loop, so a plain counter."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.used = size, 0
+
+    def take(self) -> None:
+        if self.used >= self.size:
+            raise ApiError(
+                429,
+                f"the server is busy ({self.size} answers in progress); retry shortly",
+                type="rate_limit_error",
+                code="server_busy",
+                headers={"Retry-After": "1"},
+            )
+        self.used += 1
+
+    def give(self) -> None:
+        self.used = max(0, self.used - 1)
+
+
+def next_item(items: Iterator[Any]) -> Any:
+    return next(items, END)
+
+
+class Run:
+    """One generation in flight: the pipeline's stream and its slot. :meth:`close` closes the
+    stream (which cancels decoding, see ``Generator.stream``) and frees the slot, once."""
+
+    def __init__(self, items: Iterator[Any], slots: Slots) -> None:
+        self.items, self.slots, self.closed = items, slots, False
+
+    async def next(self) -> Any:
+        # abandon_on_cancel=False (the default): a cancelled request waits for next() to
+        # return, so close() never meets a generator that is still running in a thread.
+        return await anyio.to_thread.run_sync(next_item, self.items)
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with anyio.CancelScope(shield=True):
+            try:
+                close = getattr(self.items, "close", None)
+                if close is not None:
+                    await anyio.to_thread.run_sync(close)
+            except Exception:  # the answer is over either way; keep the failure in the log
+                log.exception("closing a pipeline stream failed")
+            finally:
+                self.slots.give()

@@ -1,0 +1,86 @@
+"""Which decoder, adapter, prompt profile and dtype answer: the rules users rely on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rag.models import (
+    DECODER_ALIASES,
+    DEFAULT_DECODER,
+    describe_decoder,
+    pick_dtype,
+    pick_profile,
+    resolve_adapter,
+)
+from rag.prompt import DEMOS, REFUSAL, SYSTEM_PROMPT, build_messages
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_HOME", str(tmp_path))
+    (tmp_path / "models").mkdir()
+    return tmp_path
+
+
+def _adapter(home, name, profile=None):
+    folder = home / "models" / name
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text("{}")
+    if profile:
+        (folder / "run.json").write_text(json.dumps({"profile": profile}))
+    return folder
+
+
+def test_auto_adapter_is_the_one_trained_for_the_decoder_else_none(home):
+    assert resolve_adapter("qwen2.5-coder-0.5b", "auto") is None
+    assert "zero-shot" in describe_decoder("qwen2.5-coder-0.5b", "auto")
+    assert "make models" in describe_decoder("qwen2.5-coder-0.5b", "auto")
+    _adapter(home, "qwen2.5-coder-0.5b-lora")
+    assert resolve_adapter("qwen2.5-coder-0.5b", "auto") == "qwen2.5-coder-0.5b-lora"
+    assert "LoRA adapter qwen2.5-coder-0.5b-lora" in describe_decoder("qwen2.5-coder-0.5b", "auto")
+    assert resolve_adapter("smollm2", "auto") is None  # another decoder's adapter is not used
+    assert resolve_adapter("qwen2.5-coder-0.5b", "none") is None
+    assert resolve_adapter("qwen2.5-coder-0.5b", "my-adapter") == "my-adapter"
+
+
+def test_profile_follows_the_adapter_then_the_alias_then_run_json(home):
+    assert pick_profile("qwen2.5-coder-0.5b") == "fewshot"
+    assert pick_profile("smollm2") == "plain"
+    # an adapter was trained on one format: its own record wins, and without one it is plain
+    a = _adapter(home, "qwen-lora-a", profile="plain")
+    _adapter(home, "qwen-lora-b")
+    assert pick_profile("qwen2.5-coder-0.5b", str(a)) == "plain"
+    assert pick_profile("qwen2.5-coder-0.5b", "qwen-lora-b") == "plain"
+    folder = home / "models" / "my-decoder"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"profile": "fewshot"}))
+    assert pick_profile(str(folder)) == "fewshot"
+    assert pick_profile(str(home / "nowhere")) == "plain"
+
+
+def test_dtype_choice():
+    import torch
+
+    assert pick_dtype("float32", "cpu") is torch.float32
+    assert pick_dtype("bfloat16", "cpu") is torch.bfloat16
+    assert pick_dtype("auto", "cuda") is torch.bfloat16
+    with pytest.raises(ValueError, match="--dtype must be"):
+        pick_dtype("fp8", "cpu")
+
+
+def test_fewshot_head_is_fixed_and_demos_never_refuse():
+    a = build_messages("q1?", ["p"], "fewshot")
+    b = build_messages("another?", ["x", "y"], "fewshot")
+    assert a[:-1] == b[:-1] and a[0]["content"] == SYSTEM_PROMPT
+    assert len(a) == 2 + 2 * len(DEMOS) and a[-1]["role"] == "user"
+    answers = [m["content"] for m in a[1:-1] if m["role"] == "assistant"]
+    assert answers and all("[" in t and t != REFUSAL for t in answers)
+    assert build_messages("q", ["p"]) == build_messages("q", ["p"], "plain")
+    with pytest.raises(ValueError, match="prompt profile"):
+        build_messages("q", ["p"], "chatty")
+
+
+def test_the_default_decoder_is_a_known_alias():
+    assert DEFAULT_DECODER in DECODER_ALIASES

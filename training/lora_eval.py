@@ -1,0 +1,100 @@
+"""Held-out scoring of a LoRA-tuned answerer inside ``training.lora``: greedy answers in
+left-padded batches, then EM/F1, citation accuracy and refusal accuracy on the held-out SQuAD
+examples (the same metrics as :mod:`evals.qa`, without the retrieval step)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rag.prompt import build_messages, parse_citations
+from training.lora_data import QAExample
+
+# ---------------------------------------------------------------------------- generation + scoring
+
+
+def stop_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end an assistant turn: eos plus ChatML's <|im_end|> when present."""
+    ids = {tokenizer.eos_token_id}
+    for tok in ("<|im_end|>", "<|end|>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return sorted(i for i in ids if i is not None)
+
+
+def generate_answers(
+    model: Any, tokenizer: Any, examples: Sequence[QAExample], cfg: Any
+) -> list[str]:
+    """Greedy answers for ``examples`` (left-padded batches)."""
+    import torch
+    from tqdm import tqdm
+
+    tokenizer.padding_side = "left"
+    device = next(model.parameters()).device
+    outs: list[str] = []
+    model.eval()
+    for i in tqdm(range(0, len(examples), cfg.eval_batch_size), desc="generate", file=sys.stderr):
+        batch = examples[i : i + cfg.eval_batch_size]
+        prompts = [
+            tokenizer.apply_chat_template(
+                build_messages(e.question, e.passages), add_generation_prompt=True, tokenize=False
+            )
+            for e in batch
+        ]
+        enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(
+            device
+        )
+        with torch.no_grad():
+            gen = model.generate(
+                **enc,
+                max_new_tokens=cfg.max_new_tokens,
+                do_sample=False,
+                eos_token_id=stop_ids(tokenizer),
+                pad_token_id=tokenizer.pad_token_id,
+            )
+        outs += tokenizer.batch_decode(
+            gen[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+        )
+    tokenizer.padding_side = "right"
+    return [o.strip() for o in outs]
+
+
+def score_answers(examples: Sequence[QAExample], answers: Sequence[str]) -> dict[str, Any]:
+    """EM/F1 and citation accuracy over answerable examples; refusal accuracy over the rest."""
+    from evals.metrics import citation_correct, exact_match, f1_score
+
+    em = f1 = cite = refused_ok = wrong_refusals = 0.0
+    n_ans = n_unans = 0
+    for ex, ans in zip(examples, answers):
+        parsed = parse_citations(ans, len(ex.passages))
+        if ex.answerable:
+            n_ans += 1
+            em += exact_match(parsed.text, ex.answers)
+            f1 += f1_score(parsed.text, ex.answers)
+            cite += citation_correct(parsed.cited, ex.cited)
+            wrong_refusals += parsed.refused
+        else:
+            n_unans += 1
+            refused_ok += parsed.refused
+    a, u = max(n_ans, 1), max(n_unans, 1)
+    return {
+        "em": round(100 * em / a, 2),
+        "f1": round(100 * f1 / a, 2),
+        "citation_accuracy": round(100 * cite / a, 2),
+        "refusal_accuracy": round(100 * refused_ok / u, 2),
+        "false_refusals": round(100 * wrong_refusals / a, 2),
+        "n_answerable": n_ans,
+        "n_unanswerable": n_unans,
+    }
+
+
+def evaluate(model: Any, tokenizer: Any, examples: Sequence[QAExample], cfg: Any) -> dict[str, Any]:
+    answers = generate_answers(model, tokenizer, examples, cfg)
+    scores = score_answers(examples, answers)
+    scores["samples"] = [
+        {"question": e.question, "gold": e.target, "answer": a}
+        for e, a in zip(examples[:5], answers)
+    ]
+    return scores

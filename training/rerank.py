@@ -1,0 +1,364 @@
+"""Train a cross-encoder reranker on SciFact and SQuAD train queries with mined hard negatives.
+
+    python -m training.rerank --model minilm --out artifacts/models/minilm-rerank \\
+        --scifact ../shared/data/scifact --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
+        --max-steps 600 --batch-size 16 --max-length 256 --threads 2
+
+Why a cross-encoder: a bi-encoder embeds query and passage apart and compares two vectors; a
+cross-encoder reads them together (every query token attends to every passage token), which ranks
+better but costs one forward pass per candidate, so it re-scores only the first stage's top
+``rerank_depth`` (the latency setting). The model is a sentence-transformers ``CrossEncoder``
+(a sequence-classification head with one logit) initialised from any encoder: the MiniLM weights
+(``minilm``), our own MLM encoder folder, or an existing CrossEncoder folder to continue from.
+
+Data and the held-out guard: :mod:`training.rerank_data`. Loss: ``bce`` (pointwise binary
+cross-entropy, positives up-weighted by the number of negatives per query, the recipe of
+sentence-transformers' MS MARCO rerankers) or ``mnrl`` / ``cached-mnrl`` (the positive against
+its hard negatives plus in-batch ones). Before and after training the model reranks the first
+stage's candidates for sampled dev queries (``CrossEncoderRerankingEvaluator``; indicative: the
+reported numbers come from ``python -m evals.retrieval --rerank``). The output folder loads with
+``CrossEncoder(dir)`` and holds run.json, train_log.jsonl and loss.png.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.models import lm_objective, pick_device, resolve_model
+from rag.paths import models_dir
+from training import pairs as P
+from training import rerank_data as R
+from training.contrastive import (
+    _hardware,
+    _jsonl_logger,
+    _log_event,
+    _remove_if_empty,
+    plot_loss,
+    torch_threads,
+)
+from training.dataclass_cli import run_training_cli
+
+log = logging.getLogger("training.rerank")
+LOSSES = ("bce", "mnrl", "cached-mnrl")
+MINERS = ("bm25", "dense")
+
+
+@dataclass
+class RerankConfig:
+    """Everything a reranker run depends on; saved as run.json beside the model."""
+
+    model: str = "minilm"  # encoder to start from: alias, our MLM encoder folder, or a CrossEncoder
+    out: str = ""  # output folder (default: $RAG_HOME/models/<model>-rerank, e.g. minilm-rerank)
+    scifact: str | None = (
+        None  # BEIR SciFact folder: train claims (its fixed dev fifth is never used)
+    )
+    squad: str | None = None  # SQuAD v1.1 JSON: questions of the train articles only
+    docs: list[str] = field(default_factory=list)  # your documents: inverse-cloze/heading pairs
+    pairs: list[str] = field(default_factory=list)  # JSONL {"anchor","positive"[,"negative"]}
+    max_doc_pairs: int = 2000  # cap on pairs mined from --docs
+    max_queries: int = 0  # cap per source, sampled by seed (0 = all)
+    negatives: int = 4  # hard negatives per query
+    mine: list[str] = field(default_factory=lambda: list(MINERS))  # miners: bm25 and/or dense
+    mine_encoder: str = "minilm"  # bi-encoder of the dense miner (and of the dev first stage)
+    mine_depth: int = 30  # candidates per miner that negatives are drawn from
+    mine_skip: int = 0  # skip each miner's top N (they may be unlabelled positives)
+    loss: str = "bce"  # bce | mnrl | cached-mnrl
+    mini_batch_size: int = 16  # cached-mnrl: forward chunk size (memory), not the batch size
+    max_length: int = 256  # tokens per (query, passage) pair, training and inference (saved)
+    rerank_depth: int = 50  # first-stage candidates reranked in the dev eval (latency setting)
+    epochs: float = 1.0  # passes over the training rows
+    max_steps: int = -1  # stop after this many optimiser steps (-1 = run the epochs)
+    batch_size: int = 16  # rows per batch: (query, passage) pairs for bce, queries for mnrl
+    lr: float = 2e-5  # peak learning rate (linear warmup then decay)
+    warmup_ratio: float = 0.1  # fraction of steps spent warming up
+    eval: bool = True  # rerank dev candidates before and after training
+    eval_max_queries: int = 50  # dev queries per set for that eval (0 = all)
+    eval_batch_size: int = 32  # pairs per forward pass in evaluation
+    seed: int = 0  # seed for sampling, mining and training
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch CPU threads (0 = torch default)
+    logging_steps: int = 10  # log the loss every this many steps
+
+
+# ---------------------------------------------------------------------------- model
+
+
+def build_model(name: str, max_length: int = 256, device: str = "cpu") -> Any:
+    """A one-logit CrossEncoder: an existing CrossEncoder folder is loaded as it is; any encoder
+    (a SentenceTransformer folder such as ``minilm``, a plain HF or our MLM folder) gets a fresh
+    sequence-classification head on its weights. A causal LM is refused: sentence-transformers
+    would score it by yes/no token logits, which our tokenizers do not have."""
+    from sentence_transformers import CrossEncoder
+    from transformers import AutoConfig
+
+    path = resolve_model(name)
+    st_cfg = path / "config_sentence_transformers.json"
+    is_ce = st_cfg.is_file() and json.loads(st_cfg.read_text()).get("model_type") == "CrossEncoder"
+    if not is_ce and lm_objective(AutoConfig.from_pretrained(str(path))) == "clm":
+        raise ValueError(f"--model {name}: a causal LM; a reranker starts from an encoder")
+    kw = {} if is_ce else {"num_labels": 1}
+    model = CrossEncoder(
+        str(path), device=device, local_files_only=True, max_length=max_length, **kw
+    )
+    model.max_seq_length = max_length
+    tok = model.tokenizer
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token or tok.unk_token
+    return model
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def _pools(cfg: RerankConfig, held: R.Heldout) -> list[R.Pool]:
+    pools = []
+    if cfg.scifact:
+        pools.append(R.scifact_pool(cfg.scifact, held, cfg.max_queries, cfg.seed))
+    if cfg.squad:
+        pools.append(R.squad_pool(cfg.squad, held, cfg.max_queries, cfg.seed))
+    if cfg.docs:
+        docs = P.load_doc_sources(cfg.docs)
+        if not docs:
+            raise ValueError(f"--docs {' '.join(cfg.docs)}: no loadable documents")
+        mined = P.unsupervised_pairs(
+            docs, seed=cfg.seed, kinds=("ict", "heading"), max_pairs=cfg.max_doc_pairs or None
+        )
+        pools.append(R.pairs_pool(mined, "docs", held))
+    if cfg.pairs:
+        pools.append(R.pairs_pool([p for f in cfg.pairs for p in P.read_pairs(f)], "pairs", held))
+    pools = [p for p in pools if p.queries]
+    if not pools:
+        raise ValueError("no training queries: give --scifact, --squad, --docs and/or --pairs")
+    return pools
+
+
+def collect_examples(
+    cfg: RerankConfig, encoder: Any = None
+) -> tuple[list[R.RerankExample], dict[str, Any]]:
+    """Every source's examples with mined negatives, shuffled, checked against the dev splits;
+    also {pool kind: (retriever, corpus)} (the dev eval's first stage reuses them)."""
+    from rag.retrieve import CorpusRetriever
+
+    if bad := [m for m in cfg.mine if m not in MINERS]:
+        raise ValueError(f"--mine must be among {', '.join(MINERS)}, not {bad[0]!r}")
+    held = R.heldout(cfg.scifact, cfg.squad)
+    examples: list[R.RerankExample] = []
+    retrievers: dict[str, Any] = {}
+    for pool in _pools(cfg, held):
+        ids = list(pool.corpus)
+        mode = "hybrid" if "dense" in cfg.mine else "bm25"
+        enc = encoder if mode == "hybrid" else None
+        retriever = CorpusRetriever(ids, [pool.corpus[i] for i in ids], enc, mode, depth=100)
+        retrievers[pool.kind] = (retriever, pool.corpus)
+        examples += R.mine_pool(
+            pool,
+            lambda qs, k, m, r=retriever: r.search_many(qs, k, m),
+            cfg.mine,
+            cfg.negatives,
+            cfg.mine_depth,
+            cfg.mine_skip,
+            cfg.seed,
+        )
+    R.assert_no_heldout(examples, held)
+    random.Random(cfg.seed).shuffle(examples)
+    return examples, retrievers
+
+
+def dev_evaluators(cfg: RerankConfig, retrievers: dict[str, Any]) -> list:
+    """Rerank evaluators over the first stage's top ``rerank_depth`` for sampled dev queries
+    (SciFact dev claims, SQuAD dev-article questions), never trained on."""
+    from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
+
+    from evals.datasets import load_beir, load_squad, scifact_split, squad_split
+
+    sets = []
+    if cfg.scifact and "scifact" in retrievers:
+        ds = load_beir(cfg.scifact, "train")
+        sets.append(("scifact-dev", ds, scifact_split(ds)[1], *retrievers["scifact"]))
+    if cfg.squad and "squad" in retrievers:
+        ds = load_squad(cfg.squad, articles=squad_split(cfg.squad)[1])
+        sets.append(("squad-dev", ds, sorted(ds.queries), *retrievers["squad"]))
+    out = []
+    for name, ds, qids, retriever, corpus in sets:
+        if cfg.eval_max_queries and len(qids) > cfg.eval_max_queries:
+            qids = sorted(random.Random(cfg.seed).sample(qids, cfg.eval_max_queries))
+        rows = retriever.search_many([ds.queries[q] for q in qids], cfg.rerank_depth)
+        samples = [
+            {
+                "query": ds.queries[q],
+                "positive": [ds.doc_text(d) for d in ds.qrels[q]],
+                "documents": [corpus[d] for d, _ in row],
+            }
+            for q, row in zip(qids, rows)
+        ]
+        out.append(
+            CrossEncoderRerankingEvaluator(
+                samples,
+                at_k=10,
+                always_rerank_positives=False,
+                name=name,
+                batch_size=cfg.eval_batch_size,
+                write_csv=False,
+            )
+        )
+    return out
+
+
+def evaluate(model: Any, evaluators: list) -> dict[str, dict[str, float]]:
+    """{set: {ndcg@10, mrr@10, base_ndcg@10, base_mrr@10, n_queries}} per dev evaluator."""
+    out = {}
+    for ev in evaluators:
+        res = ev(model)
+        keys = ("ndcg@10", "mrr@10", "base_ndcg@10", "base_mrr@10")
+        out[ev.name] = {k: round(float(res[f"{ev.name}_{k}"]), 4) for k in keys}
+        out[ev.name]["n_queries"] = len(ev.samples)
+    return out
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def train_rerank(cfg: RerankConfig) -> dict[str, Any]:
+    """Mine, evaluate, train, save, evaluate again; returns the run summary (run.json)."""
+    return fit(cfg)[1]
+
+
+def fit(cfg: RerankConfig) -> tuple[Any, dict[str, Any]]:
+    """:func:`train_rerank`, also returning the trained CrossEncoder (tests compare it with what
+    loads from disk)."""
+    if cfg.loss not in LOSSES:
+        raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, not {cfg.loss!r}")
+    if cfg.negatives < 1 or cfg.max_length < 8 or cfg.rerank_depth < 1:
+        raise ValueError("--negatives and --rerank-depth must be positive, --max-length >= 8")
+    with torch_threads(cfg.threads):
+        return _fit(cfg)
+
+
+def _loss(cfg: RerankConfig, model: Any) -> Any:
+    import torch
+    from sentence_transformers.cross_encoder import losses
+
+    if cfg.loss == "bce":  # one positive per `negatives` negatives: weigh positives up to match
+        return losses.BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(float(cfg.negatives)))
+    if cfg.loss == "mnrl":
+        return losses.MultipleNegativesRankingLoss(model)
+    return losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size)
+
+
+def _fit(cfg: RerankConfig) -> tuple[Any, dict[str, Any]]:
+    import torch
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.cross_encoder import (
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
+
+    from rag.models import load_embedder
+
+    t0 = time.time()
+    device = pick_device(cfg.device)
+    out = Path(cfg.out or models_dir() / f"{Path(cfg.model).name}-rerank")
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "train_log.jsonl"
+    log_path.write_text("")
+    torch.manual_seed(cfg.seed)
+
+    model = build_model(cfg.model, cfg.max_length, device)
+    encoder = load_embedder(cfg.mine_encoder, device=device) if "dense" in cfg.mine else None
+    examples, retrievers = collect_examples(cfg, encoder)
+    kinds: dict[str, int] = {}
+    for ex in examples:
+        kinds[ex.kind] = kinds.get(ex.kind, 0) + 1
+    train_ds = R.to_dataset(examples, "bce" if cfg.loss == "bce" else "mnrl", cfg.seed)
+    log.info("%d queries %s, %d training rows", len(examples), kinds, len(train_ds))
+    t_data = time.time() - t0
+
+    evaluators = dev_evaluators(cfg, retrievers) if cfg.eval else []
+    before = evaluate(model, evaluators)
+    _log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
+
+    args = CrossEncoderTrainingArguments(
+        output_dir=str(out / "checkpoints"),
+        num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        warmup_ratio=cfg.warmup_ratio,
+        batch_sampler=BatchSamplers.NO_DUPLICATES
+        if cfg.loss != "bce"
+        else BatchSamplers.BATCH_SAMPLER,
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        save_strategy="no",
+        report_to=[],
+        seed=cfg.seed,
+        use_cpu=device == "cpu",
+        dataloader_drop_last=cfg.loss != "bce",
+    )
+    trainer = CrossEncoderTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_ds,
+        loss=_loss(cfg, model),
+        callbacks=[_jsonl_logger(log_path)],
+    )
+    t_train = time.time()
+    result = trainer.train()
+    train_seconds = time.time() - t_train
+    _remove_if_empty(out / "checkpoints")
+    model.save(str(out))
+
+    after = evaluate(model, evaluators)
+    _log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
+    plot_loss(log_path, out / "loss.png", f"reranker {Path(cfg.model).name} ({cfg.loss})")
+    summary = {
+        "config": asdict(cfg),
+        "out": str(out),
+        "n_queries": len(examples),
+        "query_kinds": kinds,
+        "n_rows": len(train_ds),
+        "steps": result.global_step,
+        "train_loss": round(result.training_loss, 4),
+        "settings": {"max_length": cfg.max_length, "rerank_depth": cfg.rerank_depth},
+        "before": before,
+        "after": after,
+        "data_seconds": round(t_data, 1),
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.time() - t0, 1),
+        "hardware": _hardware(device),
+    }
+    (out / "run.json").write_text(json.dumps(summary, indent=2))
+    return model, summary
+
+
+# ---------------------------------------------------------------------------- CLI
+
+
+def _report(summary: dict) -> None:
+    for name in summary["before"]:
+        b, a = summary["before"][name], summary["after"][name]
+        print(
+            f"{name}: rerank nDCG@10 {b['ndcg@10']:.4f} -> {a['ndcg@10']:.4f}"
+            f" (first stage {a['base_ndcg@10']:.4f})"
+        )
+    print(
+        f"saved {summary['out']} ({summary['n_queries']} queries, {summary['n_rows']} rows,"
+        f" {summary['steps']} steps)"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_training_cli(
+        "python -m training.rerank", __doc__, RerankConfig, train_rerank, _report, argv
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
