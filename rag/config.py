@@ -67,6 +67,10 @@ class RAGConfig:
     max_context_tokens: int | None = 2048  # prompt+answer cap below the decoder's max positions
     min_score: float | None = None  # relevance threshold on hit scores; None = per-mode default
     prefix_cache: bool = True  # reuse the KV cache of the fixed system prompt across questions
+    batching: bool = False  # decode concurrent requests together (rag.batching); off until measured
+    max_batch: int = 8  # rows per decode step when batching is on
+    # check each cited sentence against the passage it names; re-attribute or flag (rag.verify)
+    verify_citations: bool = True
     # when the answer cites nothing (and is no refusal), append the passage marker [i] the decoder
     # itself scores likeliest after its answer; Answer.citations_completed records it
     complete_citations: bool = True
@@ -106,6 +110,8 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(
             f"overlap must be in [0, chunk_tokens={cfg.chunk_tokens}), not {cfg.overlap}"
         )
+    if cfg.max_batch < 1:
+        raise ConfigError(f"max_batch must be at least 1, not {cfg.max_batch}")
     if cfg.fusion not in ("rrf", "convex"):
         raise ConfigError(f"fusion must be rrf or convex, not {cfg.fusion!r}")
     if not 0 <= cfg.alpha <= 1:

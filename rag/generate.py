@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rag.batching import BatchedDecoder
 from rag.decoding import DecodingRules, trim_repetition
 from rag.prompt import build_messages
 from rag.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
@@ -43,7 +44,8 @@ class Generator:
     """A causal LM + tokenizer that answers chat messages, with the KV and prefix caches.
 
     One instance is shared by every request (the UI's sessions included): decoding runs under a
-    lock, so concurrent callers queue instead of fighting for the same CPU cores.
+    lock, so concurrent callers queue instead of fighting for the same CPU cores, or, opt-in
+    (``batching=True``), share the steps of one :class:`rag.batching.BatchedDecoder`.
     """
 
     def __init__(
@@ -56,6 +58,8 @@ class Generator:
         max_context_tokens: int | None = None,
         profile: str = "plain",
         rules: DecodingRules | None = None,
+        batching: bool = False,
+        max_batch: int = 8,
     ) -> None:
         self.model = model
         self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.decoding)
@@ -69,6 +73,7 @@ class Generator:
         self._prefixes: dict[tuple[int, ...], Any] = {}
         self._prefix_lock = threading.Lock()
         self._decode_lock = threading.Lock()
+        self.batcher = BatchedDecoder.attach(self, max_batch) if batching else None
 
     @classmethod
     def load(
@@ -233,6 +238,13 @@ class Generator:
             kw["cache"] = self._prefix_cache_for(ids[:prefix_len])
         return kw
 
+    def _run_generate(self, kw: dict[str, Any], streamer: Any) -> torch.Tensor:
+        """``model.generate`` under the decode lock, or a row of the batched decoder when on."""
+        if self.batcher is not None and kw["use_cache"]:
+            return self.batcher.generate(**kw, streamer=streamer)
+        with self._decode_lock, torch.inference_mode():
+            return self.model.generate(**kw, streamer=streamer)
+
     def generate_ids(
         self,
         ids: list[int],
@@ -266,9 +278,7 @@ class Generator:
             min_new_tokens=min_new_tokens,
         )
         cached = kw["cache"].get_seq_length() if "cache" in kw else 0
-        with self._decode_lock, torch.inference_mode():
-            out = self.model.generate(**kw, streamer=clock)
-        new = out[0, len(ids) :].tolist()
+        new = self._run_generate(kw, clock)[0, len(ids) :].tolist()
         if stats is not None:
             total = time.perf_counter() - t0
             stats.update(
@@ -388,8 +398,7 @@ class Generator:
 
         def work() -> None:
             try:
-                with self._decode_lock, torch.inference_mode():
-                    self.model.generate(**kw, streamer=streamer)
+                self._run_generate(kw, streamer)
             except BaseException as e:  # surfaced in the consumer's thread below
                 errors.append(e)
                 streamer.end()

@@ -15,7 +15,11 @@ Grounding rules, in one place:
   (``RAGConfig.complete_citations``): the model is asked which passage it used by comparing the
   log-probability of the continuation `` [i]`` for every given passage i after its own answer, and
   the likeliest marker is appended (``Answer.citations_completed`` is then true). Small zero-shot
-  models (SmolLM2-135M) answer but almost never write markers by themselves.
+  models (SmolLM2-135M) answer but almost never write markers by themselves;
+- every citation is then verified against the passage it names (:mod:`rag.verify`): one whose
+  sentence that passage does not support is re-attributed to a passage that clearly does, or
+  flagged (``Citation.supported``); an answer that repeats instruction-like passage text is
+  marked ``suspected_injection``. ``RAGPipeline(verify=False)`` turns this off.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, parse_citations
 from rag.types import Answer, Citation, Hit
+from rag.verify import verify_answer
 
 History = Sequence[tuple[str, str]]
 RewriteFn = Callable[[str, list[tuple[str, str]]], str]
@@ -142,6 +147,8 @@ class RAGPipeline:
 
     ``retriever`` / ``generator`` may be passed in (tests, evals reusing loaded models); else they
     are built from ``config`` on first use. ``rewrite_query`` overrides ``config.rewrite_query``.
+    ``verify`` checks citations against their passages (:mod:`rag.verify`); None = the config's
+    ``verify_citations`` when it has one, else on.
     """
 
     def __init__(
@@ -151,8 +158,10 @@ class RAGPipeline:
         retriever: Any = None,
         generator: Any = None,
         rewrite_query: RewriteFn | None = None,
+        verify: bool | None = None,
     ) -> None:
         self.config = config or RAGConfig()
+        self.verify = getattr(self.config, "verify_citations", True) if verify is None else verify
         self._retriever = retriever
         self._generator = generator
         self.rewrite_query = rewrite_query or self.config.rewrite_query
@@ -197,6 +206,8 @@ class RAGPipeline:
                         max_context_tokens=cfg.max_context_tokens,
                         dtype=cfg.dtype,
                         profile=cfg.profile,
+                        batching=cfg.batching,
+                        max_batch=cfg.max_batch,
                     )
         return self._generator
 
@@ -321,15 +332,17 @@ class RAGPipeline:
         yield answer
 
     def _finish(self, raw: str, prep: Prepared) -> Answer:
-        """The Answer for ``raw``, with citation completion when configured and supported."""
+        """The Answer for ``raw``, with citation completion when configured and supported, then
+        citation verification when ``self.verify``."""
         t0 = time.perf_counter()
         gen = self.generator
         if not self.config.complete_citations or not hasattr(gen, "score_continuations"):
-            return make_answer(raw, prep)
-        answer = complete_citation(raw, prep, gen)
-        if answer.citations_completed:
-            prep.timings["cite_s"] = time.perf_counter() - t0
-        return answer
+            answer = make_answer(raw, prep)
+        else:
+            answer = complete_citation(raw, prep, gen)
+            if answer.citations_completed:
+                prep.timings["cite_s"] = time.perf_counter() - t0
+        return verify_answer(answer) if self.verify else answer
 
 
 def _gen_timings(stats: dict[str, float]) -> dict[str, float]:

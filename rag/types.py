@@ -69,7 +69,8 @@ class Citation:
 
     ``source`` is the absolute path as stored; ``path`` the one to show (relative to the
     ingested folder, see :class:`Chunk`). :class:`Answer` fills an empty ``path`` from the
-    passage with the same chunk id."""
+    passage with the same chunk id. ``supported`` is False when citation verification
+    (:mod:`rag.verify`) found a sentence it covers that the passage does not support."""
 
     number: int
     source: str
@@ -78,6 +79,7 @@ class Citation:
     score: float
     chunk_id: str
     path: str = ""
+    supported: bool = True
 
     @property
     def display_path(self) -> str:
@@ -110,6 +112,15 @@ class Answer:
     # (see rag.pipeline.complete_citation); ``citation_logprobs[i-1]`` is the score of `` [i]``.
     citations_completed: bool = False
     citation_logprobs: list[float] = field(default_factory=list)
+    # Citation verification (rag.verify), when ``verified``: numbers of citations flagged as
+    # unsupported by their passage (kept, Citation.supported False); (from, to) pairs of
+    # citations moved to the passage that supports the sentence; whether the answer looks like
+    # it follows an instruction planted in a passage (a heuristic), and why.
+    verified: bool = False
+    unsupported_citations: list[int] = field(default_factory=list)
+    reattributed: list[tuple[int, int]] = field(default_factory=list)
+    suspected_injection: bool = False
+    injection_reasons: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Citations are made from a passage's chunk fields (rag.pipeline); the passages carry
@@ -132,4 +143,9 @@ class Answer:
             "timings": self.timings,
             "citations_completed": self.citations_completed,
             "citation_logprobs": self.citation_logprobs,
+            "verified": self.verified,
+            "unsupported_citations": self.unsupported_citations,
+            "reattributed": [list(pair) for pair in self.reattributed],
+            "suspected_injection": self.suspected_injection,
+            "injection_reasons": self.injection_reasons,
         }

@@ -1,0 +1,278 @@
+"""Concurrent decoding load: N sessions for T seconds on one Generator, batching off vs on.
+
+    python -m benchmarks.concurrent_load [--decoder smollm2] [--adapter none] [--sessions 16] [--duration 60]
+        [--max-new-tokens 16] [--max-batch 8] [--modes off,on] [--rounds 1] [--threads 2]
+        [--device cpu] [--dtype float32] [--json]
+
+Only the decoder is measured (no retrieval, no UI): each session streams answers to grounded
+prompts (system turn + passages from ``../shared/data/python-docs`` when present, else filler;
+a different question and passage count per session, so prompt lengths differ) through
+``Generator.stream``, the path the UI and the API use, in a loop until ``--duration`` seconds
+have passed; requests in flight then finish and are counted (as in ``benchmarks.ui_load``).
+Mode ``off`` is today's serving (one ``model.generate`` at a time under the decode lock); ``on``
+is ``Generator(batching=True, max_batch=...)`` (rag.batching) over the *same* model object,
+prompts and settings. Rounds alternate the modes (off, on, off, on, ...) so a change in machine
+load hits both. Greedy decoding; each mode's first answer per prompt is kept and the fraction of
+prompts answered identically in both modes is reported (float32 should give 1.0; bf16 may not).
+
+Reports per mode: requests, errors, req/s, p50/p95/max latency, p50 time to first token, the
+mean batch size (on), CPU seconds of this process, and the 1-minute load average before and
+after; ``results.json`` goes to ``$RAG_HOME/benchmarks/concurrent_load/``. On a shared machine
+run it alone (``nice`` only lowers its priority; it does not stop others slowing it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.decode import hardware, source_passages
+from rag.paths import rag_home
+
+QUESTIONS = [
+    "How do I read a file line by line?",
+    "What does the with statement do?",
+    "How do I write a list comprehension?",
+    "What is the difference between a list and a tuple?",
+    "How do I define a function with default arguments?",
+    "How are exceptions handled?",
+]
+
+
+@dataclass
+class LoadConfig:
+    """One run; every field is a ``--kebab-case`` flag."""
+
+    decoder: str = "smollm2"  # decoder alias or folder
+    adapter: str = "none"  # LoRA adapter: none | auto | folder
+    sessions: int = 16  # concurrent sessions (threads)
+    duration: float = 60.0  # seconds during which sessions start new requests, per mode
+    max_new_tokens: int = 16  # answer length cap per request (as benchmarks.ui_load)
+    max_batch: int = 8  # rows per step with batching on
+    modes: str = "off,on"  # comma-separated subset of off,on
+    rounds: int = 1  # times each mode runs, alternating
+    prompts_per_session: int = 3  # distinct prompts a session cycles through
+    threads: int = 2  # torch CPU threads
+    device: str = "cpu"  # cpu | cuda | auto
+    dtype: str = "float32"  # float32 | bfloat16 | auto
+    out: str | None = None  # output folder (default $RAG_HOME/benchmarks/concurrent_load)
+
+
+def log(msg: str) -> None:
+    print(f"[concurrent_load] {msg}", file=sys.stderr, flush=True)
+
+
+def build_prompts(gen: Any, cfg: LoadConfig) -> list[list[list[dict[str, str]]]]:
+    """``prompts[session][j]``: chat messages with 1-4 passages, fitted to the context budget."""
+    paras = source_passages()
+    out = []
+    for s in range(cfg.sessions):
+        mine = []
+        for j in range(cfg.prompts_per_session):
+            k = s * cfg.prompts_per_session + j
+            question = QUESTIONS[k % len(QUESTIONS)]
+            picked = [paras[(k + i) % len(paras)] for i in range(1 + k % 4)]
+            kept = gen.fit_passages(question, picked, max_new_tokens=cfg.max_new_tokens)
+            mine.append(gen.messages(question, kept))
+        out.append(mine)
+    return out
+
+
+def run_mode(gen: Any, prompts: list[list[Any]], cfg: LoadConfig) -> dict[str, Any]:
+    """All sessions against ``gen`` for ``cfg.duration`` seconds; per-request records."""
+    records: list[dict[str, Any]] = []
+    answers: dict[str, str] = {}
+    lock = threading.Lock()
+    start = threading.Barrier(cfg.sessions + 1)
+    deadline = [0.0]
+
+    def session(s: int) -> None:
+        start.wait()
+        j = 0
+        while time.perf_counter() < deadline[0]:
+            msgs = prompts[s][j % len(prompts[s])]
+            key = f"{s}/{j % len(prompts[s])}"
+            j += 1
+            stats: dict[str, float] = {}
+            t0 = time.perf_counter()
+            try:
+                text = "".join(gen.stream(msgs, max_new_tokens=cfg.max_new_tokens, stats=stats))
+                rec = {"ok": True, "latency_s": time.perf_counter() - t0}
+                rec["ttft_s"] = stats.get("ttft_s", rec["latency_s"])
+            except Exception as e:  # counted, not fatal: the load goes on
+                text, rec = "", {"ok": False, "error": repr(e)}
+            with lock:
+                records.append(rec)
+                if rec["ok"]:
+                    answers.setdefault(key, text)
+
+    threads = [threading.Thread(target=session, args=(s,)) for s in range(cfg.sessions)]
+    for t in threads:
+        t.start()
+    batcher = getattr(gen, "batcher", None)
+    steps0 = (batcher.steps, batcher.row_steps) if batcher else (0, 0)
+    load0, cpu0 = os.getloadavg()[0], time.process_time()
+    t0 = time.perf_counter()
+    deadline[0] = t0 + cfg.duration
+    start.wait()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    ok = [r for r in records if r["ok"]]
+    lat = sorted(r["latency_s"] for r in ok)
+    out: dict[str, Any] = {
+        "requests": len(ok),
+        "errors": len(records) - len(ok),
+        "wall_s": wall,
+        "throughput_req_s": len(ok) / wall,
+        "p50_latency_s": statistics.median(lat) if lat else None,
+        "p95_latency_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else None,
+        "max_latency_s": lat[-1] if lat else None,
+        "p50_ttft_s": statistics.median(r["ttft_s"] for r in ok) if ok else None,
+        "cpu_s": time.process_time() - cpu0,
+        "load_avg_1m_start": load0,
+        "load_avg_1m_end": os.getloadavg()[0],
+        "error_examples": sorted({r["error"] for r in records if not r["ok"]})[:3],
+    }
+    if batcher:
+        steps, rows = batcher.steps - steps0[0], batcher.row_steps - steps0[1]
+        out.update(steps=steps, mean_batch=rows / steps if steps else 0.0)
+    out["answers"] = answers
+    return out
+
+
+def run(cfg: LoadConfig) -> dict[str, Any]:
+    import torch
+
+    from rag.generate import Generator
+
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(0)
+    t0 = time.perf_counter()
+    plain = Generator.load(cfg.decoder, adapter=cfg.adapter, device=cfg.device, dtype=cfg.dtype)
+    log(f"loaded {cfg.decoder} in {time.perf_counter() - t0:.1f}s on {plain.device}")
+    batched = Generator(
+        plain.model,
+        plain.tokenizer,
+        plain.device,
+        profile=plain.profile,
+        batching=True,
+        max_batch=cfg.max_batch,
+    )
+    gens = {"off": plain, "on": batched}
+    modes = [m for m in cfg.modes.split(",") if m]
+    if set(modes) - set(gens):
+        raise ValueError(f"--modes takes off and/or on, not {cfg.modes!r}")
+    if "on" in modes and batched.batcher is None:
+        raise ValueError(f"{cfg.decoder}: its cache layers do not support batched decoding")
+    prompts = build_prompts(plain, cfg)
+    sizes = [len(plain.prompt_ids(p)[0]) for s in prompts for p in s]
+    log(f"{len(sizes)} prompts, {min(sizes)}-{max(sizes)} tokens; warm-up")
+    for mode in modes:
+        "".join(gens[mode].stream(prompts[0][0], max_new_tokens=2))
+    result: dict[str, Any] = {
+        "config": asdict(cfg),
+        "hardware": hardware(cfg.threads),
+        "prompt_tokens": {"min": min(sizes), "max": max(sizes), "mean": statistics.mean(sizes)},
+        "runs": [],
+    }
+    for r in range(cfg.rounds):
+        for mode in modes:
+            log(f"round {r + 1}/{cfg.rounds}: batching {mode}, {cfg.sessions} sessions")
+            res = run_mode(gens[mode], prompts, cfg)
+            log(
+                f"  {res['requests']} requests, {res['throughput_req_s']:.3f} req/s, "
+                f"p50 {res['p50_latency_s'] or 0:.2f} s, load {res['load_avg_1m_end']:.1f}"
+            )
+            result["runs"].append({"mode": mode, "round": r + 1, **res})
+    if batched.batcher is not None:
+        batched.batcher.close()
+    result["agreement"] = agreement(result["runs"])
+    for run_ in result["runs"]:
+        run_.pop("answers")
+    return result
+
+
+def agreement(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of the prompts answered in both modes, the fraction answered with the same text."""
+    first: dict[str, dict[str, str]] = {}
+    for r in runs:
+        for key, text in r["answers"].items():
+            first.setdefault(r["mode"], {}).setdefault(key, text)
+    if len(first) < 2:
+        return None
+    both = sorted(set(first["off"]) & set(first["on"]))
+    same = sum(first["off"][k] == first["on"][k] for k in both)
+    return {"prompts": len(both), "same": same, "fraction": same / len(both) if both else None}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| batching | round | requests | errors | req/s | p50 latency | p95 latency | "
+        "p50 TTFT | mean batch | load avg start → end |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def s(v: float | None) -> str:
+        return "–" if v is None else f"{v:.2f} s"
+
+    for r in result["runs"]:
+        mean = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "1"
+        lines.append(
+            f"| {r['mode']} | {r['round']} | {r['requests']} | {r['errors']} | "
+            f"{r['throughput_req_s']:.3f} | {s(r['p50_latency_s'])} | {s(r['p95_latency_s'])} | "
+            f"{s(r['p50_ttft_s'])} | {mean} | "
+            f"{r['load_avg_1m_start']:.1f} → {r['load_avg_1m_end']:.1f} |"
+        )
+    if agree := result.get("agreement"):
+        lines.append(f"\nsame greedy answer in both modes: {agree['same']}/{agree['prompts']}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> tuple[LoadConfig, bool]:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.concurrent_load", description=__doc__.split("\n\n")[0]
+    )
+    for name, default in asdict(LoadConfig()).items():
+        conv = type(default) if default is not None else str
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=conv, default=default)
+    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    args = vars(p.parse_args(argv))
+    as_json = args.pop("json")
+    return LoadConfig(**args), as_json
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg, as_json = parse_args(argv)
+    if cfg.sessions < 1 or cfg.duration <= 0 or cfg.rounds < 1 or cfg.max_new_tokens < 1:
+        print(
+            "benchmarks.concurrent_load: error: need --sessions >= 1, --duration > 0, "
+            "--rounds >= 1, --max-new-tokens >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        result = run(cfg)
+    except (LookupError, RuntimeError, ValueError) as e:
+        print(f"benchmarks.concurrent_load: error: {e}", file=sys.stderr)
+        return 1
+    out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "concurrent_load"
+    out.mkdir(parents=True, exist_ok=True)
+    argv_used = sys.argv[1:] if argv is None else argv
+    result["command"] = "python -m benchmarks.concurrent_load " + " ".join(argv_used)
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    log(f"wrote {out}/results.json")
+    print(json.dumps(result, indent=2) if as_json else markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

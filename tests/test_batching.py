@@ -1,0 +1,338 @@
+"""Batched decoding (rag.batching): a request decoded with others gives what it gives alone.
+
+Tiny random Llama and Qwen2 decoders (tests/generate_support.py), float32. Requests of different
+prompt lengths join at different steps (left padding and per-row positions are exercised); a
+*scripted* model, whose greedy choice is fixed by position, makes stop strings, loops and long
+answers deterministic. Holding the generator's decode lock pauses the worker, which is how a test
+makes several requests join the same step.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+from generate_support import build_model, build_tokenizer, messages, model_config
+
+from rag.batching import BatchedDecoder
+from rag.decoding import DecodingRules
+from rag.generate import Generator
+from rag.prompt import build_messages
+from rag.streaming import Cancel
+
+QUESTIONS = [
+    "how do I read a file?",
+    "what closes the file?",
+    "why",
+    "Use open and a for loop to read lines of text from a file in python?",
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def pair(model: Any, tok: Any, **kw: Any) -> tuple[Generator, Generator]:
+    """An unbatched and a batched generator over the same model."""
+    max_batch = kw.pop("max_batch", 8)
+    batched = Generator(model, tok, "cpu", batching=True, max_batch=max_batch, **kw)
+    return Generator(model, tok, "cpu", **kw), batched
+
+
+def sharp_model(arch: str, tok: Any) -> Any:
+    """A tiny random ``arch`` with weights 10x the usual init: attention is peaked enough that
+    a wrong position or a visible pad column changes the greedy tokens (at the default 0.02
+    attention is nearly uniform, and such bugs would pass unseen)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = model_config(arch, tok)
+    cfg.initializer_range = 0.2
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def gens(request, tok) -> Iterator[tuple[Generator, Generator]]:
+    alone, batched = pair(sharp_model(request.param, tok), tok)
+    yield alone, batched
+    batched.batcher.close()
+
+
+def scripted_model(tok: Any, text: str, eos: bool = False) -> Any:
+    """A tiny Qwen2 whose greedy choice is fixed: after the prompt of :func:`messages`, its i-th
+    new token is the i-th token of ``text`` (+ eos), cycling. Reads each row's position from
+    ``position_ids``, so it scripts every row of a left-padded batch."""
+    from transformers import Qwen2ForCausalLM
+
+    script = torch.tensor(
+        tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] * eos
+    )
+    prompt_len = len(Generator(None, tok).prompt_ids(messages())[0])
+
+    class Scripted(Qwen2ForCausalLM):
+        def forward(self, input_ids=None, position_ids=None, cache=None, **kwargs):
+            if position_ids is None:  # the prefix cache's own forward: one row, no padding
+                past = cache.get_seq_length() if cache is not None else 0
+                position_ids = torch.arange(past, past + input_ids.shape[1])[None, :]
+            out = super().forward(
+                input_ids=input_ids, position_ids=position_ids, cache=cache, **kwargs
+            )
+            nxt = script[(position_ids[:, -1] + 1 - prompt_len) % len(script)]  # [B]
+            logits = torch.full_like(out.logits, -1e4)
+            logits[torch.arange(len(nxt)), -1, nxt] = 0.0
+            out.logits = logits
+            return out
+
+    torch.manual_seed(0)
+    return Scripted(model_config("qwen2", tok)).eval()
+
+
+def run_all(calls: list[Callable[[], Any]], gen: Generator, every: int = 0) -> list[Any]:
+    """Run ``calls`` in threads and return their results; with ``every`` > 0 each call starts
+    ``every`` batch steps after the previous one (so requests join at different steps)."""
+    out: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            out[i] = calls[i]()
+        except BaseException as e:
+            errors.append(e)
+
+    threads = []
+    for i in range(len(calls)):
+        threads.append(threading.Thread(target=work, args=(i,)))
+        threads[-1].start()
+        target, t0 = gen.batcher.steps + every, time.monotonic()
+        while every and gen.batcher.steps < target and time.monotonic() - t0 < 30:
+            if not any(t.is_alive() for t in threads):
+                break
+            time.sleep(0.001)
+    for t in threads:
+        t.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return out
+
+
+def together(gen: Generator, calls: list[Callable[[], Any]]) -> list[Any]:
+    """Run ``calls`` in threads so that they join the batch together: the worker waits on the
+    decode lock, held here, until every request is queued."""
+    box: list[Any] = []
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            box.extend(run_all(calls, gen))
+        except BaseException as e:
+            errors.append(e)
+
+    thread, target = threading.Thread(target=work), gen.batcher.requests + len(calls)
+    with gen._decode_lock:
+        thread.start()
+        t0 = time.monotonic()
+        while gen.batcher.requests < target and time.monotonic() - t0 < 30:
+            time.sleep(0.002)
+    thread.join(timeout=120)
+    if errors:
+        raise errors[0]
+    return box
+
+
+def prompts(gen: Generator) -> list[tuple[list[int], int, int]]:
+    """(ids, prefix_len, max_new_tokens) of prompts of different lengths."""
+    out = []
+    for i, q in enumerate(QUESTIONS):
+        ids, prefix = gen.prompt_ids(build_messages(q, ["Use open() and iterate."] * (i + 1)))
+        out.append((ids, prefix, 20 + 5 * i))
+    return out
+
+
+# ---- exactness -------------------------------------------------------------------------------
+
+
+def test_batched_greedy_ids_equal_alone(gens):
+    alone, batched = gens
+    reqs = prompts(alone)
+    assert len({len(ids) for ids, _, _ in reqs}) == len(reqs)  # padding is exercised
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    steps = batched.batcher.steps
+    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
+    assert run_all(calls, batched, every=3) == expected
+    assert batched.batcher.max_rows >= 3
+    assert batched.batcher.steps - steps < sum(len(e) for e in expected)  # rows shared steps
+
+
+def test_batched_stream_and_generate_equal_alone(gens):
+    alone, batched = gens
+    msgs = [
+        build_messages(q, ["The with statement closes it."] * (i % 3 + 1))
+        for i, q in enumerate(QUESTIONS)
+    ]
+    expected = [alone.generate(m, max_new_tokens=24) for m in msgs]
+    calls: list[Callable[[], Any]] = []
+    for i, m in enumerate(msgs):
+        if i % 2:
+            calls.append(lambda m=m: "".join(batched.stream(m, max_new_tokens=24)))
+        else:
+            calls.append(lambda m=m: batched.generate(m, max_new_tokens=24))
+    assert together(batched, calls) == expected
+
+
+def test_sampling_rows_leave_greedy_rows_unchanged(gens):
+    alone, batched = gens
+    reqs = prompts(alone)[:3]
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    calls: list[Callable[[], Any]] = []
+    for ids, p, n in reqs:
+        calls.append(lambda ids=ids, p=p, n=n: batched.generate_ids(ids, p, max_new_tokens=n))
+        calls.append(
+            lambda ids=ids, p=p: batched.generate_ids(
+                ids, p, max_new_tokens=16, temperature=0.9, top_p=0.9
+            )
+        )
+    box = together(batched, calls)
+    assert box[0::2] == expected
+    vocab = len(alone.tokenizer)
+    assert all(0 < len(s) <= 16 and all(0 <= i < vocab for i in s) for s in box[1::2])
+
+
+def test_stats_and_score_continuations_with_batching_on(gens):
+    alone, batched = gens
+    msgs = messages()
+    stats: dict[str, float] = {}
+    assert batched.generate(msgs, max_new_tokens=8, stats=stats) == alone.generate(
+        msgs, max_new_tokens=8
+    )
+    assert 0 < stats["cached_prefix_tokens"] < stats["prompt_tokens"]
+    assert 0 < stats["ttft_s"] <= stats["total_s"] and stats["new_tokens"] > 0
+    conts = [" [1]", " [2]"]
+    got = batched.score_continuations(msgs, "Use open().", conts)
+    assert got == pytest.approx(alone.score_continuations(msgs, "Use open().", conts), abs=1e-5)
+
+
+# ---- per-request stops, loop guard, cancellation ----------------------------------------------
+
+
+def test_stop_strings_and_max_new_tokens_per_request(tok):
+    alone, batched = pair(scripted_model(tok, " Use open() [1]\nQuestion: why"), tok)
+    msgs = messages()
+    ids, prefix = alone.prompt_ids(msgs)
+    calls: list[Callable[[], Any]] = [
+        lambda: batched.generate(msgs, max_new_tokens=50),
+        lambda: batched.generate(msgs, max_new_tokens=50, stop=[" open"]),
+        lambda: batched.generate_ids(ids, prefix, max_new_tokens=3),
+        lambda: "".join(batched.stream(msgs, max_new_tokens=50)),
+        lambda: batched.generate_ids(ids, prefix, max_new_tokens=50),
+    ]
+    box = together(batched, calls)
+    assert box[0] == box[3] == "Use open() [1]" == alone.generate(msgs, max_new_tokens=50)
+    assert box[1] == "Use"
+    assert box[2] == tok(" Use open() [1]", add_special_tokens=False)["input_ids"][:3]
+    assert box[4] == alone.generate_ids(ids, prefix, max_new_tokens=50)
+    assert batched.batcher.max_rows >= 4
+    batched.batcher.close()
+
+
+def test_loop_guard_stops_a_looping_row(tok):
+    phrase = " Use a for loop."
+    alone, batched = pair(scripted_model(tok, phrase), tok)
+    msgs = messages()
+    ids, prefix = alone.prompt_ids(msgs)
+    n = len(tok(phrase, add_special_tokens=False)["input_ids"])
+    calls: list[Callable[[], Any]] = [
+        lambda: batched.generate_ids(ids, prefix, max_new_tokens=60),
+        lambda: batched.generate(msgs, max_new_tokens=60),
+        lambda: "".join(batched.stream(msgs, max_new_tokens=60)),
+    ]
+    box = together(batched, calls)
+    assert len(box[0]) == n * DecodingRules().copies_needed(n) < 60
+    assert box[0] == alone.generate_ids(ids, prefix, max_new_tokens=60)
+    assert box[1] == box[2] == phrase.strip()
+    batched.batcher.close()
+
+
+def test_cancelled_stream_frees_its_slot_and_others_finish_unchanged(tok):
+    model = scripted_model(tok, " Paris has the Louvre and a river called the Seine [1].")
+    alone, batched = pair(model, tok, rules=DecodingRules.off(), max_batch=2)
+    msgs = messages()
+    ids, prefix = alone.prompt_ids(msgs)
+    expected = alone.generate_ids(ids, prefix, max_new_tokens=30)
+    long = batched.stream(msgs, max_new_tokens=250, stop=None)
+    assert next(long)  # decoding; holds one of the two slots
+    box: list[Any] = []
+    calls = [lambda: batched.generate_ids(ids, prefix, max_new_tokens=30)] * 2
+    t = threading.Thread(target=lambda: box.extend(run_all(calls, batched)))
+    t.start()
+    time.sleep(0.05)
+    long.close()  # cancels: the slot is free at the next step
+    t.join(timeout=120)
+    assert box == [expected, expected]
+    assert batched.batcher.max_rows == 2
+    assert batched.batcher.steps < 150  # the long request did not run to its 250 tokens
+    batched.batcher.close()
+
+
+def test_waiting_request_cancelled_without_prefill(tok):
+    model = scripted_model(tok, " Paris has the Louvre and a river called the Seine [1].")
+    gen = Generator(model, tok, "cpu", rules=DecodingRules.off(), batching=True, max_batch=1)
+    ids, prefix = gen.prompt_ids(messages())
+    long = gen.stream(messages(), max_new_tokens=250, stop=None)
+    assert next(long)
+
+    class Recorder:
+        puts, ended = 0, False
+
+        def put(self, value: torch.Tensor) -> None:
+            self.puts += 1
+
+        def end(self) -> None:
+            self.ended = True
+
+    cancel, rec = Cancel(), Recorder()
+    req = gen.batcher.submit(
+        {"input_ids": torch.tensor([ids]), "max_new_tokens": 5, "streamer": rec}
+        | {"stopping_criteria": [cancel]}
+    )
+    time.sleep(0.05)
+    assert not req.done.is_set() and len(gen.batcher._rows) == 1  # waiting: max_batch is 1
+    cancel.event.set()
+    assert req.done.wait(timeout=30)
+    assert rec.puts == 0 and rec.ended and req.error is None  # never prefilled
+    long.close()
+    gen.batcher.close()
+
+
+# ---- setup -----------------------------------------------------------------------------------
+
+
+def test_unsupported_cache_stays_unbatched(tok, caplog):
+    """ModernBERT-decoder's local attention layers keep a sliding-window cache: no batching."""
+    model = build_model("modernbert", tok)
+    assert not BatchedDecoder.supports(model)
+    with caplog.at_level("WARNING", logger="rag.batching"):
+        gen = Generator(model, tok, "cpu", batching=True)
+    assert gen.batcher is None and "stays off" in caplog.text
+    assert isinstance(gen.generate(messages(), max_new_tokens=4), str)
+
+
+def test_bad_requests_are_refused(tok):
+    dec = BatchedDecoder(build_model("llama", tok), tok)
+    ids = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match="num_beams"):
+        dec.submit({"input_ids": ids, "num_beams": 2})
+    with pytest.raises(ValueError, match="KV cache"):
+        dec.submit({"input_ids": ids, "use_cache": False})
+    with pytest.raises(ValueError, match="one sequence"):
+        dec.submit({"input_ids": torch.tensor([[1, 2], [3, 4]])})
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchedDecoder(dec.model, tok, max_batch=0)
+    dec.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        dec.submit({"input_ids": ids, "max_new_tokens": 2})
