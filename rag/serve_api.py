@@ -12,7 +12,9 @@ The extensions to the format, all documented in docs/serving.md:
 - top-level ``sources`` on a completion (and on the stream chunk that carries the
   ``finish_reason``): the passages the answer's ``[n]`` markers cite;
 - top-level ``rag``: the retrieval query after the follow-up rewrite, whether the answer is the
-  refusal, whether the marker was added by citation completion, and dropped marker numbers;
+  refusal, whether the marker was added by citation completion, dropped marker numbers, and
+  what citation verification found (unsupported and re-attributed citations, the injection
+  suspicion and its reasons); each ``sources`` entry says whether its passage is ``supported``;
 - request fields ``k`` and ``mode`` (retrieval depth and mode for this request);
 - ``input_type`` on embedding requests (``document`` or ``query``: the encoder's prompts differ).
 """
@@ -197,9 +199,10 @@ def embedding_texts(req: EmbeddingRequest, max_inputs: int) -> list[str]:
 
 
 def sources(answer: Answer) -> list[dict[str, Any]]:
-    """The cited passages, one per valid ``[n]`` marker. ``path`` is relative to the ingested
-    folder; the absolute path on the server is not sent (docs/security.md: never reveal the
-    machine's layout)."""
+    """The cited passages, one per citation after verification (:mod:`rag.verify`). ``path`` is
+    relative to the ingested folder; the absolute path on the server is not sent
+    (docs/security.md: never reveal the machine's layout). ``supported`` is False for a citation
+    the check flagged."""
     return [
         {
             "number": c.number,
@@ -208,17 +211,24 @@ def sources(answer: Answer) -> list[dict[str, Any]]:
             "chunk_id": c.chunk_id,
             "score": float(c.score),
             "text": c.text,
+            "supported": c.supported,
         }
         for c in answer.citations
     ]
 
 
 def rag_info(answer: Answer) -> dict[str, Any]:
+    """The ``rag`` extension: retrieval query, refusal, citation completion, dropped markers and
+    what citation verification found (all empty / false when it did not run)."""
     return {
         "query": answer.query,
         "refused": answer.refused,
         "citations_completed": answer.citations_completed,
         "invalid_citations": list(answer.invalid_citations),
+        "unsupported_citations": list(answer.unsupported_citations),
+        "reattributed": [list(pair) for pair in answer.reattributed],
+        "suspected_injection": answer.suspected_injection,
+        "injection_reasons": list(answer.injection_reasons),
     }
 
 

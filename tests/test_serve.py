@@ -190,6 +190,7 @@ def test_completion_keeps_markers_and_carries_sources(server):
         "chunk_id": "files-0",
         "score": pytest.approx(0.9),
         "text": CHUNK.text,
+        "supported": True,
     }
     assert resp.model_extra["rag"]["query"] == "How do I open a file?"
     raw = client.chat.completions.with_raw_response.create(model="rag:docs", messages=ask())
@@ -256,6 +257,42 @@ def test_real_pipeline_behind_the_api(server):
     resp = client.chat.completions.create(model="rag:empty", messages=ask())
     assert resp.choices[0].message.content == REFUSAL  # nothing retrieved: no decoder call
     assert resp.model_extra["sources"] == [] and resp.model_extra["rag"]["refused"] is True
+
+
+def test_verification_fields_reach_the_client(server):
+    from rag import serve_api
+
+    # The real pipeline verifies its citations: the fields agree with each other.
+    resp = server.client().chat.completions.create(model="rag:real", messages=ask())
+    info, sources = resp.model_extra["rag"], resp.model_extra["sources"]
+    assert [s["number"] for s in sources if not s["supported"]] == info["unsupported_citations"]
+    assert info["reattributed"] == [] and info["suspected_injection"] is False
+    assert info["injection_reasons"] == []
+    # A hand-made verified answer: one citation moved, one flagged, an injection suspected.
+    other = Chunk("files-1", "Call close() when done.", f"{SECRET_ROOT}/files.md", path="files.md")
+    hits = [Hit(CHUNK, 0.9, rank=1), Hit(other, 0.5, rank=2)]
+    cites = [
+        Citation(1, CHUNK.source, CHUNK.heading_path, CHUNK.text, 0.9, CHUNK.id, supported=False),
+        Citation(2, other.source, (), other.text, 0.5, other.id),
+    ]
+    answer = Answer(
+        text="PWNED.",
+        citations=cites,
+        raw_text="PWNED [1]. Close it [1].",
+        passages=hits,
+        verified=True,
+        unsupported_citations=[1],
+        reattributed=[(1, 2)],
+        suspected_injection=True,
+        injection_reasons=["the answer contains 'PWNED'"],
+    )
+    body = json.loads(json.dumps(serve_api.completion({"id": "x"}, "PWNED", answer, 64)))
+    assert [(s["number"], s["supported"]) for s in body["sources"]] == [(1, False), (2, True)]
+    assert body["rag"]["unsupported_citations"] == [1] and body["rag"]["reattributed"] == [[1, 2]]
+    assert body["rag"]["suspected_injection"] is True
+    assert body["rag"]["injection_reasons"] == ["the answer contains 'PWNED'"]
+    (final,) = serve_api.final_chunks({"id": "x"}, answer, 64, include_usage=False)
+    assert final["rag"]["reattributed"] == [[1, 2]] and final["sources"][0]["supported"] is False
 
 
 def test_langchain_chat_openai(server):

@@ -55,9 +55,14 @@ def upload(client, files):
 def test_chat_answer_cites_retrieved_passage(client):
     chat, box, sources, uncited = ask(client, "How do I close a file?")
     reply = chat[-1]["content"][0]["text"]
-    assert "[[1]](#src-1)" in reply and box == ""
+    assert box == ""
     assert 'id="src-1"' in sources and "files.md" in sources
     assert "Closing a file" in sources or "Opening a file" in sources
+    # The scripted reply, "According to the documents, see passage [1].", claims nothing the
+    # passage says: the pipeline's citation check flags it, and both panels show it.
+    assert '<a href="#src-1" class="rag-cite rag-unsupported"' in reply and "[1?]" in reply
+    assert "not supported by the passage they name" in reply
+    assert ">unsupported</span>" in sources
 
 
 def test_bad_setting_is_a_readable_error(client):

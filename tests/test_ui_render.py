@@ -1,10 +1,13 @@
 """Rendering of answers and sources (ui/render.py): markers become links only for passages
-that were given, document text is escaped, uncited passages are listed."""
+that were given, document text is escaped, uncited passages are listed; verified citations
+(re-attributed, unsupported, injection warning) are shown; code in the reply stays code."""
 
 from __future__ import annotations
 
+import pytest
+
 from rag.types import Answer, Chunk, Citation, Hit
-from ui.render import link_markers, reply_markdown, sources_html, uncited_html
+from ui.render import link_markers, reply_markdown, sources_html, stream_markdown, uncited_html
 
 
 def _answer(raw: str, cited: list[int], invalid: list[int] | None = None) -> Answer:
@@ -64,3 +67,113 @@ def test_completed_citation_is_linked_and_labelled():
     answer.citations_completed = True
     md = reply_markdown(answer)
     assert "[[2]](#src-2)" in md and "citation completion" in md
+
+
+# ---- citation verification, code and escaping in the reply -----------------------------------
+
+
+def _verified(raw: str, cited: list[int], **verdict) -> Answer:
+    """A hand-made Answer as rag.verify leaves it: ``unsupported`` numbers carry
+    ``supported=False``; ``reattributed``, ``suspected_injection``, ``injection_reasons`` set."""
+    from dataclasses import replace
+
+    answer = _answer(raw, cited)
+    bad = set(verdict.get("unsupported_citations", []))
+    answer.citations = [replace(c, supported=c.number not in bad) for c in answer.citations]
+    answer.verified = True
+    for key, value in verdict.items():
+        setattr(answer, key, value)
+    return answer
+
+
+def _html(md: str) -> str:
+    """The reply as a CommonMark renderer with raw HTML allowed shows it (Gradio's chatbot
+    renders markdown with HTML, then sanitises it)."""
+    markdown_it = pytest.importorskip("markdown_it")
+    return markdown_it.MarkdownIt("commonmark", {"html": True}).render(md)
+
+
+def test_reattributed_marker_links_to_the_new_passage():
+    answer = _verified("It boils at 100 C [2].", [3], reattributed=[(2, 3)])
+    md = reply_markdown(answer)
+    assert '<a href="#src-3"' in md and "[2→3]" in md and "#src-2" not in md
+    assert 'title="re-attributed: the sentence is supported by passage 3, not 2"' in md
+    assert "moved to the passage that supports the sentence: [2→3]" in md
+    html = sources_html(answer, "q")
+    assert 'id="src-3"' in html and "re-attributed from [2]" in html and 'id="src-2"' not in html
+    assert "re-attributed to [3]" in uncited_html(answer)  # passage 2 is no longer cited
+
+
+def test_partly_reattributed_marker_keeps_its_link_and_adds_the_new_one():
+    answer = _verified("A [1]. B [1].", [1, 3], reattributed=[(1, 3)])
+    md = reply_markdown(answer)
+    assert md.count("[[1]](#src-1)") == 2 and md.count('href="#src-3"') == 2 and "[→3]" in md
+
+
+def test_unsupported_citation_is_marked():
+    answer = _verified("PWNED [2].", [2], unsupported_citations=[2])
+    md = reply_markdown(answer)
+    assert 'class="rag-cite rag-unsupported"' in md and "[2?]" in md and 'href="#src-2"' in md
+    assert 'title="not supported by the cited passage"' in md and "(marked ?)" in md
+    assert "[[2]](#src-2)" not in md
+    html = sources_html(answer, "q")
+    assert 'id="src-2"' in html and ">unsupported</span>" in html
+    plain = sources_html(_verified("ok [1].", [1]), "q")
+    assert "unsupported" not in plain and "re-attributed" not in plain
+
+
+def test_injection_warning_is_shown_and_escaped():
+    reason = "'PWNED' comes from instruction-like text in passage [2] <img src=x onerror=alert(1)>"
+    answer = _verified("PWNED [1].", [1], suspected_injection=True, injection_reasons=[reason])
+    html = sources_html(answer, "q")
+    assert html.index("This answer may repeat instructions found in a document") < html.index(
+        "Cited passages"
+    )
+    assert "<img" not in html and "&lt;img src=x onerror=alert(1)&gt;" in html
+    assert "&#x27;PWNED&#x27; comes from instruction-like text in passage [2]" in html
+    assert "may repeat instructions found in a document" in reply_markdown(answer)
+    assert "rag-warning" not in sources_html(_verified("ok [1].", [1]), "q")
+
+
+def test_completed_citation_keeps_its_label_under_verification():
+    answer = _verified("It saves prefill.", [3], reattributed=[(2, 3)])
+    answer.citations_completed = True
+    md = reply_markdown(answer)
+    assert "[2→3]" in md and 'href="#src-3"' in md and "citation completion" in md
+
+
+def test_code_renders_as_code_and_markers_in_it_stay_text():
+    raw = (
+        "Use `f.close()` or `lines[1]` [1]:\n\n```python\nwith open(p) as f:\n"
+        "    data = f.read()[1]  # <b>\n```\n\nDone [2]."
+    )
+    md = reply_markdown(_answer(raw, [1, 2]))
+    assert "```python\nwith open(p) as f:\n    data = f.read()[1]  # <b>\n```" in md
+    assert "[[1]](#src-1)" in md and "[[2]](#src-2)" in md and "`lines[1]`" in md
+    out = _html(md)
+    assert '<pre><code class="language-python">with open(p) as f:' in out
+    assert "f.read()[1]  # &lt;b&gt;" in out and "<code>f.close()</code>" in out
+    assert '<a href="#src-1">[1]</a>' in out and '<a href="#src-2">[2]</a>' in out
+
+
+def test_streamed_and_truncated_code_stays_code():
+    partial = "Call it:\n```python\nprint('<script>') [1]"
+    shown = stream_markdown(partial)
+    assert shown.startswith(partial)  # verbatim: markers are linked once the answer is complete
+    assert "<pre><code" in _html(shown) and "[1]" in _html(shown)
+    # A completed marker after an unclosed fence: the fence is closed, the marker is a link.
+    answer = _answer(partial, [1])
+    answer.citations_completed = True
+    md = reply_markdown(answer)
+    assert "[1]\n```\n\n[[1]](#src-1)" in md
+    out = _html(md)
+    assert "<pre><code" in out and '<a href="#src-1">[1]</a>' in out
+
+
+def test_document_html_in_the_reply_is_escaped_outside_code():
+    raw = "The page says <script>alert(1)</script> [1] and `<i>code</i>`."
+    md = reply_markdown(_answer(raw, [1]))
+    out = _html(md)
+    assert "<script>" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out
+    assert "<code>&lt;i&gt;code&lt;/i&gt;</code>" in out and "<i>" not in out
+    assert "<script>" not in _html(stream_markdown(raw))

@@ -26,6 +26,7 @@ class ModelPreset:
     seq_len: int  # default training sequence length
     batch_size: int  # default sequences per step (per process)
     lr: float  # default peak learning rate
+    tokenizer_vocab: int = 8192  # vocabulary of the tokenizer trained for a run that names none
 
 
 PRESETS: dict[str, ModelPreset] = {
@@ -34,7 +35,7 @@ PRESETS: dict[str, ModelPreset] = {
     # CPU: ~5M backbone params, each objective trains in <= 20 min on 2 cores
     "small": ModelPreset("small", 4, 256, 4, 512, 2048, 128, 3, 32768, 256, 16, 1.5e-3),
     # GPU: 12 x 512, ~50M params with a 16k vocabulary
-    "base": ModelPreset("base", 12, 512, 8, 1536, 8192, 128, 3, 65536, 512, 64, 6e-4),
+    "base": ModelPreset("base", 12, 512, 8, 1536, 8192, 128, 3, 65536, 512, 64, 6e-4, 16384),
 }
 
 
@@ -56,7 +57,7 @@ class PretrainConfig:
     preset: str = "tiny"  # tiny | small | base (training/config.py PRESETS)
     corpus: list[str] = field(default_factory=list)  # folders/files read through rag.documents
     out: str = ""  # output folder (HF model + logs + checkpoints)
-    tokenizer: str = ""  # tokenizer folder; empty means $RAG_HOME/tokenizer
+    tokenizer: str = ""  # tokenizer folder (empty: chosen, or trained, by training/defaults.py)
     max_steps: int = 1000  # optimizer steps (the lr schedule spans these)
     max_minutes: float = 0.0  # stop early after this wall time (0 = no limit); run still saved
     schedule: str = "steps"  # lr decay follows steps, or time (needs --max-minutes)
@@ -89,10 +90,6 @@ class PretrainConfig:
         p = get_preset(self.preset)
         if self.objective not in ("mlm", "clm"):
             raise ConfigError(f"--objective must be mlm or clm, not {self.objective!r}")
-        if not self.corpus:
-            raise ConfigError("--corpus: give at least one folder of documents")
-        if not self.out:
-            raise ConfigError("--out: an output folder is required")
         if not 0.0 < self.mask_rate < 1.0:
             raise ConfigError(f"--mask-rate must be in (0, 1), got {self.mask_rate}")
         if self.mask_strategy not in ("80-10-10", "mask-only"):
@@ -123,10 +120,10 @@ class PretrainConfig:
             )
         if c.batch_size < 1:
             raise ConfigError(f"--batch-size must be >= 1, got {c.batch_size}")
-        if not c.tokenizer:
-            from rag.paths import tokenizer_dir
+        # an empty corpus / out means "the default" (training/defaults.py); an empty tokenizer is
+        # left for pretrain() to choose, because choosing may mean training one
+        from training.defaults import default_corpus, default_out
 
-            c.tokenizer = str(tokenizer_dir())
-        c.corpus = [str(x) for x in c.corpus]
-        c.out = str(Path(c.out))
+        c.corpus = [str(x) for x in c.corpus] or default_corpus()
+        c.out = str(Path(c.out)) if c.out else default_out(c.objective, c.preset)
         return c

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag.paths import models_dir, rag_home, tokenizer_dir
+from training.defaults import default_corpus
 
 SAMPLE_PROMPTS = ["The following example shows how to", "To create a new branch,"]
 
@@ -257,11 +258,19 @@ def run_steps(steps: list[Step], overwrite: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m training.make_models", description=__doc__.split("\n")[0]
+        prog="python -m training.make_models",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--preset", default="small", help="tiny | small (CPU) | base (GPU)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--corpus", nargs="+", required=True, type=Path, help="pretraining folders")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        type=Path,
+        default=[Path(p) for p in default_corpus()],
+        help="pretraining folders (default: the project's docs/)",
+    )
     p.add_argument(
         "--vocab-size", type=int, default=0, help="tokenizer size (0: 8192 small, 16384 base)"
     )

@@ -1,7 +1,11 @@
 """Pretrain the MLM encoder or the CLM decoder from scratch on a folder of documents.
 
-    python -m training.pretrain --objective mlm --preset tiny --corpus ../shared/data/python-docs \
-        --out artifacts/models/encoder-mlm-tiny --max-steps 30
+    python -m training.pretrain --objective mlm        # docs/, a tokenizer trained for it, tiny
+    python -m training.pretrain --objective clm --preset small --corpus ../shared/data/python-docs
+
+Defaults (training/defaults.py): corpus = the project's docs/, out =
+$RAG_HOME/models/<encoder|decoder>-<objective>-<preset>, tokenizer = $RAG_HOME/tokenizer or one
+trained for the corpus on the first run and reused after; the first lines printed say which.
 
 Top to bottom: tokenizer and corpus (file-level split, packed windows) → model from the preset →
 AdamW + warm-up/cosine → loop (dynamic masks, periodic held-out loss and bits per byte,
@@ -12,12 +16,9 @@ trains on its own slice of every batch (DDP), with no code change.
 
 from __future__ import annotations
 
-import argparse
-import inspect
 import json
 import math
 import os
-import re
 import shutil
 import sys
 import time
@@ -35,16 +36,18 @@ from training.data import (
     CorpusError,
     PackedBatches,
     eval_windows,
+    list_files,
     load_corpus,
     unigram_bits_per_byte,
 )
+from training.defaults import announce, build_parser, choose_tokenizer
 from training.export import save_model_folder
 from training.init_from import load_initial_weights
 from training.masking import make_spec
 from training.model import build_model, count_parameters
 from training.plots import plot_losses
 from training.step import Stepper, make_optimizer, make_scheduler
-from training.tokenizer import TokenizerError, load_tokenizer
+from training.tokenizer import TokenizerError
 
 LOG, RUN = "train_log.jsonl", "run.json"
 # config fields that must match for --resume (the rest, e.g. --max-minutes, may change)
@@ -131,15 +134,15 @@ def bits_per_byte(loss: float, tokens_per_byte: float) -> float:
 
 def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) one pretraining job; return the run summary also written to run.json."""
-    cfg = cfg.resolved()
+    given, cfg = cfg, cfg.resolved()
     threads = torch.get_num_threads()
     try:
-        return _pretrain(cfg, progress)
+        return _pretrain(cfg, given, progress)
     finally:
         torch.set_num_threads(threads)  # --threads must not leak into the caller's process
 
 
-def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
+def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dict[str, Any]:
     rank, world, local_rank = distributed()
     device = pick_device(cfg.device)
     if device == "cuda" and world > 1:
@@ -149,8 +152,11 @@ def _pretrain(cfg: PretrainConfig, progress: bool) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     preset = get_preset(cfg.preset)
-    tokenizer = load_tokenizer(Path(cfg.tokenizer))
+    files = list_files(cfg.corpus)
+    choice = choose_tokenizer(cfg.tokenizer, files, preset)
+    cfg.tokenizer = str(choice.path)  # run.json and --resume record the folder actually used
     prepare_out(cfg, rank)
+    tokenizer = announce(cfg, given, choice, len(files), device, world, rank)
     train, held = load_corpus(cfg.corpus, tokenizer, cfg.heldout_fraction, cfg.seed)
     batches = PackedBatches(train.ids, cfg.seq_len, cfg.batch_size, cfg.seed, rank, world)
     heldout = eval_windows(held.ids, cfg.seq_len, cfg.eval_batches * cfg.batch_size)
@@ -331,46 +337,8 @@ def time_is_up(elapsed_s: float, max_minutes: float, device: str, world: int) ->
 # ---------------------------------------------------------------------------- CLI
 
 
-def field_help() -> dict[str, str]:
-    """The ``# comment`` after each PretrainConfig field, used as its --help text."""
-    src = inspect.getsource(PretrainConfig)
-    pairs = re.findall(r"^    (\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, flags=re.M)
-    return {name: text.replace("%", "%%") for name, text in pairs}  # argparse formats with %
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """One flag per PretrainConfig field (kebab-case), help text from the field comments."""
-    p = argparse.ArgumentParser(
-        prog="python -m training.pretrain", description=__doc__.split("\n")[0]
-    )
-    helps = field_help()
-    choices = {
-        "schedule": ["steps", "time"],
-        "objective": ["mlm", "clm"],
-        "mask_strategy": ["80-10-10", "mask-only"],
-        "device": ["auto", "cpu", "cuda"],
-    }
-    for f in fields(PretrainConfig):
-        flag, h = "--" + f.name.replace("_", "-"), helps.get(f.name, "")
-        if f.name == "corpus":
-            p.add_argument(flag, nargs="+", required=True, help=h)
-        elif f.name in ("objective", "out"):
-            p.add_argument(flag, required=True, choices=choices.get(f.name), help=h)
-        elif isinstance(f.default, bool):
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=h)
-        elif f.name in choices or isinstance(f.default, str):
-            p.add_argument(flag, default=f.default, choices=choices.get(f.name), help=h)
-        else:
-            p.add_argument(
-                flag, type=type(f.default), default=f.default, help=f"{h} (default {f.default})"
-            )
-    p.add_argument("--json", action="store_true", help="print the run summary as JSON on stdout")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(__doc__.split("\n")[0]).parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in fields(PretrainConfig)}
     try:
         summary = pretrain(PretrainConfig(**values), progress=not args.no_progress)
@@ -386,13 +354,9 @@ def main(argv: list[str] | None = None) -> int:
             f"{summary['status']}: {summary['steps']} steps, {summary['tokens_seen']:,} tokens in "
             f"{summary['wall_time_s']:.0f}s; held-out loss {summary['initial_heldout_loss']:.3f} -> "
             f"{summary['final_heldout_loss']:.3f}, {summary['heldout_bits_per_byte']:.3f} bits/byte "
-            f"(unigram {summary['unigram_bits_per_byte']:.3f}) -> {cfg_out(values)}"
+            f"(unigram {summary['unigram_bits_per_byte']:.3f}) -> {summary['config']['out']}"
         )
     return 0
-
-
-def cfg_out(values: dict) -> str:
-    return str(values["out"])
 
 
 if __name__ == "__main__":

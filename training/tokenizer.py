@@ -16,7 +16,11 @@ instead of starting a new document.
 
 CLI::
 
-    python -m training.tokenizer --corpus ../shared/data/python-docs --vocab-size 16000 --out DIR
+    python -m training.tokenizer                       # docs/ -> $RAG_HOME/tokenizer, 8,192 tokens
+    python -m training.tokenizer --corpus ../shared/data/python-docs --vocab-size 16384 --out DIR
+
+``training.pretrain`` uses ``$RAG_HOME/tokenizer`` when no ``--tokenizer`` is given (and trains
+one for its corpus when that folder is absent), so this command is optional.
 """
 
 from __future__ import annotations
@@ -143,24 +147,47 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
     if not (path / "tokenizer.json").exists():
         raise TokenizerError(
             f"--tokenizer {path}: no tokenizer.json there; train one with "
-            f"`python -m training.tokenizer --corpus DIR --vocab-size 16000 --out {path}`"
+            f"`python -m training.tokenizer --corpus DIR --vocab-size 8192 --out {path}`"
         )
     return AutoTokenizer.from_pretrained(str(path))
 
 
 def main(argv: list[str] | None = None) -> int:
+    from training.defaults import default_corpus
+
     p = argparse.ArgumentParser(
         prog="python -m training.tokenizer", description=__doc__.split("\n")[0]
     )
-    p.add_argument("--corpus", nargs="+", required=True, type=Path, help="folders/files of text")
-    p.add_argument("--vocab-size", type=int, default=16000, help="target vocabulary size")
     p.add_argument(
-        "--out", type=Path, default=None, help="output folder (default $RAG_HOME/tokenizer)"
+        "--corpus",
+        nargs="+",
+        type=Path,
+        default=None,
+        help="folders/files of text (default: docs/ of this project, the demo document set)",
     )
-    p.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge")
-    p.add_argument("--max-chars", type=int, default=None, help="cap on training characters")
-    p.add_argument("--json", action="store_true", help="print a JSON summary on stdout")
+    p.add_argument(
+        "--vocab-size",
+        type=int,
+        default=8192,
+        help="target vocabulary size; 8192 fits every preset (default: %(default)s)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=None, help="output folder (default: $RAG_HOME/tokenizer)"
+    )
+    p.add_argument(
+        "--min-frequency",
+        type=int,
+        default=2,
+        help="minimum pair count for a merge (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-chars", type=int, default=None, help="cap on training characters (default: none)"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print a JSON summary on stdout (default: off)"
+    )
     args = p.parse_args(argv)
+    args.corpus = args.corpus or [Path(c) for c in default_corpus()]
     out = args.out or tokenizer_dir()
     t0 = time.time()
     try:

@@ -158,7 +158,8 @@ class ChatApp:
                         answer = item
                         break
                     raw += str(item)
-                    history[-1] = {"role": "assistant", "content": raw or "…"}
+                    shown = render.stream_markdown(raw)  # code stays code, prose is escaped
+                    history[-1] = {"role": "assistant", "content": shown or "…"}
                     yield history, "", gr.skip(), gr.skip()
             if answer is None:
                 raise RuntimeError("the pipeline ended without a final answer")

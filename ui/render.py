@@ -4,17 +4,36 @@ citation markers as links) and the sources panel (HTML).
 Each cited passage is a ``<details id="src-N">`` block; a marker ``[N]`` in the reply is a link
 to ``#src-N``, and a small script (:data:`CITATION_JS`) opens and scrolls to that block when the
 link is clicked. All document text is HTML-escaped here: chunk text comes from user uploads.
+
+Markers are shown as citation verification (:mod:`rag.verify`) left them: a re-attributed
+marker ``[2]`` becomes ``[2→3]`` and links to passage 3, an unsupported one ``[2?]`` (class
+``rag-unsupported``), each with a tooltip. The verdicts are per passage number (what
+:class:`~rag.types.Answer` records), so every marker of a number gets its number's mark.
+
+The reply stays markdown (Gradio renders it): fenced code blocks and inline code spans are left
+verbatim (no marker inside code becomes a link), a ``<`` outside code is escaped so text that
+the model copied from a document cannot become markup, and a fence the decoder left open is
+closed before any note is appended.
 """
 
 from __future__ import annotations
 
 import html
 import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
+# One definition of what a citation marker is: the parser's own (``lines[1]`` is code).
+from rag.prompt import _CITATION, _CITATION_RUN
 from rag.types import Answer, Citation, Hit
 
-# A marker, optionally wrapped in backticks by the model (a code span would hide the link).
-_MARKER = re.compile(r"`?\[(\d+(?:\s*,\s*\d+)*)\]`?")
+_FENCE_OPEN = re.compile(r" {0,3}(`{3,}(?=[^`]*$)|~{3,})")  # matched against one line
+_FENCE_START = re.compile(r" {0,3}(?:`{3,}|~{3,})")
+# An inline code span: a backtick string, then the same string again (within one paragraph).
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.DOTALL)
+_ONLY_MARKERS = re.compile(r"\s*(?:\[\d+(?:\s*,\s*\d+)*\]\s*)+")
+
+UNSUPPORTED_TIP = "not supported by the cited passage"
 
 # Opens the cited passage when its marker is clicked (capture phase: before the chatbot's own
 # link handling, which would otherwise try to navigate).
@@ -44,29 +63,189 @@ CSS = """
 .rag-flash { outline: 3px solid var(--color-accent); }
 .rag-query code { white-space: pre-wrap; }
 .rag-meta { color: var(--body-text-color-subdued); font-size: 0.85em; }
+a.rag-unsupported { color: var(--error-text-color, #b91c1c);
+  text-decoration: underline dotted; cursor: help; }
+a.rag-reattributed { text-decoration: underline dashed; }
+.rag-label { font-size: 0.75em; font-weight: normal; border: 1px solid currentColor;
+  border-radius: 4px; padding: 0 4px; margin-left: 4px; }
+.rag-label.rag-unsupported { color: var(--error-text-color, #b91c1c); }
+.rag-warning { border-left: 4px solid #d97706; background: rgba(217, 119, 6, 0.12);
+  padding: 4px 8px; }
 """
+
+
+# ---------------------------------------------------------------------------- markers
+
+
+def _anchor(number: int, label: str, cls: str, tip: str) -> str:
+    return f'<a href="#src-{number}" class="rag-cite {cls}" title="{html.escape(tip)}">{label}</a>'
+
+
+@dataclass(frozen=True)
+class Marks:
+    """How the markers of each passage number are shown: ``cited`` numbers are links,
+    ``unsupported`` ones carry the ``?`` mark, ``moved[n]`` are the passages a citation of n was
+    re-attributed to; any other number named no given passage (``[7?]``, never linked)."""
+
+    cited: frozenset[int]
+    unsupported: frozenset[int] = frozenset()
+    moved: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, answer: Answer) -> Marks:
+        moved: dict[int, tuple[int, ...]] = {}
+        for old, new in answer.reattributed:
+            moved[old] = (*moved.get(old, ()), new)
+        flagged = {c.number for c in answer.citations if not c.supported}
+        return cls(
+            cited=frozenset(c.number for c in answer.citations),
+            unsupported=frozenset(flagged | set(answer.unsupported_citations)),
+            moved=moved,
+        )
+
+    def marker(self, n: int) -> str:
+        """The markdown for one marker number."""
+        targets = self.moved.get(n, ())
+        if n not in self.cited:
+            if not targets:
+                return f"\\[{n}?\\]"
+            tip = "re-attributed: the sentence is supported by passage {m}, not {n}"
+            return "".join(
+                _anchor(m, f"[{n}→{m}]", "rag-reattributed", tip.format(m=m, n=n)) for m in targets
+            )
+        out = (
+            _anchor(n, f"[{n}?]", "rag-unsupported", UNSUPPORTED_TIP)
+            if n in self.unsupported
+            else f"[[{n}]](#src-{n})"
+        )
+        tip = "re-attributed in part: a sentence this marker covers is supported by passage {m}, not {n}"
+        return out + "".join(
+            _anchor(m, f"[→{m}]", "rag-reattributed", tip.format(m=m, n=n)) for m in targets
+        )
+
+    def run(self, text: str) -> str:
+        """A marker run (``[1][3]``, ``[2, 7]``) with each number shown by :meth:`marker`."""
+        nums = [int(x) for m in _CITATION.finditer(text) for x in m.group(1).split(",")]
+        return "".join(self.marker(n) for n in nums)
+
+
+# ---------------------------------------------------------------------------- code and prose
+
+
+def split_code(text: str) -> tuple[list[tuple[str, bool]], str]:
+    """``text`` as (piece, is_code) pieces: fenced code blocks (``` or ~~~, to their closing
+    fence or the end) and inline code spans are code. Also returns the fence left open at the
+    end ("" when none). A code span holding only markers (`` `[1]` ``, the model's habit) is
+    prose: the marker it wraps is a citation."""
+    pieces: list[tuple[str, bool]] = []
+    prose: list[str] = []
+    code: list[str] = []
+    fence = ""
+    for line in text.splitlines(keepends=True):
+        if fence:
+            code.append(line)
+            body = line.strip()
+            indent = len(line) - len(line.lstrip(" "))
+            if indent <= 3 and body and set(body) == {fence[0]} and len(body) >= len(fence):
+                pieces.append(("".join(code), True))
+                code, fence = [], ""
+            continue
+        m = _FENCE_OPEN.match(line.rstrip("\r\n"))
+        if m:
+            pieces.extend(_inline("".join(prose)))
+            prose, code, fence = [], [line], m.group(1)
+        else:
+            prose.append(line)
+    pieces.extend(_inline("".join(prose)))
+    if code:
+        pieces.append(("".join(code), True))
+    return [p for p in pieces if p[0]], fence
+
+
+def _inline(prose: str) -> Iterable[tuple[str, bool]]:
+    pos = 0
+    for m in _CODE_SPAN.finditer(prose):
+        yield prose[pos : m.start()], False
+        only_markers = _ONLY_MARKERS.fullmatch(m.group(2))
+        yield (m.group(2).strip(), False) if only_markers else (m.group(0), True)
+        pos = m.end()
+    yield prose[pos:], False
+
+
+def _escape(text: str) -> str:
+    """Prose as markdown that cannot open a tag (markdown shows ``&lt;`` as ``<``)."""
+    return text.replace("<", "&lt;")
+
+
+def _prose(text: str, marks: Marks | None) -> str:
+    if marks is None:
+        return _escape(text)
+    out, pos = [], 0
+    for m in _CITATION_RUN.finditer(text):
+        out += [_escape(text[pos : m.start()]), marks.run(m.group(0))]
+        pos = m.end()
+    out.append(_escape(text[pos:]))
+    return "".join(out)
+
+
+def render_markdown(text: str, marks: Marks | None) -> tuple[str, bool]:
+    """``text`` with the markers in its prose shown by ``marks`` (None: left as written) and
+    ``<`` escaped outside code; code is kept verbatim and a fence left open is closed. Returns
+    the markdown and whether it ends with a fenced code block."""
+    pieces, fence = split_code(text)
+    out = "".join(p if is_code else _prose(p, marks) for p, is_code in pieces)
+    if fence:
+        out += ("" if out.endswith("\n") else "\n") + fence
+    last, is_code = pieces[-1] if pieces else ("", False)
+    ends_in_block = bool(fence) or (
+        is_code and "\n" in last and _FENCE_START.match(last) is not None
+    )
+    return out, ends_in_block
 
 
 def link_markers(raw_text: str, valid: set[int]) -> str:
     """Replace ``[2]`` / ``[1, 3]`` with markdown links to ``#src-N``; numbers that name no given
-    passage are kept as plain text with a note (never linked)."""
+    passage are kept as plain text with a note (never linked). Code is left as it is."""
+    return render_markdown(raw_text, Marks(frozenset(valid)))[0]
 
-    def repl(m: re.Match[str]) -> str:
-        parts = []
-        for num in (int(x) for x in m.group(1).split(",")):
-            parts.append(f"[[{num}]](#src-{num})" if num in valid else f"\\[{num}?\\]")
-        return "".join(parts)
 
-    return _MARKER.sub(repl, raw_text)
+def stream_markdown(raw: str) -> str:
+    """The reply while it streams: the decoder's text with ``<`` escaped outside code (markers
+    are linked once the answer, and so its citations, is complete)."""
+    return render_markdown(raw, None)[0]
+
+
+def _numbers(nums: Iterable[int]) -> str:
+    return ", ".join(f"[{n}]" for n in nums)
 
 
 def reply_markdown(answer: Answer) -> str:
-    """The chat reply: the model's text with linked markers, plus a note for dropped markers."""
-    valid = {c.number for c in answer.citations}
-    text = link_markers(answer.raw_text or answer.text, valid)
-    if answer.citations_completed:  # raw_text is the model's own reply, without the added marker
-        markers = "".join(f"[[{c.number}]](#src-{c.number})" for c in answer.citations)
-        text += f" {markers}\n\n*The model did not cite by itself; the marker is the passage it finds most likely (citation completion).*"
+    """The chat reply: the model's text with linked markers, plus a note for what the citations
+    check found and for dropped markers."""
+    marks = Marks.of(answer)
+    text, ends_in_block = render_markdown(answer.raw_text or answer.text, marks)
+    if answer.citations_completed and answer.citations:
+        # raw_text is the model's own reply, without the marker completion appended.
+        targets = {new for _, new in answer.reattributed}
+        nums = [old for old, _ in answer.reattributed]
+        nums += [c.number for c in answer.citations if c.number not in targets]
+        markers = "".join(marks.marker(n) for n in dict.fromkeys(nums))
+        text += ("\n\n" if ends_in_block else " ") + markers
+        text += "\n\n*The model did not cite by itself; the marker is the passage it finds most likely (citation completion).*"
+    if marks.unsupported:
+        text += (
+            f"\n\n*Citation(s) {_numbers(sorted(marks.unsupported))} (marked ?) are not "
+            "supported by the passage they name (automatic check): read it before trusting "
+            "the sentence.*"
+        )
+    if answer.reattributed:
+        moves = ", ".join(f"[{old}→{new}]" for old, new in answer.reattributed)
+        text += f"\n\n*Citation(s) moved to the passage that supports the sentence: {moves}.*"
+    if answer.suspected_injection:
+        text += (
+            "\n\n**Warning:** this answer may repeat instructions found in a document "
+            "(see the sources panel)."
+        )
     if answer.invalid_citations:
         bad = ", ".join(str(n) for n in answer.invalid_citations)
         text += f"\n\n*Citation(s) {bad} named no retrieved passage and were dropped.*"
@@ -75,20 +254,33 @@ def reply_markdown(answer: Answer) -> str:
     return text
 
 
+# ---------------------------------------------------------------------------- sources panel
+
+
 def _heading(path: tuple[str, ...] | list[str]) -> str:
     return " › ".join(path) if path else "(no heading)"
 
 
+def _label(text: str, cls: str, tip: str) -> str:
+    return f'<span class="rag-label {cls}" title="{html.escape(tip)}">{html.escape(text)}</span>'
+
+
 def _block(
-    number: int | None, path: str, heading_path, text: str, score: float, open_: bool
+    number: int | None,
+    path: str,
+    heading_path: Sequence[str],
+    text: str,
+    score: float,
+    open_: bool,
+    labels: str = "",
 ) -> str:
     """One passage; ``path`` is the display path (relative to the ingested folder: the server's
-    absolute paths are not shown to whoever reaches the UI)."""
+    absolute paths are not shown to whoever reaches the UI); ``labels`` is trusted HTML."""
     anchor = f' id="src-{number}"' if number is not None else ""
     label = f"[{number}] " if number is not None else ""
     summary = (
-        f"{label}{html.escape(path)} — {html.escape(_heading(heading_path))}"
-        f' <span class="rag-meta">score {score:.3f}</span>'
+        f"{label}{html.escape(path)} — {html.escape(_heading(tuple(heading_path)))}"
+        f' <span class="rag-meta">score {score:.3f}</span>{labels}'
     )
     return (
         f'<details class="rag-source"{anchor}{" open" if open_ else ""}>'
@@ -96,20 +288,47 @@ def _block(
     )
 
 
-def citation_html(c: Citation) -> str:
-    return _block(c.number, c.display_path, c.heading_path, c.text, c.score, open_=False)
+def citation_html(c: Citation, moved_from: Sequence[int] = ()) -> str:
+    """A cited passage, labelled "unsupported" when verification flagged it and "re-attributed
+    from [n]" for each citation moved to it."""
+    labels = ""
+    if not c.supported:
+        tip = f"{UNSUPPORTED_TIP}: a sentence citing [{c.number}] claims what it does not say"
+        labels += _label("unsupported", "rag-unsupported", tip)
+    for n in moved_from:
+        tip = f"re-attributed: the sentence cited passage {n}; it is supported by this passage"
+        labels += _label(f"re-attributed from [{n}]", "rag-reattributed", tip)
+    return _block(
+        c.number, c.display_path, c.heading_path, c.text, c.score, open_=False, labels=labels
+    )
+
+
+def injection_html(answer: Answer) -> str:
+    """The warning line for an answer suspected of following an instruction planted in a
+    passage ("" when not suspected); the reasons quote documents, so they are escaped."""
+    if not answer.suspected_injection:
+        return ""
+    reasons = "; ".join(answer.injection_reasons) or "instruction-like text"
+    return (
+        '<p class="rag-warning" role="alert">⚠ This answer may repeat instructions found in a '
+        f"document: {html.escape(reasons)}</p>"
+    )
 
 
 def sources_html(answer: Answer, question: str) -> str:
-    """The sources panel: retrieval query (and whether it was rewritten), then cited passages."""
+    """The sources panel: the injection warning (when suspected), the retrieval query (and
+    whether it was rewritten), then the cited passages with their verification labels."""
     query = answer.query or question
-    parts = [f'<p class="rag-query">Retrieval query: <code>{html.escape(query)}</code>']
+    parts = [injection_html(answer)] if answer.suspected_injection else []
+    parts.append(f'<p class="rag-query">Retrieval query: <code>{html.escape(query)}</code>')
     if query.strip() != question.strip():
         parts.append(f'<br><span class="rag-meta">rewritten from: {html.escape(question)}</span>')
     parts.append("</p>")
     if answer.citations:
         parts.append(f"<h4>Cited passages ({len(answer.citations)})</h4>")
-        parts.extend(citation_html(c) for c in answer.citations)
+        for c in answer.citations:
+            moved_from = [old for old, new in answer.reattributed if new == c.number]
+            parts.append(citation_html(c, moved_from))
     elif answer.refused:
         parts.append("<p>The answer is a refusal: no passage was judged to contain it.</p>")
     else:
@@ -124,6 +343,8 @@ def uncited_hits(answer: Answer) -> list[tuple[int, Hit]]:
 
 
 def uncited_html(answer: Answer) -> str:
+    """Retrieved passages the answer does not cite, each labelled "re-attributed to [m]" when
+    the model cited it and verification moved the citation."""
     hits = uncited_hits(answer)
     if not hits:
         return (
@@ -131,12 +352,28 @@ def uncited_html(answer: Answer) -> str:
             if answer.passages
             else "<p>Nothing was retrieved.</p>"
         )
-    return "\n".join(
-        _block(
-            None, h.chunk.display_path, h.chunk.heading_path, h.chunk.text, h.score, open_=False
-        ).replace("<summary>", f"<summary>#{i} ", 1)
-        for i, h in hits
-    )
+    blocks = []
+    for i, h in hits:
+        labels = "".join(
+            _label(
+                f"re-attributed to [{new}]",
+                "rag-reattributed",
+                f"the model cited this passage; the sentence is supported by passage {new}",
+            )
+            for old, new in answer.reattributed
+            if old == i
+        )
+        block = _block(
+            None,
+            h.chunk.display_path,
+            h.chunk.heading_path,
+            h.chunk.text,
+            h.score,
+            open_=False,
+            labels=labels,
+        )
+        blocks.append(block.replace("<summary>", f"<summary>#{i} ", 1))
+    return "\n".join(blocks)
 
 
 def error_markdown(message: str) -> str:
