@@ -244,6 +244,10 @@ def load_generator(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(resolve_model(adapter)))
+        # Fold the adapter into the weights for inference: an unmerged LoRA layer runs two extra
+        # matmuls and a dtype cast per linear layer per token (about half the decode time of
+        # Qwen2.5-0.5B in bf16 on 2 cores); the merged model answers the same.
+        model = model.merge_and_unload()
     model.to(dev).eval()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -188,6 +188,16 @@ def test_lora_adapter_loads_and_prefix_cache_stays_exact(tiny_decoder_dirs, tmp_
     assert with_lora == gen.generate(msgs, max_new_tokens=12, use_prefix_cache=False)
     assert gen.prompt_ids(msgs)[1] > 0
     assert with_lora != base.generate(msgs, max_new_tokens=12)
+    # The adapter is merged at load time; the merged model computes what peft's unmerged one does.
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    unmerged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_decoder_dirs["llama"]), tmp_path / "adapter"
+    ).eval()
+    ids = torch.tensor([gen.prompt_ids(msgs)[0]])
+    with torch.inference_mode():
+        torch.testing.assert_close(gen.model(ids).logits, unmerged(ids).logits, atol=1e-4, rtol=0)
 
 
 def test_score_continuations_equals_full_forward(tiny_generator):
