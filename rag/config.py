@@ -23,7 +23,7 @@ from typing import Any
 
 import tomllib
 
-from rag.models import DEFAULT_DECODER
+from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
 from rag.prompt import PROFILES
 
 MODES = ("dense", "bm25", "hybrid")
@@ -45,9 +45,10 @@ class RAGConfig:
         None  # query encoder alias/folder; None = the one the index was built with
     )
     decoder: str = DEFAULT_DECODER  # causal LM alias or folder that writes the answer
-    # peft LoRA adapter for the decoder: auto = <decoder>-lora under $RAG_HOME/models when it
-    # exists (what `make models` trains), none = the base model alone, or a folder/artefact name
-    adapter: str | None = "auto"
+    # peft LoRA adapter for the decoder: none = the base model alone (the measured default: the
+    # current LoRA recipe over-refuses on documentation questions, docs/answering.md); auto =
+    # <decoder>-lora under $RAG_HOME/models when `make models` trained it; or a folder/name
+    adapter: str | None = DEFAULT_ADAPTER
     backend: str = "faiss"  # vector store used by ingest: faiss | chroma
     chroma_url: str | None = (
         None  # Chroma server URL (HttpClient); None = embedded PersistentClient

@@ -21,7 +21,7 @@ def test_defaults():
 
     cfg = RAGConfig()
     assert (cfg.decoder, cfg.k, cfg.mode, cfg.encoder) == (DEFAULT_DECODER, 5, "hybrid", None)
-    assert (cfg.adapter, cfg.dtype, cfg.profile) == ("auto", "auto", "auto")
+    assert (cfg.adapter, cfg.dtype, cfg.profile) == ("none", "auto", "auto")
 
 
 def test_toml_then_overrides(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, fields
 
-from rag.models import DEFAULT_DECODER
+from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
 from ui.uploads import DEFAULT_MAX_UPLOAD_BYTES
 
 
@@ -18,8 +18,8 @@ class AppConfig:
     port: int = 7860  # TCP port (0 = any free port)
     encoder: str | None = None  # query encoder; None = the one the index was built with
     decoder: str = DEFAULT_DECODER  # answer decoder alias or artefact name
-    # LoRA adapter: auto = <decoder>-lora when `make models` trained it, none, or an artefact name
-    adapter: str | None = "auto"
+    # LoRA adapter: none (measured default), auto = <decoder>-lora when trained, or an artefact
+    adapter: str | None = DEFAULT_ADAPTER
     mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
     k: int = 5  # passages retrieved per question
     temperature: float = 0.0  # 0 = greedy

@@ -1,0 +1,91 @@
+"""The grounded-answer table of docs/answering.md, from the JSON files the evals wrote.
+
+    python -m evals.answers_report artifacts/evals/answers
+
+Reads every ``qa-*.json`` (:mod:`evals.qa`, RAG mode) and ``docqa-*.json`` (:mod:`evals.docqa`)
+in the folder and prints one markdown table per kind, a row per decoder (+ adapter), so the
+numbers in the docs come from files a person can open, never from copying by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+QA_COLUMNS = (
+    ("EM", "em", 100),
+    ("F1", "f1", 100),
+    ("citation acc.", "citation_accuracy", 100),
+    ("refused (unanswerable)", "refusal_rate_unanswerable", 100),
+    ("false refusals", "false_refusal_rate", 100),
+    ("s/answer (p50)", "latency_p50_s", 1),
+    ("tokens/s", "tokens_per_s", 1),
+)
+DOCQA_COLUMNS = (
+    ("hit@5 (page)", "hit@k", 100),
+    ("keywords", "keyword_rate", 100),
+    ("right-page citation", "right_page_citation_rate", 100),
+    ("own markers", "self_citation_rate", 100),
+    ("refusals", "refusal_rate", 100),
+    ("s/answer (p50)", "seconds_p50", 1),
+    ("tokens/s", "new_tokens_per_s", 1),
+)
+
+
+def row_name(config: Mapping[str, Any]) -> str:
+    """``decoder`` or ``decoder + LoRA`` from an eval's saved config."""
+    decoder = config.get("generator") or config.get("decoder") or "?"
+    adapter = config.get("adapter")
+    return f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"
+
+
+def cell(value: Any, scale: float) -> str:
+    if value is None:
+        return "–"
+    return f"{value * scale:.1f}" if scale != 1 else f"{value:.2f}"
+
+
+def table(results: list[dict], columns: tuple[tuple[str, str, float], ...], count: str) -> str:
+    """A markdown table: one row per result, the question count, then the columns."""
+    head = "| decoder | questions | " + " | ".join(c[0] for c in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 2)]
+    for r in results:
+        m = r["metrics"]
+        cells = " | ".join(cell(m.get(key), scale) for _, key, scale in columns)
+        lines.append(f"| {row_name(r['config'])} | {r.get(count, '?')} | {cells} |")
+    return "\n".join(lines)
+
+
+def report(folder: str | Path) -> str:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder (run the evals first)")
+    qa = [json.loads(p.read_text()) for p in sorted(folder.glob("qa-*.json"))]
+    docqa = [json.loads(p.read_text()) for p in sorted(folder.glob("docqa-*.json"))]
+    for r in qa:  # answerable + unanswerable questions asked
+        r["n"] = r["n_questions"]
+    for r in docqa:
+        r["n"] = len(r.get("predictions", []))
+    parts = []
+    if qa:
+        parts += ["SQuAD dev articles, RAG mode", "", table(qa, QA_COLUMNS, "n"), ""]
+    if docqa:
+        parts += ["Python docs questions", "", table(docqa, DOCQA_COLUMNS, "n"), ""]
+    return "\n".join(parts) or f"{folder}: no qa-*.json or docqa-*.json files"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        print(report(args[0] if args else "artifacts/evals/answers"))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"evals.answers_report: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

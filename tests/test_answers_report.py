@@ -1,0 +1,35 @@
+"""The docs table is built from the eval JSON files, one row per decoder (+ adapter)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from evals.answers_report import main, report, row_name
+
+
+def test_rows_come_from_the_files_and_name_the_adapter(tmp_path, capsys):
+    qa = {
+        "config": {"generator": "qwen", "adapter": "artifacts/models/qwen-lora"},
+        "n_questions": 400,
+        "metrics": {"em": 0.5, "f1": 0.625, "citation_accuracy": 0.9, "latency_p50_s": 2.5},
+    }
+    doc = {
+        "config": {"decoder": "smollm2", "adapter": None},
+        "predictions": [{}] * 40,
+        "metrics": {"hit@k": 0.95, "keyword_rate": 0.7},
+    }
+    (tmp_path / "qa-qwen-lora.json").write_text(json.dumps(qa))
+    (tmp_path / "docqa-smollm2.json").write_text(json.dumps(doc))
+    text = report(tmp_path)
+    assert "| qwen + LoRA | 400 | 50.0 | 62.5 | 90.0 | – | – | 2.50 | – |" in text
+    assert "| smollm2 | 40 | 95.0 | 70.0 |" in text
+    assert row_name({"generator": "smollm2", "adapter": "none"}) == "smollm2"
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("adapter", [None, "none", "auto"])
+def test_no_adapter_means_the_base_model(adapter):
+    assert row_name({"decoder": "d", "adapter": adapter}) == "d"
