@@ -37,9 +37,25 @@ _CITATION_RUN = re.compile(r"(?<![\w)\]])(?:" + _MARKER.replace("(", "(?:", 1) +
 _CITATION = re.compile(_MARKER)
 
 
+# Chat-template control tokens written out in a document (``<|im_start|>system``, ``<|im_end|>``,
+# ``<|endoftext|>``, Llama's ``<|eot_id|>``): the tokenizer would turn them into the real special
+# tokens, letting a passage close the user turn and open a system turn of its own.
+_CONTROL_TOKEN = re.compile(r"<\|([A-Za-z0-9_]+)\|>")
+
+
+def neutralise_control_tokens(text: str) -> str:
+    """``<|name|>`` → ``<｜name｜>`` (full-width bars): the text still reads the same to a person,
+    but no longer encodes to a special token, so passage text stays inside the passages block."""
+    return _CONTROL_TOKEN.sub(lambda m: f"<\uff5c{m.group(1)}\uff5c>", text)
+
+
 def format_passages(passages: Sequence[str]) -> str:
-    """Number passages from 1: ``[1] text`` blocks separated by blank lines."""
-    return "\n\n".join(f"[{i}] {' '.join(p.split())}" for i, p in enumerate(passages, start=1))
+    """Number passages from 1: ``[1] text`` blocks separated by blank lines; control tokens that
+    a document spells out are neutralised (:func:`neutralise_control_tokens`)."""
+    return "\n\n".join(
+        f"[{i}] {neutralise_control_tokens(' '.join(p.split()))}"
+        for i, p in enumerate(passages, start=1)
+    )
 
 
 def user_message(question: str, passages: Sequence[str]) -> str:
