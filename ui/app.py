@@ -63,6 +63,7 @@ def keep_orig_names(component: gr.File) -> gr.File:
 def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None) -> gr.Blocks:
     """The Blocks app; ``pipeline_factory(RAGConfig) -> pipeline`` defaults to ``RAGPipeline``."""
     app = ChatApp(config, pipeline_factory)
+    config = app.config  # adapter "auto"/"none" resolved to an artefact name or None
     models = app.models()
     indexes = list_indexes()
     with gr.Blocks(title="Local RAG chat") as demo:
@@ -200,11 +201,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_index_name(config.index)
         for name in (config.encoder, config.decoder, config.adapter):
-            if name:
+            if name and name not in ("auto", "none"):
                 resolve_model(name)  # an unknown name fails now, listing what exists
         demo = build_app(config)
         if config.preload and config.index in list_indexes():
-            warm_up(demo.chat_app, config)
+            warm_up(demo.chat_app, demo.chat_app.config)
         elif config.index not in list_indexes():
             log.warning(
                 "index %r does not exist yet: upload documents in the UI to create it", config.index
