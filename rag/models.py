@@ -156,7 +156,11 @@ def load_embedder(name: str | Path, device: str = "auto", **kwargs: Any) -> Sent
 
 # Prompt profile (rag.prompt.PROFILES) per decoder alias, chosen by the grounded-QA measurements
 # in docs/answering.md. Folders and adapters say theirs in run.json ("profile"); else "plain".
-DECODER_PROFILES = {"smollm2": "plain", "qwen2.5-coder-0.5b": "fewshot"}
+DECODER_PROFILES = {
+    "smollm2": "plain",
+    "qwen2.5-coder-0.5b": "fewshot",
+    "qwen2.5-coder-1.5b": "fewshot",  # same family and template; not measured yet
+}
 # The product's decoder and adapter policy, chosen by the grounded-QA table in docs/answering.md:
 # Qwen2.5-Coder-0.5B zero-shot (few-shot prompt) answers the Python-docs questions best; the LoRA
 # adapter trained here wins SQuAD EM but refuses 57% of the docs questions, so it is opt-in

