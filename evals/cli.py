@@ -54,3 +54,15 @@ def write_result(result: Any, out: str | None, to_stdout: bool) -> None:
         Path(out).write_text(json.dumps(result, indent=2) + "\n")
     if to_stdout:
         print(json.dumps(result, indent=2))
+
+
+def rag_config(cfg: Any, **overrides: Any) -> Any:
+    """The :class:`rag.config.RAGConfig` an eval runs the pipeline with: every field the eval's
+    config shares by name with RAGConfig (decoder, adapter, mode, k, device, ...) plus
+    ``overrides``; the rest keep RAGConfig's defaults."""
+    from dataclasses import fields
+
+    from rag.config import RAGConfig
+
+    shared = {f.name: getattr(cfg, f.name) for f in fields(RAGConfig) if hasattr(cfg, f.name)}
+    return RAGConfig(**{**shared, **overrides})

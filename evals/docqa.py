@@ -43,7 +43,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from evals.cli import run_eval_cli
+from evals.cli import rag_config, run_eval_cli
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = "evals/data/pydocs_qa.jsonl"
@@ -302,21 +302,9 @@ def build_pipeline(cfg: DocQAConfig) -> Any:
     """A :class:`rag.pipeline.RAGPipeline` from ``cfg`` alone, models loaded now so that a
     missing index or model fails before the first question and no answer's time includes
     loading."""
-    from rag.config import RAGConfig
     from rag.pipeline import RAGPipeline
 
-    config = RAGConfig(
-        index=cfg.index,
-        encoder=cfg.encoder,
-        decoder=cfg.decoder,
-        adapter=cfg.adapter,
-        mode=cfg.mode,
-        k=cfg.k,
-        max_new_tokens=cfg.max_new_tokens,
-        complete_citations=cfg.complete_citations,
-        device=cfg.device,
-    )
-    pipeline = RAGPipeline(config)
+    pipeline = RAGPipeline(rag_config(cfg))
     _ = pipeline.retriever, pipeline.generator
     return pipeline
 

@@ -43,7 +43,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from evals.cli import run_eval_cli
+from evals.cli import rag_config, run_eval_cli
 from evals.docqa import keyword_present, keywords_ok, normalise_keywords, resolve_questions_path
 from evals.docqa import source_matches as doc_matches
 
@@ -233,7 +233,6 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def build_pipeline(cfg: InjectionEvalConfig, docs: Path, index_dir: Path, generator: Any = None):
     """Ingest ``docs`` into ``index_dir`` and a pipeline over it, verification off (the eval
     verifies each answer itself). ``generator`` may be passed in, else it is loaded from cfg."""
-    from rag.config import RAGConfig
     from rag.ingest import ingest
     from rag.pipeline import RAGPipeline
     from rag.retrieve import Retriever
@@ -241,15 +240,8 @@ def build_pipeline(cfg: InjectionEvalConfig, docs: Path, index_dir: Path, genera
     report = ingest([docs], index_dir, encoder=cfg.encoder, device=cfg.device, progress=False)
     if report.failures:
         raise RuntimeError(f"ingesting {docs} failed: {report.failures}")
-    config = RAGConfig(
-        decoder=cfg.decoder,
-        adapter=cfg.adapter,
-        mode=cfg.mode,
-        k=cfg.k,
-        max_new_tokens=cfg.max_new_tokens,
-        complete_citations=cfg.complete_citations,
-        device=cfg.device,
-    )
+    # encoder is the temporary index's own (it was built with cfg.encoder): not passed again
+    config = rag_config(cfg, encoder=None)
     retriever = Retriever.open(index_dir, device=cfg.device)
     pipeline = RAGPipeline(config, retriever=retriever, generator=generator, verify=False)
     _ = pipeline.generator  # a missing model fails before the first question
