@@ -45,7 +45,8 @@ class QAEvalConfig:
     """One QA evaluation; every field is written to the output JSON."""
 
     squad: str = ""  # SQuAD v1.1 JSON file
-    articles: list[str] = field(default_factory=list)  # article titles; empty = fixed dev articles
+    articles: list[str] = field(default_factory=list)  # article titles; empty = --split's articles
+    split: str = "dev"  # dev (held-out articles: report here) | train (tune thresholds here)
     generator: str = "smollm2"  # causal LM alias or folder
     adapter: str | None = None  # optional LoRA adapter folder
     mode: str = "oracle"  # oracle (gold among BM25 distractors) | rag (retrieve, all paragraphs)
@@ -61,6 +62,9 @@ class QAEvalConfig:
     removed_articles: int = 0  # rag mode: articles taken out of the index (their questions: refuse)
     unanswerable_limit: int = 100  # rag mode: questions asked from the removed articles
     complete_citations: bool = False  # rag mode: the pipeline's likelihood citation fallback
+    # rag mode, rag.refusal gate: 1.0 decodes every answer with the refusal barred and records
+    # p(refusal), which evals.refusal_sweep turns into every threshold's metrics
+    refusal_threshold: float | None = None  # refuse only when p(refusal) >= this (rag.refusal)
 
 
 @dataclass
@@ -210,6 +214,7 @@ def answer_rag(pipeline, q: Question, k: int, mode: str, max_new_tokens: int) ->
         "f1": f1_score(ans.text, q.answers),
         "citation_correct": citation_correct(cited, gold) if gold else None,
         "citations_completed": ans.citations_completed,
+        "refusal_probability": ans.refusal_probability,
         "new_tokens": int(ans.timings.get("new_tokens", 0)),
         "generate_s": round(ans.timings.get("generate_s", 0.0), 3),
         "seconds": round(seconds, 3),
@@ -258,7 +263,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     if cfg.k < 1:
         raise ValueError(f"--k must be at least 1, not {cfg.k}")
     paragraphs = load_squad_paragraphs(cfg.squad)
-    articles = cfg.articles or squad_split(cfg.squad)[1]
+    if cfg.split not in ("train", "dev"):
+        raise ValueError(f"--split must be train or dev, not {cfg.split!r}")
+    articles = cfg.articles or squad_split(cfg.squad)[cfg.split == "dev"]
     removed = removed_articles(articles, cfg.removed_articles, cfg.seed)
     if removed and cfg.mode != "rag":
         raise ValueError("--removed-articles needs --mode rag")
@@ -291,7 +298,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
         retriever = ParagraphRetriever(kept, cfg.retriever, encoder)
         # By default citation accuracy measures the markers the model writes itself, so the
         # pipeline's likelihood-based citation completion (a UI fallback) is off here.
-        config = RAGConfig(complete_citations=cfg.complete_citations)
+        config = RAGConfig(
+            complete_citations=cfg.complete_citations, refusal_threshold=cfg.refusal_threshold
+        )
         pipeline = RAGPipeline(config, retriever=retriever, generator=generator)
         rows = []
         for q in bar:

@@ -40,6 +40,7 @@ CLI_FIELDS = (
     "min_score",
     "prefix_cache",
     "complete_citations",
+    "refusal_threshold",
     "device",
 )
 

@@ -48,6 +48,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -64,7 +65,7 @@ log = logging.getLogger("rag.batching")
 _OPTIONS = frozenset(
     "input_ids attention_mask max_new_tokens min_new_tokens use_cache pad_token_id do_sample"  # noqa: SIM905
     " temperature top_p top_k repetition_penalty no_repeat_ngram_size stopping_criteria"
-    " stop_strings tokenizer cache streamer".split()
+    " stop_strings tokenizer cache streamer bad_words_ids".split()
 )
 
 
@@ -122,6 +123,8 @@ class _Request:
             procs.append(RepetitionPenaltyLogitsProcessor(penalty=penalty))
         if kw.get("no_repeat_ngram_size"):
             procs.append(NoRepeatNGramLogitsProcessor(kw["no_repeat_ngram_size"]))
+        if kw.get("bad_words_ids"):
+            procs.append(NoBadWordsLogitsProcessor(kw["bad_words_ids"], eos_token_id=sorted(eos)))
         if kw.get("min_new_tokens") and eos:
             procs.append(
                 MinNewTokensLengthLogitsProcessor(

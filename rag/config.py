@@ -75,6 +75,9 @@ class RAGConfig:
     # when the answer cites nothing (and is no refusal), append the passage marker [i] the decoder
     # itself scores likeliest after its answer; Answer.citations_completed records it
     complete_citations: bool = True
+    # refusal gate (rag.refusal): refuse only when p(refusal | prompt) >= this, else decode the
+    # answer with the refusal barred; None = the decoder's greedy choice stands
+    refusal_threshold: float | None = None
     device: str = "auto"  # auto | cpu | cuda
     # decoder weights: auto = bfloat16 on CUDA or a CPU with bf16 units (AMX), else float32
     dtype: str = "auto"
@@ -121,6 +124,9 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, not {cfg.dtype!r}")
     if cfg.profile not in ("auto", *PROFILES):
         raise ConfigError(f"profile must be auto, {', '.join(PROFILES)}, not {cfg.profile!r}")
+    t = cfg.refusal_threshold
+    if t is not None and not 0 < t <= 1:
+        raise ConfigError(f"refusal_threshold must be in (0, 1] or none, not {t}")
     if cfg.temperature < 0:
         raise ConfigError(f"temperature must be >= 0, not {cfg.temperature}")
     if not 0 < cfg.top_p <= 1:
@@ -210,6 +216,8 @@ def add_config_args(parser: argparse.ArgumentParser, names: Sequence[str] | None
         "device": "auto | cpu | cuda",
         "dtype": "decoder weights: auto (bfloat16 on CUDA or a CPU with bf16 units) | float32 | bfloat16",
         "profile": "prompt profile: auto (the decoder's measured best) | plain | fewshot",
+        "refusal_threshold": "refuse only when p(refusal) >= this (0-1], else answer; unset = "
+        "the decoder's own choice (rag.refusal)",
     }
     for name, typ in _field_types().items():
         if names is not None and name not in names:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rag import scoring
 from rag.batching import BatchedDecoder
 from rag.decoding import DecodingRules, trim_repetition
 from rag.prompt import build_messages
@@ -217,6 +218,8 @@ class Generator:
         use_cache: bool,
         use_prefix_cache: bool | None,
         min_new_tokens: int,
+        prompt_cache: Any = None,
+        ban: Sequence[Sequence[int]] | None = None,
     ) -> dict[str, Any]:
         input_ids = torch.tensor([ids], device=self.device)
         kw: dict[str, Any] = {
@@ -233,8 +236,12 @@ class Generator:
         else:
             kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         kw.update(self.rules.generate_kwargs(len(ids), stop, self.tokenizer))
+        if ban:
+            kw["bad_words_ids"] = [list(b) for b in ban]
         use_prefix = self.prefix_cache if use_prefix_cache is None else use_prefix_cache
-        if use_cache and use_prefix and 0 < prefix_len < len(ids):
+        if use_cache and prompt_cache is not None:
+            kw["cache"] = prompt_cache  # e.g. rag.scoring.refusal_logprob's, all ids but the last
+        elif use_cache and use_prefix and 0 < prefix_len < len(ids):
             kw["cache"] = self._prefix_cache_for(ids[:prefix_len])
         return kw
 
@@ -258,11 +265,15 @@ class Generator:
         use_prefix_cache: bool | None = None,
         min_new_tokens: int = 0,
         stats: dict[str, float] | None = None,
+        prompt_cache: Any = None,
+        ban: Sequence[Sequence[int]] | None = None,
     ) -> list[int]:
         """New token ids for a prompt given as ids (the benchmark's entry point), as decoded:
         a loop the guard stopped is not trimmed here but in :meth:`generate`.
 
         ``stats``, when given, is filled with prompt_tokens, new_tokens, ttft_s and total_s.
+        ``prompt_cache`` is a KV cache of a prefix of ``ids`` to start from (instead of the
+        system-prefix cache); ``ban`` lists id sequences never to decode (``bad_words_ids``).
         """
         t0 = time.perf_counter()
         clock = FirstTokenClock()
@@ -276,6 +287,8 @@ class Generator:
             use_cache=use_cache,
             use_prefix_cache=use_prefix_cache,
             min_new_tokens=min_new_tokens,
+            prompt_cache=prompt_cache,
+            ban=ban,
         )
         cached = kw["cache"].get_seq_length() if "cache" in kw else 0
         new = self._run_generate(kw, clock)[0, len(ids) :].tolist()
@@ -300,6 +313,8 @@ class Generator:
         *,
         use_prefix_cache: bool | None = None,
         stats: dict[str, float] | None = None,
+        prompt_cache: Any = None,
+        ban: Sequence[Sequence[int]] | None = None,
     ) -> str:
         """The assistant's reply to chat ``messages`` (greedy when ``temperature`` is 0), cut at
         the first stop string (``stop`` + :attr:`rules`' own) and trimmed to one copy of a loop."""
@@ -313,6 +328,8 @@ class Generator:
             stop=stop,
             use_prefix_cache=use_prefix_cache,
             stats=stats,
+            prompt_cache=prompt_cache,
+            ban=ban,
         )
         text = self.tokenizer.decode(trim_repetition(new, self.rules), skip_special_tokens=True)
         return cut_at_stop(text, self.rules.stops(stop))[0].strip()
@@ -320,49 +337,14 @@ class Generator:
     def score_continuations(
         self, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
     ) -> list[float]:
-        """Log-probability of each continuation after the prompt and the assistant's ``answer``.
+        """Log-probability of each continuation after the prompt and the assistant's ``answer``
+        (:func:`rag.scoring.score_continuations`): which passage marker it would write next."""
+        return scoring.score_continuations(self, messages, answer, continuations)
 
-        Used to ask the model which passage marker (`` [1]``, `` [2]``, ...) it would write next.
-        One forward pass encodes prompt + answer (starting from the cached system prefix); its KV
-        cache is then repeated once per continuation and all continuations are scored in a single
-        batched pass. Continuations are right-padded: a causal model never attends to later
-        tokens, so the padding changes no score and needs no mask.
-        """
-        if not continuations:
-            return []
-        ids, prefix_len = self.prompt_ids(messages)
-        enc = self.tokenizer
-        ids = ids + list(enc(answer, add_special_tokens=False)["input_ids"])
-        conts = [list(enc(c, add_special_tokens=False)["input_ids"]) for c in continuations]
-        if any(not c for c in conts):
-            raise ValueError("every continuation must encode to at least one token")
-        from transformers import DynamicCache
-
-        with self._decode_lock, torch.inference_mode():
-            if self.prefix_cache and 0 < prefix_len < len(ids):
-                cache, start = self._prefix_cache_for(ids[:prefix_len]), prefix_len
-            else:
-                cache, start = DynamicCache(config=self.model.config), 0
-            out = self.model(
-                input_ids=torch.tensor([ids[start:]], device=self.device),
-                cache=cache,
-                use_cache=True,
-            )
-            first = torch.log_softmax(out["logits"][0, -1].float(), dim=-1)
-            cache = out["cache"] if "cache" in out else out["past_key_values"]
-            scores = [float(first[c[0]]) for c in conts]
-            width = max(len(c) for c in conts) - 1
-            if width:
-                cache.batch_repeat_interleave(len(conts))
-                pad = enc.pad_token_id if enc.pad_token_id is not None else conts[0][0]
-                rows = [c[:-1] + [pad] * (width - len(c) + 1) for c in conts]
-                logits = self.model(
-                    input_ids=torch.tensor(rows, device=self.device), cache=cache, use_cache=True
-                )["logits"]
-                logp = torch.log_softmax(logits.float(), dim=-1)
-                for b, c in enumerate(conts):
-                    scores[b] += sum(float(logp[b, j, t]) for j, t in enumerate(c[1:]))
-        return scores
+    def refusal_logprob(self, messages: Sequence[dict[str, str]]) -> tuple[float, Any]:
+        """log p(REFUSAL | prompt) and a KV cache to decode the answer from
+        (:func:`rag.scoring.refusal_logprob`; the refusal gate of :mod:`rag.refusal`)."""
+        return scoring.refusal_logprob(self, messages)
 
     def stream(
         self,
@@ -374,6 +356,8 @@ class Generator:
         *,
         use_prefix_cache: bool | None = None,
         stats: dict[str, float] | None = None,
+        prompt_cache: Any = None,
+        ban: Sequence[Sequence[int]] | None = None,
     ) -> Iterator[str]:
         """Text deltas of the reply as they are decoded; joined they equal :meth:`generate`.
 
@@ -391,6 +375,8 @@ class Generator:
             use_cache=True,
             use_prefix_cache=use_prefix_cache,
             min_new_tokens=0,
+            prompt_cache=prompt_cache,
+            ban=ban,
         )
         streamer, cancel = TokenQueue(), Cancel()
         kw["stopping_criteria"].append(cancel)

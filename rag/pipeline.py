@@ -32,6 +32,7 @@ from typing import Any
 
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, parse_citations
+from rag.refusal import RefusalDecision, decide, supports_gate
 from rag.types import Answer, Citation, Hit
 from rag.verify import verify_answer
 
@@ -140,6 +141,13 @@ def complete_citation(raw: str, prep: Prepared, generator: Any) -> Answer:
 def refusal(prep: Prepared) -> Answer:
     """The answer when nothing relevant was retrieved (the model is not called)."""
     return Answer(text=REFUSAL, refused=True, query=prep.query, timings=prep.timings)
+
+
+def gated_refusal(prep: Prepared, gate: RefusalDecision) -> Answer:
+    """The refusal the gate chose: the passages were retrieved and shown, nothing was decoded."""
+    answer = make_answer(REFUSAL, prep)
+    answer.refusal_probability = gate.probability
+    return answer
 
 
 class RAGPipeline:
@@ -286,11 +294,18 @@ class RAGPipeline:
         if not prep.hits:
             prep.timings["total_s"] = time.perf_counter() - t0
             return refusal(prep)
+        gate = self._gate(prep)
+        if gate is not None and gate.refuse:
+            prep.timings["total_s"] = time.perf_counter() - t0
+            return gated_refusal(prep, gate)
         stats: dict[str, float] = {}
         raw = self.generator.generate(
-            prep.messages, **self._decode_args(temperature, max_new_tokens), stats=stats
+            prep.messages,
+            **self._decode_args(temperature, max_new_tokens),
+            stats=stats,
+            **(gate.generate_kwargs if gate else {}),
         )
-        answer = self._finish(raw, prep)
+        answer = self._finish(raw, prep, gate)
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
         return answer
 
@@ -318,22 +333,41 @@ class RAGPipeline:
             yield REFUSAL
             yield refusal(prep)
             return
+        gate = self._gate(prep)
+        if gate is not None and gate.refuse:
+            prep.timings["total_s"] = time.perf_counter() - t0
+            yield REFUSAL
+            yield gated_refusal(prep, gate)
+            return
         stats: dict[str, float] = {}
         parts: list[str] = []
         for delta in self.generator.stream(
-            prep.messages, **self._decode_args(temperature, max_new_tokens), stats=stats
+            prep.messages,
+            **self._decode_args(temperature, max_new_tokens),
+            stats=stats,
+            **(gate.generate_kwargs if gate else {}),
         ):
             parts.append(delta)
             yield delta
-        answer = self._finish("".join(parts), prep)
+        answer = self._finish("".join(parts), prep, gate)
         if answer.citations_completed:
             yield f" [{answer.citations[0].number}]"
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
         yield answer
 
-    def _finish(self, raw: str, prep: Prepared) -> Answer:
+    def _gate(self, prep: Prepared) -> RefusalDecision | None:
+        """The refusal gate's decision (rag.refusal), or None when it is off or unsupported."""
+        threshold = self.config.refusal_threshold
+        if threshold is None or not supports_gate(self.generator):
+            return None
+        t0 = time.perf_counter()
+        decision = decide(self.generator, prep.messages, threshold)
+        prep.timings["gate_s"] = time.perf_counter() - t0
+        return decision
+
+    def _finish(self, raw: str, prep: Prepared, gate: RefusalDecision | None = None) -> Answer:
         """The Answer for ``raw``, with citation completion when configured and supported, then
-        citation verification when ``self.verify``."""
+        citation verification when ``self.verify``; the gate's refusal probability recorded."""
         t0 = time.perf_counter()
         gen = self.generator
         if not self.config.complete_citations or not hasattr(gen, "score_continuations"):
@@ -342,6 +376,8 @@ class RAGPipeline:
             answer = complete_citation(raw, prep, gen)
             if answer.citations_completed:
                 prep.timings["cite_s"] = time.perf_counter() - t0
+        if gate is not None:
+            answer.refusal_probability = gate.probability
         return verify_answer(answer) if self.verify else answer
 
 

@@ -112,6 +112,8 @@ class Answer:
     # (see rag.pipeline.complete_citation); ``citation_logprobs[i-1]`` is the score of `` [i]``.
     citations_completed: bool = False
     citation_logprobs: list[float] = field(default_factory=list)
+    # p(REFUSAL | prompt) when the refusal gate is on (rag.refusal); None when it is off
+    refusal_probability: float | None = None
     # Citation verification (rag.verify), when ``verified``: numbers of citations flagged as
     # unsupported by their passage (kept, Citation.supported False); (from, to) pairs of
     # citations moved to the passage that supports the sentence; whether the answer looks like
@@ -143,6 +145,7 @@ class Answer:
             "timings": self.timings,
             "citations_completed": self.citations_completed,
             "citation_logprobs": self.citation_logprobs,
+            "refusal_probability": self.refusal_probability,
             "verified": self.verified,
             "unsupported_citations": self.unsupported_citations,
             "reattributed": [list(pair) for pair in self.reattributed],

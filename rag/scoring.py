@@ -1,0 +1,111 @@
+"""Likelihood scores from the decoder: which marker it would write, how sure it is to refuse.
+
+Two questions the pipeline asks the decoder without sampling from it:
+
+- :func:`score_continuations`: log p(continuation | prompt, answer) for several short
+  continuations at once (citation completion asks for `` [1]``, `` [2]``, ...);
+- :func:`refusal_logprob`: log p(:data:`rag.prompt.REFUSAL` | prompt), the refusal gate's
+  number (:mod:`rag.refusal`). It also returns the prompt's KV cache, so the answer decoded
+  next only pays for one token of prefill.
+
+``model.generate(output_scores=True)`` scores only the path it decodes; these are teacher-forced
+forward passes over given text, which no library call does on top of our prefix cache.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from rag.prompt import REFUSAL
+
+
+def _start(generator: Any, ids: list[int], prefix_len: int) -> tuple[Any, int]:
+    """A KV cache to extend and the first id it lacks (the system prefix's cache when on)."""
+    if generator.prefix_cache and 0 < prefix_len < len(ids):
+        return generator._prefix_cache_for(ids[:prefix_len]), prefix_len
+    from transformers import DynamicCache
+
+    return DynamicCache(config=generator.model.config), 0
+
+
+def _cache_of(out: Any) -> Any:
+    return out["cache"] if "cache" in out else out["past_key_values"]
+
+
+def score_continuations(
+    generator: Any, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
+) -> list[float]:
+    """Log-probability of each continuation after the prompt and the assistant's ``answer``.
+
+    One forward pass encodes prompt + answer (starting from the cached system prefix); its KV
+    cache is then repeated once per continuation and all continuations are scored in a single
+    batched pass. Continuations are right-padded: a causal model never attends to later
+    tokens, so the padding changes no score and needs no mask.
+    """
+    if not continuations:
+        return []
+    ids, prefix_len = generator.prompt_ids(messages)
+    enc = generator.tokenizer
+    ids = ids + list(enc(answer, add_special_tokens=False)["input_ids"])
+    conts = [list(enc(c, add_special_tokens=False)["input_ids"]) for c in continuations]
+    if any(not c for c in conts):
+        raise ValueError("every continuation must encode to at least one token")
+    model, device = generator.model, generator.device
+    with generator._decode_lock, torch.inference_mode():
+        cache, start = _start(generator, ids, prefix_len)
+        out = model(
+            input_ids=torch.tensor([ids[start:]], device=device), cache=cache, use_cache=True
+        )
+        first = torch.log_softmax(out["logits"][0, -1].float(), dim=-1)
+        cache = _cache_of(out)
+        scores = [float(first[c[0]]) for c in conts]
+        width = max(len(c) for c in conts) - 1
+        if width:
+            cache.batch_repeat_interleave(len(conts))
+            pad = enc.pad_token_id if enc.pad_token_id is not None else conts[0][0]
+            rows = [c[:-1] + [pad] * (width - len(c) + 1) for c in conts]
+            logits = model(
+                input_ids=torch.tensor(rows, device=device), cache=cache, use_cache=True
+            )["logits"]
+            logp = torch.log_softmax(logits.float(), dim=-1)
+            for b, c in enumerate(conts):
+                scores[b] += sum(float(logp[b, j, t]) for j, t in enumerate(c[1:]))
+    return scores
+
+
+def refusal_ids(tokenizer: Any) -> list[int]:
+    """The refusal sentence as the assistant's reply starts with it (no leading space)."""
+    return list(tokenizer(REFUSAL, add_special_tokens=False)["input_ids"])
+
+
+def refusal_logprob(generator: Any, messages: Sequence[dict[str, str]]) -> tuple[float, Any]:
+    """log p(REFUSAL | prompt), and the KV cache of the prompt's ids but the last.
+
+    The prompt but its last id goes through the model into a cache ``generate`` can start from
+    (it needs one uncached id); a copy of it then takes the last id and the refusal's ids but
+    the last, whose logits score the refusal. (Copying rather than cropping: caches with
+    sliding-window layers, as in ModernBERT, cannot be cropped.)
+    """
+    ids, prefix_len = generator.prompt_ids(messages)
+    ref = refusal_ids(generator.tokenizer)
+    model, device = generator.model, generator.device
+    with generator._decode_lock, torch.inference_mode():
+        cache, start = _start(generator, ids[:-1], prefix_len)
+        if start < len(ids) - 1:
+            out = model(
+                input_ids=torch.tensor([ids[start:-1]], device=device), cache=cache, use_cache=True
+            )
+            cache = _cache_of(out)
+        scratch = copy.deepcopy(cache)
+        seq = ids[-1:] + ref[:-1]
+        logits = model(input_ids=torch.tensor([seq], device=device), cache=scratch, use_cache=True)[
+            "logits"
+        ]
+        # logits[0, j] predicts ref[j]: the prompt's last id predicts the refusal's first
+        logp = torch.log_softmax(logits[0].float(), dim=-1)  # [len(ref), V]
+        total = float(sum(logp[j, t] for j, t in enumerate(ref)))
+    return total, cache
