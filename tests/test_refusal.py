@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 from generate_support import messages
-from test_generate import tiny_decoder_dirs, tiny_generator  # noqa: F401  (session fixtures)
+from test_generate import tiny_decoder_dirs, tiny_generator  # noqa: F401, F811  (session fixtures)
 from test_pipeline import FakeGenerator, FakeRetriever, hit
 
 from evals.refusal_sweep import gated_row, pick_threshold, sweep
@@ -20,7 +20,7 @@ from rag.refusal import barred_refusal, decide
 from rag.scoring import refusal_ids
 
 
-def test_refusal_logprob_equals_uncached_forward(tiny_generator):
+def test_refusal_logprob_equals_uncached_forward(tiny_generator):  # noqa: F811
     gen = tiny_generator
     msgs = messages()
     ids = gen.prompt_ids(msgs)[0]
@@ -38,7 +38,7 @@ def test_refusal_logprob_equals_uncached_forward(tiny_generator):
     gen.prefix_cache = True
 
 
-def test_gate_cache_decodes_the_same_answer(tiny_generator):
+def test_gate_cache_decodes_the_same_answer(tiny_generator):  # noqa: F811
     """Decoding from the gate's cropped prompt cache = decoding the prompt from scratch."""
     gen = tiny_generator
     msgs = messages("what closes the file?")
@@ -50,7 +50,7 @@ def test_gate_cache_decodes_the_same_answer(tiny_generator):
     assert stats["cached_prefix_tokens"] == stats["prompt_tokens"] - 1
 
 
-def test_barred_opening_is_never_decoded(tiny_generator):
+def test_barred_opening_is_never_decoded(tiny_generator):  # noqa: F811
     gen = tiny_generator
     msgs = messages()
     ids, prefix_len = gen.prompt_ids(msgs)
