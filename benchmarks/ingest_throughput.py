@@ -3,7 +3,12 @@ run, on the same files with the same sentence-transformers model; plus the int8 
 quality on SciFact dev (nDCG@10 within 0.005 of fp32 is the bar).
 
 ``python -m benchmarks.ingest_throughput [--docs DIR] [--max-bytes N] [--encoder minilm]
-[--scifact DIR] [--scifact-docs N] [--json]``
+[--precisions fp32,int8] [--encoder-backends torch,onnx] [--scifact DIR] [--scifact-docs N]
+[--json]``
+
+Our ingest runs once per (encoder backend, precision) pair; each row's ``pipeline`` names both
+(``ours-onnx-int8``). The ONNX export is made and cached before timing (like the model load), so
+the rows compare forward passes, not one-off exports.
 
 Reference: ``RecursiveCharacterTextSplitter(1000, 200)`` + ``HuggingFaceEmbeddings`` (the same
 model folder, batch 32, normalised) + ``FAISS.from_documents`` (langchain-community). Throughput
@@ -36,6 +41,7 @@ class ThroughputConfig:
     max_bytes: int = 60_000  # use the first files (sorted) up to this many bytes
     encoder: str = "minilm"  # alias or folder, shared by every pipeline
     precisions: str = "fp32,int8"  # our ingest's encoder precisions to run
+    encoder_backends: str = "torch"  # comma-separated: torch, onnx (rag.encoding.ENCODER_BACKENDS)
     scifact: str = ""  # BEIR SciFact folder for the int8 quality check ('' = skip)
     scifact_docs: int = 400  # distractor documents added to the dev-judged ones (0 = full corpus)
     threads: int = 0  # torch threads (0 = torch's default)
@@ -87,20 +93,22 @@ def run_reference(files: list[Path], model_path: Path) -> dict:
     }
 
 
-def run_ours(files: list[Path], encoder: str, precision: str) -> dict:
+def run_ours(files: list[Path], encoder: str, precision: str, backend: str = "torch") -> dict:
     """Our ingest into a fresh index; encode time measured inside it."""
     from rag.encoding import Encoder
     from rag.ingest import ingest
 
+    Encoder.load(encoder, device="cpu", precision=precision, backend=backend)  # export, cache
     t0 = time.perf_counter()
-    Encoder.load(encoder, device="cpu", precision=precision)  # warm the file cache, time the load
+    Encoder.load(encoder, device="cpu", precision=precision, backend=backend)  # time the load
     load_s = time.perf_counter() - t0
     report = ingest(
         files,
-        index=f"bench-{precision}-{os.getpid()}",
+        index=f"bench-{backend}-{precision}-{os.getpid()}",
         encoder=encoder,
         device="cpu",
         precision=precision,
+        encoder_backend=backend,
         progress=False,
     )
     if not report.ok:
@@ -108,7 +116,9 @@ def run_ours(files: list[Path], encoder: str, precision: str) -> dict:
     seconds = report.seconds - load_s  # the ingest loads the model once too
     encode_s = report.timings.get("encode", 0.0)
     return {
-        "pipeline": f"ours-{precision}",
+        "pipeline": f"ours-{precision}" if backend == "torch" else f"ours-{backend}-{precision}",
+        "encoder_backend": backend,
+        "precision": precision,
         "chunks": report.chunks,
         "model_load_s": load_s,
         "encode_s": encode_s,
@@ -119,8 +129,15 @@ def run_ours(files: list[Path], encoder: str, precision: str) -> dict:
     }
 
 
-def scifact_quality(folder: str, encoder: str, n_docs: int, precisions: list[str]) -> dict:
-    """Dense nDCG@10 on the SciFact dev split per precision (same corpus subset for all)."""
+def scifact_quality(
+    folder: str,
+    encoder: str,
+    n_docs: int,
+    precisions: list[str],
+    backends: tuple[str, ...] | list[str] = ("torch",),
+) -> dict:
+    """Dense nDCG@10 on the SciFact dev split per backend and precision (same corpus subset for
+    all); keys are ``fp32``/``int8`` for torch, ``onnx-fp32``/``onnx-int8`` for ONNX."""
     import pytrec_eval
 
     from evals.datasets import load_beir, scifact_split
@@ -138,21 +155,25 @@ def scifact_quality(folder: str, encoder: str, n_docs: int, precisions: list[str
     texts = [ds.doc_text(i) for i in ids]
     out = {"queries": len(ds.queries), "corpus_docs": len(ids), "judged_docs": len(judged)}
     qids = list(ds.queries)
-    for precision in precisions:
-        enc = Encoder.load(encoder, device="cpu", precision=precision)
+    for backend, precision in [(b, p) for b in backends for p in precisions]:
+        enc = Encoder.load(encoder, device="cpu", precision=precision, backend=backend)
+        key = precision if backend == "torch" else f"{backend}-{precision}"
         t0 = time.perf_counter()
         r = CorpusRetriever(ids, texts, enc, "dense")
         rows = r.search_many([ds.queries[q] for q in qids], k=10)
         run = {q: {d: float(s) for d, s in row} for q, row in zip(qids, rows)}
         ev = pytrec_eval.RelevanceEvaluator(ds.qrels, {"ndcg_cut.10"})
         scores = [v["ndcg_cut_10"] for v in ev.evaluate(run).values()]
-        out[precision] = {
+        out[key] = {
             "ndcg@10": sum(scores) / len(qids),
             "seconds": time.perf_counter() - t0,
             "corpus_encode_s": r.timings["corpus_encode_s"],
         }
     if "fp32" in out and "int8" in out:
         out["delta_int8"] = out["int8"]["ndcg@10"] - out["fp32"]["ndcg@10"]
+    for key in [k for k in out if k.startswith("onnx-")]:
+        if "fp32" in out:
+            out[f"delta_{key}"] = out[key]["ndcg@10"] - out["fp32"]["ndcg@10"]
     return out
 
 
@@ -200,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAG_HOME"] = tempfile.mkdtemp(prefix="rag-bench-")  # throwaway indexes
     print(f"{len(files)} files, {nbytes:,} bytes from {docs}", file=sys.stderr)
     results = [run_reference(files, resolve_model(cfg.encoder))]
-    for precision in cfg.precisions.split(","):
-        results.append(run_ours(files, cfg.encoder, precision))
+    for backend in cfg.encoder_backends.split(","):
+        for precision in cfg.precisions.split(","):
+            results.append(run_ours(files, cfg.encoder, precision, backend))
     for r in results:
         r["kb_per_s"] = nbytes / 1000 / r["seconds"]
         r["chunks_per_s"] = r["chunks"] / r["seconds"]
@@ -221,7 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     }
     if cfg.scifact:
         summary["scifact"] = scifact_quality(
-            cfg.scifact, cfg.encoder, cfg.scifact_docs, cfg.precisions.split(",")
+            cfg.scifact,
+            cfg.encoder,
+            cfg.scifact_docs,
+            cfg.precisions.split(","),
+            cfg.encoder_backends.split(","),
         )
         print(f"scifact: {json.dumps(summary['scifact'])}", file=sys.stderr)
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=str))

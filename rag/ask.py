@@ -42,6 +42,7 @@ CLI_FIELDS = (
     "complete_citations",
     "refusal_threshold",
     "device",
+    "encoder_backend",
 )
 
 
@@ -91,7 +92,12 @@ def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
         raise ValueError("give --index NAME or --index-dir PATH, not both")
     from rag.retrieve import Retriever
 
-    return Retriever.open(Path(args.index_dir), encoder=cfg.encoder, device=cfg.device)
+    return Retriever.open(
+        Path(args.index_dir),
+        encoder=cfg.encoder,
+        device=cfg.device,
+        encoder_backend=cfg.encoder_backend,
+    )
 
 
 def format_sources(answer: Answer) -> str:

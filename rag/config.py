@@ -23,6 +23,7 @@ from typing import Any
 
 import tomllib
 
+from rag.encoding import ENCODER_BACKENDS
 from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
 from rag.prompt import PROFILES
 
@@ -79,6 +80,8 @@ class RAGConfig:
     # answer with the refusal barred; None = the decoder's greedy choice stands
     refusal_threshold: float | None = None
     device: str = "auto"  # auto | cpu | cuda
+    # query encoder runtime: torch | onnx (ONNX Runtime on CPU, same embeddings; rag.encoding)
+    encoder_backend: str = "torch"
     # decoder weights: auto = bfloat16 on CUDA or a CPU with bf16 units (AMX), else float32
     dtype: str = "auto"
     # prompt format (rag.prompt.PROFILES): auto = the decoder's measured best (rag.models)
@@ -107,6 +110,11 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, not {cfg.backend!r}")
     if cfg.device not in ("auto", "cpu", "cuda"):
         raise ConfigError(f"device must be auto, cpu or cuda, not {cfg.device!r}")
+    if cfg.encoder_backend not in ENCODER_BACKENDS:
+        raise ConfigError(
+            f"encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, "
+            f"not {cfg.encoder_backend!r}"
+        )
     for name in ("k", "max_new_tokens", "chunk_tokens"):
         if int(getattr(cfg, name)) < 1:
             raise ConfigError(f"{name} must be >= 1, not {getattr(cfg, name)!r}")
@@ -214,6 +222,7 @@ def add_config_args(parser: argparse.ArgumentParser, names: Sequence[str] | None
         "chroma_url": "Chroma server URL",
         "mode": "dense | bm25 | hybrid",
         "device": "auto | cpu | cuda",
+        "encoder_backend": "query encoder runtime: torch | onnx (CPU)",
         "dtype": "decoder weights: auto (bfloat16 on CUDA or a CPU with bf16 units) | float32 | bfloat16",
         "profile": "prompt profile: auto (the decoder's measured best) | plain | fewshot",
         "refusal_threshold": "refuse only when p(refusal) >= this (0-1], else answer; unset = "

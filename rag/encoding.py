@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 PRECISIONS = ("fp32", "int8")
+# torch: sentence-transformers as loaded; onnx: its transformer run by ONNX Runtime from a cached
+# export (rag.encoder_backends), same embeddings within float tolerance, int8 with --precision int8
+ENCODER_BACKENDS = ("torch", "onnx")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx")
 
 
@@ -77,6 +80,16 @@ def quantize_int8(model: SentenceTransformer) -> SentenceTransformer:
         return quantize_dynamic(model, spec, inplace=True)
 
 
+def check_backend(backend: str, device: str = "auto") -> None:
+    """Refuse unknown backends, and ONNX on a GPU (only the CPU provider is wired and tested)."""
+    if backend not in ENCODER_BACKENDS:
+        raise ValueError(
+            f"--encoder-backend must be one of {', '.join(ENCODER_BACKENDS)}, not {backend!r}"
+        )
+    if backend == "onnx" and device == "cuda":
+        raise ValueError("--encoder-backend onnx runs on CPU only; use --device cpu or auto")
+
+
 class Encoder:
     """A SentenceTransformer plus how we batch it and who it is.
 
@@ -92,28 +105,44 @@ class Encoder:
         precision: str = "fp32",
         batch_tokens: int = 8192,
         max_batch: int = 128,
+        backend: str = "torch",
     ):
         if precision not in PRECISIONS:
             raise ValueError(
                 f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}"
             )
-        self.model = quantize_int8(model) if precision == "int8" else model
+        check_backend(backend)
+        self.model = model
         self.name = name or (str(path) if path else type(model).__name__)
         self.path = Path(path) if path else None
-        self.precision = precision
+        self.precision, self.backend = precision, backend
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self._fingerprint: str | None = None
+        if backend == "onnx":  # the export is keyed by the torch weights' fingerprint
+            from rag.encoder_backends import use_onnx
+
+            self.model = use_onnx(model, self.fingerprint, precision)
+        elif precision == "int8":
+            self.model = quantize_int8(model)
 
     @classmethod
     def load(
-        cls, name: str | Path, device: str = "auto", precision: str = "fp32", **kw: Any
+        cls,
+        name: str | Path,
+        device: str = "auto",
+        precision: str = "fp32",
+        backend: str = "torch",
+        **kw: Any,
     ) -> Encoder:
-        """Load an alias, SentenceTransformer folder or plain HF encoder folder."""
+        """Load an alias, SentenceTransformer folder or plain HF encoder folder. ``backend``
+        ``onnx`` runs on CPU, so ``auto`` means CPU there (ONNX Runtime is given only its CPU
+        provider)."""
         from rag.models import load_embedder, resolve_model
 
+        check_backend(backend, device)
         path = resolve_model(name)
-        model = load_embedder(path, device=device)
-        return cls(model, name=str(name), path=path, precision=precision, **kw)
+        model = load_embedder(path, device="cpu" if backend == "onnx" else device)
+        return cls(model, name=str(name), path=path, precision=precision, backend=backend, **kw)
 
     @classmethod
     def wrap(
@@ -172,6 +201,7 @@ class Encoder:
             "fingerprint": self.fingerprint,
             "max_seq_length": int(self.model.max_seq_length),
             "precision": self.precision,
+            "backend": self.backend,  # informational: check_matches ignores it (same function)
         }
 
     def check_matches(self, recorded: dict[str, Any], index_name: str) -> None:

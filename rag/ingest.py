@@ -2,7 +2,7 @@
 
 ``python -m rag.ingest DOCS [DOCS ...] [--index NAME | --index-dir PATH] [--encoder ALIAS|DIR]
 [--backend faiss|chroma] [--chroma-url URL] [--chunk-tokens N] [--overlap N] [--follow-links]
-[--json]``
+[--encoder-backend torch|onnx] [--precision fp32|int8] [--json]``
 
 A file whose size and mtime match the manifest is unchanged without being read; otherwise its
 bytes are hashed and only a new hash re-chunks and re-embeds it. Files that disappeared (or lie
@@ -32,7 +32,7 @@ from indexes import BACKENDS, open_index
 from rag.bm25 import BM25Index
 from rag.cli import OneLineParser, add_index_args, fail, quiet_libraries
 from rag.documents import DEFAULT_MAX_BYTES
-from rag.encoding import PRECISIONS
+from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.ingest_plan import (
     DEFAULT_CHUNK_TOKENS,
     DEVICES,
@@ -296,6 +296,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--precision", default="fp32", choices=PRECISIONS, help="int8: quantised CPU encoder"
     )
+    p.add_argument(
+        "--encoder-backend",
+        default="torch",
+        choices=ENCODER_BACKENDS,
+        help="encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
+        "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
+    )
     p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="skip larger files")
     p.add_argument(
         "--follow-links",
@@ -339,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         overlap=args.overlap,
         device=args.device,
         precision=args.precision,
+        encoder_backend=args.encoder_backend,
         faiss_kind=args.faiss_kind,
         max_bytes=args.max_bytes,
         follow_links=args.follow_links,

@@ -20,7 +20,13 @@ from tqdm.auto import tqdm
 from indexes import BACKENDS
 from rag.chunking import chunk_document
 from rag.documents import DEFAULT_MAX_BYTES, DocumentError, iter_files, load_document
-from rag.encoding import PRECISIONS, Encoder, weights_fingerprint
+from rag.encoding import (
+    ENCODER_BACKENDS,
+    PRECISIONS,
+    Encoder,
+    check_backend,
+    weights_fingerprint,
+)
 from rag.manifest import CURRENT, Manifest, SourceEntry, index_dir
 from rag.models import ModelNotFoundError, resolve_model
 from rag.types import Chunk
@@ -90,6 +96,10 @@ class IngestConfig:
     overlap: int = 32  # tokens shared by consecutive chunks of a section
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | int8 (dynamic quantisation, CPU)
+    # torch | onnx: the encoder's runtime; onnx runs a cached ONNX Runtime export on CPU (with
+    # precision int8: onnxruntime's dynamic int8). Same embeddings within float tolerance, so the
+    # index keeps the weights' fingerprint whichever backend wrote it (docs/ingestion.md)
+    encoder_backend: str = "torch"
     faiss_kind: str = "auto"  # auto (HNSW from 200k vectors) | flat (exact) | hnsw
     max_bytes: int = DEFAULT_MAX_BYTES  # larger files are reported and skipped
     follow_links: bool = False  # read links that leave the folder, walk linked folders
@@ -169,6 +179,7 @@ def validate_config(cfg: IngestConfig) -> Path:
     for flag, value, allowed in (
         ("--backend", cfg.backend, (None, *BACKENDS)),
         ("--precision", cfg.precision, PRECISIONS),
+        ("--encoder-backend", cfg.encoder_backend, ENCODER_BACKENDS),
         ("--device", cfg.device, DEVICES),
         ("--faiss-kind", cfg.faiss_kind, FAISS_KINDS),
     ):
@@ -177,6 +188,7 @@ def validate_config(cfg: IngestConfig) -> Path:
             raise ValueError(f"{flag} must be one of {choices}, not {value!r}")
     if cfg.chroma_url and cfg.backend not in (None, "chroma"):
         raise ValueError("--chroma-url needs --backend chroma")
+    check_backend(cfg.encoder_backend, cfg.device)
     root = cfg.root()  # IndexNameError for a name that is a path
     if root.exists() and not root.is_dir():
         raise ValueError(f"index folder {root} is a file")
@@ -320,7 +332,12 @@ class EncoderHandle:
 
     def get(self) -> Encoder:
         if self._encoder is None:
-            enc = Encoder.load(self.name, device=self.cfg.device, precision=self.cfg.precision)
+            enc = Encoder.load(
+                self.name,
+                device=self.cfg.device,
+                precision=self.cfg.precision,
+                backend=self.cfg.encoder_backend,
+            )
             if self.old is not None:
                 enc.check_matches(self.old.encoder, self.index_name)
             self._encoder = enc

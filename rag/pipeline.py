@@ -190,6 +190,7 @@ class RAGPipeline:
                         cfg.index,
                         encoder=cfg.encoder,
                         device=cfg.device,
+                        encoder_backend=cfg.encoder_backend,
                         reranker=cfg.rerank,
                         max_length=cfg.rerank_max_length,
                         rerank_depth=cfg.rerank_depth,

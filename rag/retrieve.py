@@ -294,9 +294,11 @@ class Retriever:
         alpha: float = 0.5,
         norm: str = "minmax",
         rerank_depth: int | None = None,
+        encoder_backend: str = "torch",
     ):
         check_fusion(fusion, alpha, norm)
         self.index, self.device, self.reranker, self.depth = index, device, reranker, depth
+        self.encoder_backend = encoder_backend  # query encoder: torch | onnx (rag.encoding)
         self.options = {
             "fusion": fusion,
             "alpha": alpha,
@@ -361,15 +363,21 @@ class Retriever:
         if self._encoder is None:
             rec = self.manifest.encoder
             if self._given is not None:
-                enc = Encoder.wrap(self._given, device=self.device)
+                enc = (
+                    Encoder.load(self._given, device=self.device, backend=self.encoder_backend)
+                    if isinstance(self._given, (str, Path))
+                    else Encoder.wrap(self._given, device=self.device)
+                )
             else:
                 name = rec["name"]
                 try:
-                    enc = Encoder.load(name, device=self.device)
+                    enc = Encoder.load(name, device=self.device, backend=self.encoder_backend)
                 except Exception:  # the alias/folder moved: fall back to the recorded path
                     if not rec.get("path"):
                         raise
-                    enc = Encoder.load(rec["path"], device=self.device)
+                    enc = Encoder.load(
+                        rec["path"], device=self.device, backend=self.encoder_backend
+                    )
                     enc.name = name
             enc.check_matches(rec, str(self.index))
             self._encoder = enc

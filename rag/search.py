@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from rag.cli import OneLineParser, add_index_args, fail, quiet_libraries
+from rag.encoding import ENCODER_BACKENDS
 from rag.retrieve import MODES, Retriever
 from rag.types import Hit
 
@@ -40,6 +41,12 @@ def build_parser() -> OneLineParser:
         "--rerank", default=None, metavar="DIR", help="cross-encoder folder to rerank with"
     )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument(
+        "--encoder-backend",
+        default="torch",
+        choices=ENCODER_BACKENDS,
+        help="query encoder runtime (onnx: ONNX Runtime on CPU, same embeddings)",
+    )
     p.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     return p
 
@@ -53,7 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.k <= 0:
             raise ValueError(f"--k must be positive, not {args.k}")
         retriever = Retriever.open(
-            index, encoder=args.encoder, device=args.device, reranker=args.rerank
+            index,
+            encoder=args.encoder,
+            device=args.device,
+            reranker=args.rerank,
+            encoder_backend=args.encoder_backend,
         )
         hits = retriever.search(args.query, k=args.k, mode=args.mode)
     except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
