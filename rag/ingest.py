@@ -2,7 +2,8 @@
 
 ``python -m rag.ingest DOCS [DOCS ...] [--index NAME | --index-dir PATH] [--encoder ALIAS|DIR]
 [--backend faiss|chroma] [--chroma-url URL] [--chunk-tokens N] [--overlap N] [--follow-links]
-[--encoder-backend torch|onnx] [--precision fp32|int8] [--json]``
+[--encoder-backend torch|onnx] [--precision fp32|int8] [--engine local|ray [--ray-address ADDR]
+[--workers N]] [--json]``
 
 A file whose size and mtime match the manifest is unchanged without being read; otherwise its
 bytes are hashed and only a new hash re-chunks and re-embeds it. Files that disappeared (or lie
@@ -36,6 +37,7 @@ from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.ingest_plan import (
     DEFAULT_CHUNK_TOKENS,
     DEVICES,
+    ENGINES,
     FAISS_KINDS,
     EncoderHandle,
     IngestConfig,
@@ -144,7 +146,21 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
             f"chunks are capped at {chunking['chunk_tokens']} tokens "
             f"(overlap {chunking['overlap']})"
         )
-    plan = plan_changes(cfg, old, chunking, encoder, report)
+    engine = None
+    if cfg.engine == "ray":  # chunking and embedding on Ray; everything else as below
+        from rag.ingest_ray import RayEngine
+
+        engine = RayEngine(cfg, encoder, on_batch=lambda n: _checkpoint("mid-encode"))
+    try:
+        return _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine) -> IngestReport:
+    """Plan, embed, write and publish (``engine``: None = chunk and embed in this process)."""
+    plan = plan_changes(cfg, old, chunking, encoder, report, engine=engine)
     report.timings["load_chunk"] = time.perf_counter() - t0
     chunks = read_chunks(gen) if gen else {}
     drop = {i for s in plan.drop_sources for i in old.sources[s].chunk_ids} if old else set()
@@ -170,7 +186,10 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
     if changed:
         t1 = time.perf_counter()
         vectors = np.zeros((0, manifest.encoder["dim"]), dtype=np.float32)
-        if todo:  # deletions alone need no model
+        if todo and engine is not None:
+            vectors = engine.encode(todo)
+            report.timings.update(engine.timings)
+        elif todo:  # deletions alone need no model
             vectors = encoder.get().encode(
                 [c.text for c in todo],
                 progress=cfg.progress,
@@ -309,6 +328,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read symlinked files that point outside the folder and walk symlinked folders",
     )
+    p.add_argument(
+        "--engine",
+        default="local",
+        choices=ENGINES,
+        help="local: this process; ray: Ray Data chunks, --workers encoder actors embed "
+        "(the `ray` extra)",
+    )
+    p.add_argument("--ray-address", default=None, help="Ray cluster (default: start a local one)")
+    p.add_argument("--workers", type=int, default=1, help="--engine ray: encoder actors")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     return p
@@ -351,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         max_bytes=args.max_bytes,
         follow_links=args.follow_links,
         progress=not args.no_progress,
+        engine=args.engine,
+        ray_address=args.ray_address,
+        workers=args.workers,
     )
     try:
         report = ingest_config(cfg)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib.util
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tqdm.auto import tqdm
 
@@ -34,6 +35,7 @@ from rag.types import Chunk
 DEFAULT_ENCODER = "minilm"
 FAISS_KINDS = ("auto", "flat", "hnsw")
 DEVICES = ("auto", "cpu", "cuda")
+ENGINES = ("local", "ray")  # ray: rag.ingest_ray, the optional `ray` extra
 DEFAULT_CHUNK_TOKENS = 256
 MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
 
@@ -104,6 +106,9 @@ class IngestConfig:
     max_bytes: int = DEFAULT_MAX_BYTES  # larger files are reported and skipped
     follow_links: bool = False  # read links that leave the folder, walk linked folders
     progress: bool = True  # tqdm bars on stderr
+    engine: str = "local"  # local (this process) | ray (Ray Data chunks, encoder actors embed)
+    ray_address: str | None = None  # --engine ray: a running cluster; None = start a local one
+    workers: int = 1  # --engine ray: encoder actors
 
     def root(self) -> Path:
         """The index folder: ``index_dir`` as given, else the checked name under $RAG_HOME."""
@@ -189,6 +194,14 @@ def validate_config(cfg: IngestConfig) -> Path:
     if cfg.chroma_url and cfg.backend not in (None, "chroma"):
         raise ValueError("--chroma-url needs --backend chroma")
     check_backend(cfg.encoder_backend, cfg.device)
+    if cfg.engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {cfg.engine!r}")
+    if cfg.engine != "ray" and (cfg.ray_address or cfg.workers != 1):
+        raise ValueError("--ray-address and --workers need --engine ray")
+    if cfg.workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {cfg.workers}")
+    if cfg.engine == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("--engine ray needs Ray: pip install -e '.[ray]'")
     root = cfg.root()  # IndexNameError for a name that is a path
     if root.exists() and not root.is_dir():
         raise ValueError(f"index folder {root} is a file")
@@ -219,6 +232,17 @@ def under(path: str, roots: list[Path]) -> bool:
 
 
 @dataclass
+class PendingFile:
+    """A new or changed file whose chunking an engine does (``--engine ray``): what the
+    manifest entry needs besides the chunk ids."""
+
+    key: str  # absolute path, the manifest key
+    digest: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass
 class Plan:
     """Which files to (re)embed and which chunks go."""
 
@@ -227,20 +251,63 @@ class Plan:
     drop_sources: list[str] = field(default_factory=list)  # manifest sources whose chunks go
 
 
+class ChunkEngine(Protocol):
+    """Chunks new/changed files elsewhere (rag.ingest_ray); results in any order, each a list
+    of chunks or a failure reason, as :func:`chunk_file` would give or raise."""
+
+    def chunk(self, files: list[PendingFile], chunking: dict) -> dict[str, list[Chunk] | str]: ...
+
+
+def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, max_bytes: int) -> list[Chunk]:
+    """Load and chunk one file, as every engine does (raises DocumentError / OSError)."""
+    doc = load_document(path, max_bytes=max_bytes)
+    doc.path = key
+    chunks = chunk_document(
+        doc, tokenizer, chunking["chunk_tokens"], chunking["overlap"], chunking["max_tokens"]
+    )
+    if not chunks:
+        raise DocumentError(path, "no text to index after chunking")
+    return chunks
+
+
+def _record_failure(
+    plan: Plan, report: IngestReport, sources: dict, key: str, reason: str, shown: Any = None
+) -> None:
+    """A file that could not be chunked: reported (as ``shown``, else ``key``); its old chunks
+    go."""
+    report.failures.append((key if shown is None else shown, reason))
+    if key in sources:
+        plan.drop_sources.append(key)
+
+
+def _record_chunks(
+    plan: Plan, report: IngestReport, sources: dict, f: PendingFile, chunks: list[Chunk]
+) -> None:
+    (report.updated if f.key in sources else report.added).append(f.key)
+    if f.key in sources:
+        plan.drop_sources.append(f.key)
+    plan.entries[f.key] = SourceEntry(f.digest, f.size, f.mtime_ns, [c.id for c in chunks])
+    plan.new_chunks.extend(chunks)
+    report.bytes_embedded += f.size
+
+
 def plan_changes(
     cfg: IngestConfig,
     old: Manifest | None,
     chunking: dict,
     encoder: EncoderHandle,
     report: IngestReport,
+    engine: ChunkEngine | None = None,
 ) -> Plan:
-    """Walk the inputs, classify every file and chunk the new/changed ones."""
+    """Walk the inputs, classify every file and chunk the new/changed ones: here, one by one,
+    or (``engine`` given) all at once by the engine, recorded in file order either way."""
     plan = Plan()
     unchanged_chunking = old is not None and same_chunking(old.chunking, chunking)
     sources = old.sources if old else {}
     roots = [Path(os.path.abspath(p)) for p in cfg.paths]
     seen: set[str] = set()
     skipped: list[DocumentError] = []
+    pending: list[PendingFile] = []
     files = list(iter_files(cfg.paths, follow_links=cfg.follow_links, skipped=skipped))
     report.skipped.extend((e.path, e.reason) for e in skipped)
     for item in tqdm(files, desc="load+chunk", unit="file", disable=not cfg.progress):
@@ -270,33 +337,26 @@ def plan_changes(
                 report.unchanged.append(key)  # touched, same content: nothing to embed
                 plan.entries[key] = SourceEntry(digest, st.st_size, st.st_mtime_ns, prev.chunk_ids)
                 continue
-            doc = load_document(path, max_bytes=cfg.max_bytes)
-            doc.path = key
-            chunks = chunk_document(
-                doc,
-                encoder.get().tokenizer,
-                chunking["chunk_tokens"],
-                chunking["overlap"],
-                chunking["max_tokens"],
-            )
-            if not chunks:
-                raise DocumentError(path, "no text to index after chunking")
+            todo = PendingFile(key, digest, st.st_size, st.st_mtime_ns)
+            if engine is not None:
+                pending.append(todo)
+                continue
+            chunks = chunk_file(path, key, encoder.get().tokenizer, chunking, cfg.max_bytes)
         except DocumentError as e:
-            report.failures.append((e.path, e.reason))
-            if key in sources:
-                plan.drop_sources.append(key)
+            _record_failure(plan, report, sources, key, e.reason, shown=e.path)
             continue
         except OSError as e:
-            report.failures.append((key, os_reason(e, path)))
-            if key in sources:
-                plan.drop_sources.append(key)
+            _record_failure(plan, report, sources, key, os_reason(e, path))
             continue
-        (report.updated if key in sources else report.added).append(key)
-        if key in sources:
-            plan.drop_sources.append(key)
-        plan.entries[key] = SourceEntry(digest, st.st_size, st.st_mtime_ns, [c.id for c in chunks])
-        plan.new_chunks.extend(chunks)
-        report.bytes_embedded += st.st_size
+        _record_chunks(plan, report, sources, todo, chunks)
+    if pending:
+        results = engine.chunk(pending, chunking)
+        for f in pending:
+            got = results.get(f.key, "no result from the ingest engine")
+            if isinstance(got, str):
+                _record_failure(plan, report, sources, f.key, got)
+            else:
+                _record_chunks(plan, report, sources, f, got)
     for key in sorted(sources):
         if key not in seen and (not os.path.lexists(key) or under(key, roots)):
             report.removed.append(key)

@@ -26,7 +26,7 @@ FAST = ["mid-encode", "after-bm25", "after-rename"]
 SLOW = ["after-encode", "after-vectors", "before-publish", "after-pointer"]
 
 
-def run_cli(docs, index, encoder, crash=None, backend="faiss", wait=True):
+def run_cli(docs, index, encoder, crash=None, backend="faiss", wait=True, extra=()):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop(CRASH_ENV, None)
     if crash:
@@ -43,6 +43,7 @@ def run_cli(docs, index, encoder, crash=None, backend="faiss", wait=True):
         "--backend",
         backend,
         "--no-progress",
+        *extra,
     ]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     if not wait:
