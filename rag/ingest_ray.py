@@ -17,6 +17,7 @@ extra) on every node and put documents and models on shared storage.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -112,6 +113,7 @@ class RayEngine:
                 address=self.cfg.ray_address,
                 include_dashboard=False,
                 log_to_driver=False,
+                logging_level=logging.WARNING,  # the ingest's own report is the output
                 runtime_env={"env_vars": self._env()},
             )
             self._started = True
