@@ -123,7 +123,7 @@ def scifact_quality(folder: str, encoder: str, n_docs: int, precisions: list[str
     """Dense nDCG@10 on the SciFact dev split per precision (same corpus subset for all)."""
     import pytrec_eval
 
-    from evals.datasets import load_beir, scifact_split
+    from rag.datasets import load_beir, scifact_split
     from rag.encoding import Encoder
     from rag.retrieve import CorpusRetriever
 

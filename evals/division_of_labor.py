@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 from evals import dol_steps as steps
-from evals.datasets import RetrievalDataset
 from evals.dol_cells import Cells
 from evals.dol_presets import (
     PRESETS,
@@ -51,6 +50,7 @@ from evals.dol_presets import (
     ExperimentConfig,
     ExperimentPreset,
 )
+from rag.datasets import RetrievalDataset
 from rag.paths import shared_data_dir
 
 REPO = Path(__file__).resolve().parents[1]

@@ -39,7 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from evals.datasets import (
+from evals.metrics import exclude_self_hits, retrieval_metrics
+from evals.retrieval_rows import FUSIONS, MODES, choose_alphas, parse_alpha, table_rows
+from rag.datasets import (
     DatasetError,
     RetrievalDataset,
     load_beir,
@@ -47,8 +49,6 @@ from evals.datasets import (
     scifact_split,
     squad_split,
 )
-from evals.metrics import exclude_self_hits, retrieval_metrics
-from evals.retrieval_rows import FUSIONS, MODES, choose_alphas, parse_alpha, table_rows
 
 
 @dataclass

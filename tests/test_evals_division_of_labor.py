@@ -13,10 +13,10 @@ from transformers import (
     ModernBertForMaskedLM,
 )
 
-from evals.datasets import RetrievalDataset
 from evals.division_of_labor import ROWS, Cells, main, subsample
 from evals.dol_compare import head_to_head, paired_difference, summary_chart
 from evals.dol_report import aggregate, markdown
+from rag.datasets import RetrievalDataset
 from training.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
 
 KW = dict(

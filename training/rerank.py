@@ -176,7 +176,7 @@ def dev_evaluators(cfg: RerankConfig, retrievers: dict[str, Any]) -> list:
     (SciFact dev claims, SQuAD dev-article questions), never trained on."""
     from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
 
-    from evals.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
 
     sets = []
     if cfg.scifact and "scifact" in retrievers:
