@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from evals.cli import run_eval_cli
-from evals.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
+from rag.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.prompt import build_messages, parse_citations
 
 
