@@ -378,7 +378,7 @@ def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from evals.cli import EXPECTED_ERRORS, write_result
-    from training.dataclass_cli import config_from_args, dataclass_parser
+    from rag.dataclass_cli import config_from_args, dataclass_parser
 
     p = dataclass_parser("python -m evals.division_of_labor", __doc__, ExperimentConfig)
     p.add_argument("--json", action="store_true", help="print results.json on stdout")

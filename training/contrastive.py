@@ -31,7 +31,7 @@ from typing import Any
 from rag.models import is_sentence_transformer, pick_device, resolve_model
 from rag.paths import models_dir, shared_data_dir
 from training import pairs as P
-from training.dataclass_cli import run_training_cli
+from training.cli import run_training_cli
 
 log = logging.getLogger("training.contrastive")
 POOLING = {"mean": "mean", "cls": "cls", "last": "lasttoken"}

@@ -32,6 +32,7 @@ from typing import Any
 from rag.models import pick_device, pick_dtype, resolve_model
 from rag.paths import models_dir
 from rag.prompt import build_messages
+from training.cli import run_training_cli
 from training.contrastive import (
     _hardware,
     _jsonl_logger,
@@ -39,7 +40,6 @@ from training.contrastive import (
     plot_loss,
     torch_threads,
 )
-from training.dataclass_cli import run_training_cli
 from training.lora_data import QAExample, squad_examples, training_examples
 from training.lora_eval import evaluate
 

@@ -296,7 +296,7 @@ def build_from_config(cfg: LoraDataConfig) -> list[QAExample]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.dataclass_cli import config_from_args, dataclass_parser
+    from rag.dataclass_cli import config_from_args, dataclass_parser
 
     ap = dataclass_parser("python -m training.lora_data", __doc__, LoraDataConfig)
     cfg = config_from_args(LoraDataConfig, ap.parse_args(argv))

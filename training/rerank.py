@@ -35,6 +35,7 @@ from rag.models import lm_objective, pick_device, resolve_model
 from rag.paths import models_dir
 from training import pairs as P
 from training import rerank_data as R
+from training.cli import run_training_cli
 from training.contrastive import (
     _hardware,
     _jsonl_logger,
@@ -43,7 +44,6 @@ from training.contrastive import (
     plot_loss,
     torch_threads,
 )
-from training.dataclass_cli import run_training_cli
 
 log = logging.getLogger("training.rerank")
 LOSSES = ("bce", "mnrl", "cached-mnrl")
