@@ -140,7 +140,7 @@ def scifact_quality(
     all); keys are ``fp32``/``int8`` for torch, ``onnx-fp32``/``onnx-int8`` for ONNX."""
     import pytrec_eval
 
-    from evals.datasets import load_beir, scifact_split
+    from rag.datasets import load_beir, scifact_split
     from rag.encoding import Encoder
     from rag.retrieve import CorpusRetriever
 

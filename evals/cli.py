@@ -1,6 +1,6 @@
 """The shared ``main`` of the eval CLIs (``evals.lm``, ``evals.qa``).
 
-Flags come from the config dataclass (``training.dataclass_cli``: one kebab-case flag per field,
+Flags come from the config dataclass (``rag.dataclass_cli``: one kebab-case flag per field,
 its comment as help), plus ``--out FILE.json`` and ``--json``. Expected failures (a missing
 file, a bad value) exit 1 with one line naming the problem; the result JSON holds every setting.
 """
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from training.dataclass_cli import config_from_args, dataclass_parser
+from rag.dataclass_cli import config_from_args, dataclass_parser
 
 T = TypeVar("T")
 EXPECTED_ERRORS = (OSError, ValueError, LookupError, RuntimeError, ImportError)

@@ -11,7 +11,7 @@ Two modes, both with the project's prompt format (:mod:`rag.prompt`) and generat
 A citation is correct when the answer cites at least one passage and every cited passage holds
 the answer (the gold paragraph, or any passage containing a gold answer string). Citation
 accuracy is over the questions whose passages hold the answer; refusal rate over all questions.
-Questions come from the held-out articles (:data:`evals.datasets.SQUAD_DEV_ARTICLES`) unless
+Questions come from the held-out articles (:data:`rag.datasets.SQUAD_DEV_ARTICLES`) unless
 ``--articles`` says otherwise; ``--limit`` takes a seeded sample across those articles.
 
 Refusals (rag mode): ``--removed-articles N`` takes N of those articles (seeded) out of the index
@@ -35,8 +35,8 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from evals.cli import run_eval_cli
-from evals.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
-from evals.metrics import citation_correct, exact_match, f1_score, normalize_answer
+from rag.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
+from rag.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.prompt import build_messages, parse_citations
 
 

@@ -1,7 +1,7 @@
 """Retrieval evaluation on a BEIR folder or a SQuAD file, through the project's own retriever.
 
 The retriever is ``rag.retrieve.CorpusRetriever`` (the code the RAG system searches with, not a
-copy), metrics come from ``pytrec_eval`` via :mod:`evals.metrics`. BEIR conventions: documents are
+copy), metrics come from ``pytrec_eval`` via :mod:`rag.metrics`. BEIR conventions: documents are
 title + text, ids are strings, a document whose id equals the query id is not counted (BEIR's
 ``ignore_identical_ids``), 100 results per query.
 
@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from evals.datasets import (
+from evals.retrieval_rows import FUSIONS, MODES, choose_alphas, parse_alpha, table_rows
+from rag.datasets import (
     DatasetError,
     RetrievalDataset,
     load_beir,
@@ -47,8 +48,7 @@ from evals.datasets import (
     scifact_split,
     squad_split,
 )
-from evals.metrics import exclude_self_hits, retrieval_metrics
-from evals.retrieval_rows import FUSIONS, MODES, choose_alphas, parse_alpha, table_rows
+from rag.metrics import exclude_self_hits, retrieval_metrics
 
 
 @dataclass

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from evals.datasets import RetrievalDataset
-from evals.metrics import exclude_self_hits, retrieval_metrics
+from rag.datasets import RetrievalDataset
+from rag.metrics import exclude_self_hits, retrieval_metrics
 
 MODES = ("bm25", "dense", "hybrid")
 FUSIONS = ("rrf", "convex")

@@ -116,7 +116,7 @@ def ndcg_at_k(
 ) -> float:
     """Mean nDCG@k over the judged queries (gain = grade, discount log2(rank + 1), as trec_eval's
     ndcg_cut); a judged query missing from ``run`` scores 0. Here so that choosing a weight
-    needs nothing beyond this module; the reported numbers come from :mod:`evals.metrics`."""
+    needs nothing beyond this module; the reported numbers come from :mod:`rag.metrics`."""
     judged = [q for q, docs in qrels.items() if any(g > 0 for g in docs.values())]
     if not judged:
         return 0.0

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from evals.datasets import (
+from rag.datasets import (
     SQUAD_DEV_ARTICLES,
     DatasetError,
     load_beir,

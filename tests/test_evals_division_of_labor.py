@@ -13,10 +13,13 @@ from transformers import (
     ModernBertForMaskedLM,
 )
 
-from evals.datasets import RetrievalDataset
-from evals.division_of_labor import ROWS, Cells, main, subsample
-from evals.dol_compare import head_to_head, paired_difference, summary_chart
-from evals.dol_report import aggregate, markdown
+from evals.division_of_labor.cells import Cells
+from evals.division_of_labor.compare import head_to_head, paired_difference, summary_chart
+from evals.division_of_labor.data import subsample
+from evals.division_of_labor.presets import ROWS
+from evals.division_of_labor.report import aggregate, markdown
+from evals.division_of_labor.run import main
+from rag.datasets import RetrievalDataset
 from training.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
 
 KW = dict(

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from evals.metrics import (
+from rag.metrics import (
     citation_accuracy,
     exact_match,
     exclude_self_hits,

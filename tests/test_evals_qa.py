@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from evals.datasets import DatasetError, load_squad_paragraphs
 from evals.qa import OraclePassages, QAEvalConfig, evaluate_qa, holds_answer, select_questions
+from rag.datasets import DatasetError, load_squad_paragraphs
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange"]
 

@@ -85,7 +85,7 @@ def test_weighted_rrf_and_plain_rrf():
 
 
 def test_ndcg_matches_pytrec_eval():
-    from evals.metrics import retrieval_metrics
+    from rag.metrics import retrieval_metrics
 
     qrels = {"q1": {"a": 2, "d": 1}, "q2": {"x": 1}, "q3": {"b": 1}}
     run = {"q1": [("c", 3.0), ("a", 2.0), ("b", 1.0), ("d", 0.5)], "q2": [("y", 1.0)]}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from evals.datasets import load_squad_paragraphs, squad_split
+from rag.datasets import load_squad_paragraphs, squad_split
 from rag.prompt import REFUSAL, parse_citations
 from training.doc_qa_data import clean_inline, doc_examples, make_question
 from training.lora_data import (

@@ -263,7 +263,7 @@ def test_evals_table_rows_with_reranker_and_latency(tiny_reranker, tmp_path):
 def test_dev_queries_never_in_training_examples(shared_data):
     """On the real SciFact and SQuAD files: no training query is a dev query, no passage is a
     SQuAD dev-article paragraph, and no negative is a positive of its query."""
-    from evals.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
 
     scifact = shared_data / "scifact"
     squad = shared_data / "squad" / "squad-v1.1-dev-part.json"

@@ -17,10 +17,8 @@ division-of-labour experiment can tune an MLM and a CLM with the identical recip
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import platform
 import random
 import sys
 import time
@@ -31,7 +29,15 @@ from typing import Any
 from rag.models import is_sentence_transformer, pick_device, resolve_model
 from rag.paths import models_dir, shared_data_dir
 from training import pairs as P
-from training.dataclass_cli import run_training_cli
+from training.cli import run_training_cli
+from training.trainer_support import (
+    hardware,
+    jsonl_logger,
+    log_event,
+    plot_loss,
+    remove_if_empty,
+    torch_threads,
+)
 
 log = logging.getLogger("training.contrastive")
 POOLING = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
@@ -171,7 +177,7 @@ def dev_evaluators(cfg: ContrastiveConfig) -> list:
     """InformationRetrievalEvaluators on the fixed dev splits (never trained on)."""
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 
-    from evals.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
 
     shared = shared_data_dir()
     scifact = cfg.eval_scifact or cfg.scifact or (shared and shared / "scifact")
@@ -234,54 +240,9 @@ def evaluate(model: Any, evaluators: list) -> dict[str, dict[str, float]]:
 # ---------------------------------------------------------------------------- training
 
 
-def _jsonl_logger(path: Path):
-    from transformers import TrainerCallback
-
-    class JsonlLogger(TrainerCallback):
-        """Appends each Trainer log (loss, learning rate) to train_log.jsonl."""
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs:
-                with path.open("a") as f:
-                    f.write(
-                        json.dumps({"step": state.global_step, "epoch": state.epoch, **logs}) + "\n"
-                    )
-
-    return JsonlLogger()
-
-
-def plot_loss(log_path: Path, out_png: Path, title: str) -> None:
-    """loss.png from a fine-tuning train_log.jsonl (the pretraining plotter, ranking-loss axis)."""
-    from training.plots import plot_losses
-
-    rows = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
-    if any("loss" in r for r in rows):
-        plot_losses(rows, out_png, title, ylabel="loss")
-
-
-def _log_event(path: Path, **row: Any) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(row) + "\n")
-
-
 def train_contrastive(cfg: ContrastiveConfig) -> dict[str, Any]:
     """Mine pairs, evaluate, train, save, evaluate again; returns the run summary (run.json)."""
     return fit(cfg)[1]
-
-
-@contextlib.contextmanager
-def torch_threads(n: int):
-    """Use ``n`` torch CPU threads inside the block (0: leave as is), then restore: a caller's
-    process (a test session, an experiment) keeps its own setting."""
-    import torch
-
-    prev = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)
 
 
 def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
@@ -320,7 +281,7 @@ def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
 
     evaluators = dev_evaluators(cfg) if cfg.eval else []
     before = evaluate(model, evaluators)
-    _log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
+    log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
     log.info("before: %s", before)
 
     if cfg.loss == "mnrl":
@@ -351,16 +312,16 @@ def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
         args=args,
         train_dataset=train_ds,
         loss=loss,
-        callbacks=[_jsonl_logger(log_path)],
+        callbacks=[jsonl_logger(log_path)],
     )
     t_train = time.time()
     result = trainer.train()
     train_seconds = time.time() - t_train
-    _remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
+    remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
     model.save(str(out))
 
     after = evaluate(model, evaluators)
-    _log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
+    log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
     log.info("after: %s", after)
     plot_loss(log_path, out / "loss.png", f"contrastive {Path(cfg.model).name} ({cfg.loss})")
     summary = {
@@ -374,25 +335,10 @@ def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
         "after": after,
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.time() - t0, 1),
-        "hardware": _hardware(device),
+        "hardware": hardware(device),
     }
     (out / "run.json").write_text(json.dumps(summary, indent=2))
     return model, summary
-
-
-def _remove_if_empty(folder: Path) -> None:
-    if folder.is_dir() and not any(folder.iterdir()):
-        folder.rmdir()
-
-
-def _hardware(device: str) -> str:
-    import os
-
-    import torch
-
-    if device == "cuda":
-        return torch.cuda.get_device_name(0)
-    return f"{platform.processor() or platform.machine()} CPU, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads"
 
 
 def preset_config(

@@ -32,16 +32,16 @@ from typing import Any
 from rag.models import pick_device, pick_dtype, resolve_model
 from rag.paths import models_dir
 from rag.prompt import build_messages
-from training.contrastive import (
-    _hardware,
-    _jsonl_logger,
-    _remove_if_empty,
-    plot_loss,
-    torch_threads,
-)
-from training.dataclass_cli import run_training_cli
+from training.cli import run_training_cli
 from training.lora_data import QAExample, squad_examples, training_examples
 from training.lora_eval import evaluate
+from training.trainer_support import (
+    hardware,
+    jsonl_logger,
+    plot_loss,
+    remove_if_empty,
+    torch_threads,
+)
 
 log = logging.getLogger("training.lora")
 
@@ -242,12 +242,12 @@ def _fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
         args=args,
         train_dataset=rows,
         data_collator=PadCollator(tokenizer.pad_token_id),
-        callbacks=[_jsonl_logger(log_path)],
+        callbacks=[jsonl_logger(log_path)],
     )
     t_train = time.time()
     result = trainer.train()
     train_seconds = time.time() - t_train
-    _remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
+    remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
 
@@ -273,7 +273,7 @@ def _fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
         "after": after,
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.time() - t0, 1),
-        "hardware": _hardware(device),
+        "hardware": hardware(device),
     }
     (out / "run.json").write_text(json.dumps(summary, indent=2))
     return model, tokenizer, summary

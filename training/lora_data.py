@@ -9,7 +9,7 @@ passage (k distractors, none containing a gold answer string) and their target i
 target come from :mod:`rag.prompt`, the one definition the pipeline uses too.
 
 Train examples use only paragraphs of SQuAD train articles (gold *and* distractors); held-out
-examples use the :data:`~evals.datasets.SQUAD_DEV_ARTICLES` questions and are never trained on.
+examples use the :data:`~rag.datasets.SQUAD_DEV_ARTICLES` questions and are never trained on.
 ``--docs`` adds documentation examples mined from the user's own files
 (:mod:`training.doc_qa_data`), mixed in at ``--doc-fraction``.
 
@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from evals.datasets import SquadParagraph, load_squad_paragraphs, squad_split
 from rag.bm25 import BM25Index
+from rag.datasets import SquadParagraph, load_squad_paragraphs, squad_split
 from rag.prompt import REFUSAL, format_target
 
 
@@ -296,7 +296,7 @@ def build_from_config(cfg: LoraDataConfig) -> list[QAExample]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.dataclass_cli import config_from_args, dataclass_parser
+    from rag.dataclass_cli import config_from_args, dataclass_parser
 
     ap = dataclass_parser("python -m training.lora_data", __doc__, LoraDataConfig)
     cfg = config_from_args(LoraDataConfig, ap.parse_args(argv))

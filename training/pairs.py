@@ -8,8 +8,8 @@ Two sources, mixable:
   2019), and heading -> section text where documents have headings. A BEIR ``corpus.jsonl``
   (e.g. the SciFact abstracts) is accepted as a document set too;
 * **supervised**, where labels exist: SciFact train claims -> their abstracts and SQuAD questions
-  -> their paragraphs, read through :mod:`evals.datasets`. The fixed dev splits (20% of SciFact
-  queries, :data:`~evals.datasets.SQUAD_DEV_ARTICLES`) are never used; :func:`assert_no_dev`
+  -> their paragraphs, read through :mod:`rag.datasets`. The fixed dev splits (20% of SciFact
+  queries, :data:`~rag.datasets.SQUAD_DEV_ARTICLES`) are never used; :func:`assert_no_dev`
   checks it again on the final list.
 
 Every pair carries the id of the passage both sides came from (``source``), which tests use to
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from evals.datasets import load_beir, load_squad, load_squad_paragraphs, scifact_split, squad_split
+from rag.datasets import load_beir, load_squad, load_squad_paragraphs, scifact_split, squad_split
 from rag.documents import Document, load_documents
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\"'])")

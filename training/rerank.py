@@ -35,15 +35,15 @@ from rag.models import lm_objective, pick_device, resolve_model
 from rag.paths import models_dir
 from training import pairs as P
 from training import rerank_data as R
-from training.contrastive import (
-    _hardware,
-    _jsonl_logger,
-    _log_event,
-    _remove_if_empty,
+from training.cli import run_training_cli
+from training.trainer_support import (
+    hardware,
+    jsonl_logger,
+    log_event,
     plot_loss,
+    remove_if_empty,
     torch_threads,
 )
-from training.dataclass_cli import run_training_cli
 
 log = logging.getLogger("training.rerank")
 LOSSES = ("bce", "mnrl", "cached-mnrl")
@@ -176,7 +176,7 @@ def dev_evaluators(cfg: RerankConfig, retrievers: dict[str, Any]) -> list:
     (SciFact dev claims, SQuAD dev-article questions), never trained on."""
     from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
 
-    from evals.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
 
     sets = []
     if cfg.scifact and "scifact" in retrievers:
@@ -282,7 +282,7 @@ def _fit(cfg: RerankConfig) -> tuple[Any, dict[str, Any]]:
 
     evaluators = dev_evaluators(cfg, retrievers) if cfg.eval else []
     before = evaluate(model, evaluators)
-    _log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
+    log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
 
     args = CrossEncoderTrainingArguments(
         output_dir=str(out / "checkpoints"),
@@ -307,16 +307,16 @@ def _fit(cfg: RerankConfig) -> tuple[Any, dict[str, Any]]:
         args=args,
         train_dataset=train_ds,
         loss=_loss(cfg, model),
-        callbacks=[_jsonl_logger(log_path)],
+        callbacks=[jsonl_logger(log_path)],
     )
     t_train = time.time()
     result = trainer.train()
     train_seconds = time.time() - t_train
-    _remove_if_empty(out / "checkpoints")
+    remove_if_empty(out / "checkpoints")
     model.save(str(out))
 
     after = evaluate(model, evaluators)
-    _log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
+    log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
     plot_loss(log_path, out / "loss.png", f"reranker {Path(cfg.model).name} ({cfg.loss})")
     summary = {
         "config": asdict(cfg),
@@ -332,7 +332,7 @@ def _fit(cfg: RerankConfig) -> tuple[Any, dict[str, Any]]:
         "data_seconds": round(t_data, 1),
         "train_seconds": round(train_seconds, 1),
         "total_seconds": round(time.time() - t0, 1),
-        "hardware": _hardware(device),
+        "hardware": hardware(device),
     }
     (out / "run.json").write_text(json.dumps(summary, indent=2))
     return model, summary

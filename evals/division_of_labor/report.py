@@ -17,8 +17,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from evals.dol_compare import head_to_head, head_to_head_markdown, summary_chart  # noqa: E402
-from evals.dol_steps import read_log  # noqa: E402
+from evals.division_of_labor.compare import (  # noqa: E402
+    head_to_head,
+    head_to_head_markdown,
+    summary_chart,
+)
+from evals.division_of_labor.steps import read_log  # noqa: E402
 
 # (column, metric key in the cell, heading, higher is better)
 METRICS = [

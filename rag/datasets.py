@@ -7,6 +7,8 @@ its gold answers per question.
 
 Why hand-written: ``beir`` and ``datasets`` would download or pull heavy dependencies; these
 formats are a few lines of JSON each, and we need precise errors naming the file and line.
+They live in ``rag`` so that training (which must not import ``evals``) and the evals read the
+same splits (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,163 +1,22 @@
-"""The division-of-labour experiment: is MLM better for retrieval and CLM for generation?
-
-Every row shares the backbone (a training/config.py preset), the pretraining corpus, the
-tokenizer and the token budget (steps x batch x sequence length); only the objective differs:
-
-- ``mlm15``: MLM, 15% of tokens, 80/10/10 mask/random/keep (BERT);
-- ``mlm40``: MLM, 40% of tokens, mask-only (Wettig et al. 2023);
-- ``clm``: CLM (next token);
-- ``clm2mlm``: CLM for the first ``clm_fraction`` of the steps, then MLM 15% 80/10/10 from the
-  converted CLM weights for the rest (two-stage, as AntLM).
-
-Columns, each after the identical downstream recipe:
-
-- retrieval: contrastive fine-tune with the same pairs and steps (mean pooling for all rows,
-  last-token pooling too for CLM) -> nDCG@10 on the SciFact dev split and the SQuAD dev articles;
-- generation: bits per byte of left-to-right prediction on WikiText-2 validation (MLM rows
-  predict a mask appended after the prefix; see evals.lm);
-- grounded QA (decoders only): identical LoRA -> EM/F1 and citation accuracy, SQuAD dev articles;
-- baselines: BM25 and ``minilm`` (retrieval), ``smollm2`` zero-shot and LoRA (generation, QA).
-
-Every cell is cached as ``DIR/cells/<name>.json``; rerunning skips finished cells, so an
-interrupted run resumes where it stopped. Output: ``results.json``, ``results.md`` (mean ± std
-over seeds), bar charts per column and the pretraining loss curves (see evals.dol_report).
-
-CLI::
-
-    python -m evals.division_of_labor --preset tiny --out artifacts/evals/dol-tiny
-    python -m evals.division_of_labor --preset small --seeds 0 1 --out artifacts/evals/dol-small
-"""
+"""The grid of the division-of-labour experiment: every (row, seed) cell is run, or loaded from
+its cache file, then the report is written (see the package docstring for rows and columns)."""
 
 from __future__ import annotations
 
 import json
 import os
 import platform
-import sys
 import time
-import traceback
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from evals import dol_steps as steps
-from evals.datasets import RetrievalDataset
-from evals.dol_cells import Cells
-from evals.dol_presets import (
-    PRESETS,
-    ROW_MASK,
-    ROW_OBJECTIVE,
-    ROWS,
-    ExperimentConfig,
-    ExperimentPreset,
-)
-from rag.paths import shared_data_dir
-
-REPO = Path(__file__).resolve().parents[1]
-# ---------------------------------------------------------------------------- data
-
-
-def resolve_paths(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Fill data paths from ../shared/data and the corpus from the preset; errors name the flag."""
-    data = shared_data_dir()
-    default_corpus = (
-        [str(REPO / "tests" / "fixtures" / "corpus")]
-        if cfg.preset == "tiny"
-        else ([str(data / "python-docs")] if data else [])
-    )
-    c = replace(
-        cfg,
-        corpus=cfg.corpus or default_corpus,
-        scifact=cfg.scifact or (str(data / "scifact") if data else ""),
-        squad=cfg.squad or (str(data / "squad" / "squad-v1.1-dev-part.json") if data else ""),
-        wikitext=cfg.wikitext or (str(data / "wikitext-2" / "wiki.valid.tokens") if data else ""),
-    )
-    for flag, value in (("--scifact", c.scifact), ("--squad", c.squad), ("--wikitext", c.wikitext)):
-        if not value or not Path(value).exists():
-            raise FileNotFoundError(
-                f"{flag} {value or '(unset)'}: not found (give the path or set RAG_SHARED_DATA)"
-            )
-    if not c.corpus:
-        raise FileNotFoundError("--corpus: no pretraining corpus given and no shared data found")
-    if unknown := [r for r in c.rows if r not in ROWS]:
-        raise ValueError(f"--rows: unknown row(s) {unknown}; have {list(ROWS)}")
-    return c
-
-
-def subsample(ds: RetrievalDataset, n_queries: int, n_docs: int, seed: int = 0) -> RetrievalDataset:
-    """At most ``n_queries`` queries and ``n_docs`` documents (every relevant one kept), seeded."""
-    import random
-
-    rng = random.Random(seed)
-    qids = sorted(ds.queries)
-    if n_queries and n_queries < len(qids):
-        qids = sorted(rng.sample(qids, n_queries))
-    small = ds.subset(qids)
-    if n_docs and n_docs < len(ds.corpus):
-        keep = {d for q in qids for d in ds.qrels.get(q, {})}
-        rest = sorted(set(ds.corpus) - keep)
-        keep |= set(rng.sample(rest, max(0, min(len(rest), n_docs - len(keep)))))
-        small.corpus = {d: ds.corpus[d] for d in ds.corpus if d in keep}
-    return small
-
-
-def dev_sets(cfg: ExperimentConfig, p: ExperimentPreset) -> dict[str, RetrievalDataset]:
-    """The two retrieval dev sets every model is scored on (fixed splits, same subsample)."""
-    from evals.retrieval import load_eval_dataset
-
-    sets = {
-        "scifact_dev": load_eval_dataset(cfg.scifact, "train", "dev"),
-        "squad_dev": load_eval_dataset(f"squad:{cfg.squad}", queries="dev"),
-    }
-    return {k: subsample(v, p.eval_queries, p.eval_docs) for k, v in sets.items()}
-
-
-# ---------------------------------------------------------------------------- column recipes
-
-
-def score_retrieval(encoder, sets: dict[str, RetrievalDataset], mode: str = "dense") -> dict:
-    """nDCG@10 (and the other metrics) of ``encoder`` on each dev set, via evals.retrieval."""
-    from evals.retrieval import RetrievalEvalConfig, evaluate
-
-    out = {}
-    for name, ds in sets.items():
-        r = evaluate(RetrievalEvalConfig(dataset=name, retriever=mode), encoder=encoder, ds=ds)
-        out[name] = r["metrics"]["ndcg@10"]
-        out[f"{name}_metrics"] = r["metrics"]
-    return out
-
-
-def score_bpb(
-    model_dir: Path | str, cfg: ExperimentConfig, p: ExperimentPreset, device: str
-) -> dict:
-    """Bits per byte, left to right, on WikiText-2 validation (evals.lm), every model with the
-    same left context: the pretraining sequence length, the longest the rows were trained on."""
-    from evals.lm import bits_per_byte, load_lm, read_texts
-
-    model, tok, objective = load_lm(str(model_dir), "auto", device)
-    text = read_texts([cfg.wikitext])
-    r = bits_per_byte(
-        model, tok, text, objective, max_tokens=p.bpb_tokens, context=p.seq_len, device=device
-    )
-    return {"wikitext_bpb": r["bits_per_byte"], "objective": objective, **r}
-
-
-def score_qa(
-    model_dir: str, adapter: Path | None, cfg: ExperimentConfig, p: ExperimentPreset, device: str
-) -> dict:
-    """EM/F1 and citation accuracy, oracle passages on the SQuAD dev articles (evals.qa)."""
-    from evals.qa import QAEvalConfig, evaluate_qa
-    from rag.generate import Generator
-
-    gen = Generator.load(model_dir, adapter=str(adapter) if adapter else None, device=device)
-    qcfg = QAEvalConfig(
-        squad=cfg.squad, generator=model_dir, mode="oracle", k=p.qa_k, limit=p.qa_questions
-    )
-    r = evaluate_qa(qcfg, generator=gen, progress=False)
-    return {**r["metrics"], "n_questions": r["n_questions"], "examples": r["predictions"][:3]}
-
-
-# ---------------------------------------------------------------------------- the run
+from evals.division_of_labor import steps
+from evals.division_of_labor.cells import Cells
+from evals.division_of_labor.columns import score_bpb, score_qa, score_retrieval
+from evals.division_of_labor.data import dev_sets, resolve_paths
+from evals.division_of_labor.presets import PRESETS, ROW_MASK, ROW_OBJECTIVE, ExperimentConfig
+from rag.datasets import RetrievalDataset
 
 
 class Experiment:
@@ -329,7 +188,7 @@ class Experiment:
         )
         self.run_baselines()
         self.run_rows()
-        from evals.dol_report import write_report
+        from evals.division_of_labor.report import write_report
 
         cells = self.cells.all() | {k: {"skipped": v} for k, v in self.cells.skipped.items()}
         return write_report(
@@ -374,28 +233,3 @@ def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
         "stages": stages,
         "stage_dirs": [str(d) for d in dirs],
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    from evals.cli import EXPECTED_ERRORS, write_result
-    from training.dataclass_cli import config_from_args, dataclass_parser
-
-    p = dataclass_parser("python -m evals.division_of_labor", __doc__, ExperimentConfig)
-    p.add_argument("--json", action="store_true", help="print results.json on stdout")
-    a = p.parse_args(argv)
-    if not a.out:
-        p.error("the following arguments are required: --out")
-    cfg = config_from_args(ExperimentConfig, a)
-    try:
-        results = Experiment(cfg).run()
-    except EXPECTED_ERRORS as e:
-        traceback.print_exc(file=sys.stderr)
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    write_result(results, None, a.json)
-    print(f"wrote {Path(a.out) / 'results.md'}", file=sys.stderr)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,9 @@
 """Config dataclass <-> argparse: each field becomes a kebab-case flag with its comment as help.
 
 Why hand-written: ``transformers.HfArgumentParser`` does this but drags its own conventions
-(``--no_x`` flags, underscores); twenty lines keep the fine-tuning CLIs uniform and readable.
+(``--no_x`` flags, underscores); twenty lines keep the fine-tuning and eval CLIs uniform and
+readable. It lives in ``rag`` because both ``training`` (training.cli) and ``evals`` (evals.cli)
+build their command lines with it, and neither may import the other's CLI helpers for it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import inspect
 import json
 import types
 import typing
-from collections.abc import Callable
 from typing import Any
 
 T = typing.TypeVar("T")
@@ -83,40 +84,3 @@ def dataclass_parser(prog: str, doc: str, cls: type) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     add_dataclass_args(parser, cls, field_help(inspect.getsource(cls)))
     return parser
-
-
-def run_training_cli(
-    prog: str,
-    doc: str,
-    cls: type[T],
-    train: Callable[[T], dict],
-    report: Callable[[dict], None],
-    argv: list[str] | None = None,
-) -> int:
-    """The shared ``main`` of the fine-tuning CLIs: flags from the config dataclass plus
-    ``--json``; logs and the Trainer's own prints go to stderr, so stdout holds only the summary
-    (JSON with ``--json``, else ``report(summary)``). Expected failures exit 2 with one line."""
-    import contextlib
-    import logging
-    import sys
-
-    parser = dataclass_parser(prog, doc, cls)
-    parser.add_argument(
-        "--json", action="store_true", help="print the run summary as JSON on stdout"
-    )
-    ns = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
-    )
-    cfg = config_from_args(cls, ns)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            summary = train(cfg)
-    except (ValueError, OSError, LookupError, RuntimeError) as e:
-        print(f"{prog.removeprefix('python -m ')}: error: {e}", file=sys.stderr)
-        return 2
-    if ns.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        report(summary)
-    return 0

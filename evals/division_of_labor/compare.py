@@ -72,7 +72,8 @@ def _by_seed(agg: dict, column: str, model: str, key: str) -> dict[str, float]:
 
 def head_to_head(agg: dict) -> list[dict[str, Any]]:
     """Every comparison in :data:`COMPARISONS` that has data, for every metric of its column;
-    ``agg`` is :func:`evals.dol_report.aggregate`'s summary (its ``by_seed`` values)."""
+    ``agg`` is :func:`evals.division_of_labor.report.aggregate`'s summary (its ``by_seed``
+    values)."""
     rows = []
     for column, first, second in COMPARISONS:
         for key, heading, higher in COMPARED_METRICS[column]:

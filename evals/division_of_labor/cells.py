@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from evals.dol_steps import StepUnavailable
+from evals.division_of_labor.steps import StepUnavailable
 
 
 class Cells:

@@ -1,0 +1,51 @@
+"""Column recipes of the division-of-labour experiment: how one model is scored on retrieval,
+bits per byte and grounded QA, each through the evals module a user would run for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evals.division_of_labor.presets import ExperimentConfig, ExperimentPreset
+from rag.datasets import RetrievalDataset
+
+
+def score_retrieval(encoder, sets: dict[str, RetrievalDataset], mode: str = "dense") -> dict:
+    """nDCG@10 (and the other metrics) of ``encoder`` on each dev set, via evals.retrieval."""
+    from evals.retrieval import RetrievalEvalConfig, evaluate
+
+    out = {}
+    for name, ds in sets.items():
+        r = evaluate(RetrievalEvalConfig(dataset=name, retriever=mode), encoder=encoder, ds=ds)
+        out[name] = r["metrics"]["ndcg@10"]
+        out[f"{name}_metrics"] = r["metrics"]
+    return out
+
+
+def score_bpb(
+    model_dir: Path | str, cfg: ExperimentConfig, p: ExperimentPreset, device: str
+) -> dict:
+    """Bits per byte, left to right, on WikiText-2 validation (evals.lm), every model with the
+    same left context: the pretraining sequence length, the longest the rows were trained on."""
+    from evals.lm import bits_per_byte, load_lm, read_texts
+
+    model, tok, objective = load_lm(str(model_dir), "auto", device)
+    text = read_texts([cfg.wikitext])
+    r = bits_per_byte(
+        model, tok, text, objective, max_tokens=p.bpb_tokens, context=p.seq_len, device=device
+    )
+    return {"wikitext_bpb": r["bits_per_byte"], "objective": objective, **r}
+
+
+def score_qa(
+    model_dir: str, adapter: Path | None, cfg: ExperimentConfig, p: ExperimentPreset, device: str
+) -> dict:
+    """EM/F1 and citation accuracy, oracle passages on the SQuAD dev articles (evals.qa)."""
+    from evals.qa import QAEvalConfig, evaluate_qa
+    from rag.generate import Generator
+
+    gen = Generator.load(model_dir, adapter=str(adapter) if adapter else None, device=device)
+    qcfg = QAEvalConfig(
+        squad=cfg.squad, generator=model_dir, mode="oracle", k=p.qa_k, limit=p.qa_questions
+    )
+    r = evaluate_qa(qcfg, generator=gen, progress=False)
+    return {**r["metrics"], "n_questions": r["n_questions"], "examples": r["predictions"][:3]}

@@ -1,0 +1,68 @@
+"""Data of the division-of-labour experiment: paths (from ../shared/data unless given) and the
+two retrieval dev sets every model is scored on."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from evals.division_of_labor.presets import ROWS, ExperimentConfig, ExperimentPreset
+from rag.datasets import RetrievalDataset
+from rag.paths import shared_data_dir
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def resolve_paths(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Fill data paths from ../shared/data and the corpus from the preset; errors name the flag."""
+    data = shared_data_dir()
+    default_corpus = (
+        [str(REPO / "tests" / "fixtures" / "corpus")]
+        if cfg.preset == "tiny"
+        else ([str(data / "python-docs")] if data else [])
+    )
+    c = replace(
+        cfg,
+        corpus=cfg.corpus or default_corpus,
+        scifact=cfg.scifact or (str(data / "scifact") if data else ""),
+        squad=cfg.squad or (str(data / "squad" / "squad-v1.1-dev-part.json") if data else ""),
+        wikitext=cfg.wikitext or (str(data / "wikitext-2" / "wiki.valid.tokens") if data else ""),
+    )
+    for flag, value in (("--scifact", c.scifact), ("--squad", c.squad), ("--wikitext", c.wikitext)):
+        if not value or not Path(value).exists():
+            raise FileNotFoundError(
+                f"{flag} {value or '(unset)'}: not found (give the path or set RAG_SHARED_DATA)"
+            )
+    if not c.corpus:
+        raise FileNotFoundError("--corpus: no pretraining corpus given and no shared data found")
+    if unknown := [r for r in c.rows if r not in ROWS]:
+        raise ValueError(f"--rows: unknown row(s) {unknown}; have {list(ROWS)}")
+    return c
+
+
+def subsample(ds: RetrievalDataset, n_queries: int, n_docs: int, seed: int = 0) -> RetrievalDataset:
+    """At most ``n_queries`` queries and ``n_docs`` documents (every relevant one kept), seeded."""
+    import random
+
+    rng = random.Random(seed)
+    qids = sorted(ds.queries)
+    if n_queries and n_queries < len(qids):
+        qids = sorted(rng.sample(qids, n_queries))
+    small = ds.subset(qids)
+    if n_docs and n_docs < len(ds.corpus):
+        keep = {d for q in qids for d in ds.qrels.get(q, {})}
+        rest = sorted(set(ds.corpus) - keep)
+        keep |= set(rng.sample(rest, max(0, min(len(rest), n_docs - len(keep)))))
+        small.corpus = {d: ds.corpus[d] for d in ds.corpus if d in keep}
+    return small
+
+
+def dev_sets(cfg: ExperimentConfig, p: ExperimentPreset) -> dict[str, RetrievalDataset]:
+    """The two retrieval dev sets every model is scored on (fixed splits, same subsample)."""
+    from evals.retrieval import load_eval_dataset
+
+    sets = {
+        "scifact_dev": load_eval_dataset(cfg.scifact, "train", "dev"),
+        "squad_dev": load_eval_dataset(f"squad:{cfg.squad}", queries="dev"),
+    }
+    return {k: subsample(v, p.eval_queries, p.eval_docs) for k, v in sets.items()}
