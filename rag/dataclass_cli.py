@@ -82,5 +82,6 @@ def dataclass_parser(prog: str, doc: str, cls: type) -> argparse.ArgumentParser:
     """A parser with one flag per field of ``cls`` (help = the field's comment); the
     description is the first paragraph of ``doc``."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
-    add_dataclass_args(parser, cls, field_help(inspect.getsource(cls)))
+    bases = [c for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c)]  # inherited help
+    add_dataclass_args(parser, cls, field_help("".join(inspect.getsource(c) for c in bases)))
     return parser

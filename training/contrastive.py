@@ -17,71 +17,49 @@ division-of-labour experiment can tune an MLM and a CLM with the identical recip
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.models import is_sentence_transformer, pick_device, resolve_model
-from rag.paths import models_dir, shared_data_dir
+from rag.models import is_sentence_transformer, resolve_model
+from rag.paths import shared_data_dir
 from training import pairs as P
 from training.cli import run_training_cli
-from training.trainer_support import (
-    hardware,
-    jsonl_logger,
-    log_event,
-    plot_loss,
-    remove_if_empty,
-    torch_threads,
-)
+from training.finetune import FinetuneConfig, finetune_run
 
 log = logging.getLogger("training.contrastive")
 POOLING = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
 
 
 @dataclass
-class ContrastiveConfig:
-    """Everything a contrastive run depends on; saved as run.json beside the model."""
+class ContrastiveConfig(FinetuneConfig):
+    """Everything a contrastive run depends on (the training loop's settings:
+    :class:`~training.finetune.FinetuneConfig`); saved as run.json beside the model."""
 
     model: str = "minilm"  # folder, alias (minilm) or artefact name to start from
-    out: str = ""  # output folder (default: $RAG_HOME/models/<model>-contrastive)
-    docs: list[str] = field(
-        default_factory=list
-    )  # folders/files or BEIR corpus.jsonl: unsupervised pairs
+    docs: list[str] = field(default_factory=list)  # folders/files/BEIR corpus.jsonl: mined pairs
     pairs: list[str] = field(default_factory=list)  # JSONL files of {"anchor", "positive"} pairs
     scifact: str | None = None  # BEIR SciFact folder: supervised train claims -> abstracts
     squad: str | None = None  # SQuAD v1.1 JSON: supervised train questions -> paragraphs
     max_unsupervised: int = 6000  # cap on mined pairs (balanced across crop/ict/heading)
     max_pairs: int = 0  # cap on all pairs after mixing (0 = no cap)
-    epochs: float = 1.0  # passes over the pairs
-    max_steps: int = -1  # stop after this many optimiser steps (-1 = run the epochs)
     batch_size: int = 32  # pairs per batch = in-batch negatives + 1
     mini_batch_size: int = 16  # cached-mnrl: forward chunk size (memory), not the batch size
     lr: float = 3e-5  # peak learning rate (linear warmup then decay)
-    warmup_ratio: float = 0.1  # fraction of steps spent warming up
     loss: str = "mnrl"  # mnrl | cached-mnrl
     pooling: str = "auto"  # auto | mean | cls | last (auto: a ST folder's own, else mean)
     hard_negatives: str = "none"  # none | bm25 | self (mined with the starting model)
     max_seq_length: int = 256  # tokens per text, training and evaluation
     scale: float = 20.0  # similarity scale (inverse temperature) of the ranking loss
     eval: bool = True  # evaluate before and after on SciFact dev + SQuAD dev articles
-    eval_scifact: str | None = (
-        None  # BEIR folder for the dev eval (default: --scifact or shared data)
-    )
+    eval_scifact: str | None = None  # BEIR folder for the dev eval (--scifact or shared data)
     eval_squad: str | None = None  # SQuAD JSON for the dev eval (default: --squad or shared data)
     eval_max_queries: int = 0  # sample this many dev queries per set (0 = all), full corpus kept
-    eval_max_docs: int = (
-        0  # sub-corpus: all relevant docs + random others up to this size (0 = all)
-    )
+    eval_max_docs: int = 0  # sub-corpus: relevant docs + random others up to this size (0 = all)
     eval_batch_size: int = 64  # encoding batch size for evaluation
-    seed: int = 0  # seed for mining, sampling and training
-    device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch CPU threads (0 = torch default)
-    logging_steps: int = 10  # log the loss every this many steps
 
 
 # ---------------------------------------------------------------------------- model
@@ -248,14 +226,6 @@ def train_contrastive(cfg: ContrastiveConfig) -> dict[str, Any]:
 def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
     """:func:`train_contrastive`, also returning the trained SentenceTransformer (tests compare
     it with what loads from disk)."""
-    if cfg.loss not in ("mnrl", "cached-mnrl"):
-        raise ValueError(f"--loss must be mnrl or cached-mnrl, not {cfg.loss!r}")
-    with torch_threads(cfg.threads):
-        return _fit(cfg)
-
-
-def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
-    import torch
     from sentence_transformers import (
         SentenceTransformerTrainer,
         SentenceTransformerTrainingArguments,
@@ -263,81 +233,44 @@ def _fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
     from sentence_transformers.base.sampler import BatchSamplers
     from sentence_transformers.sentence_transformer import losses
 
-    t0 = time.time()
-    device = pick_device(cfg.device)
-    out = Path(cfg.out or models_dir() / f"{Path(cfg.model).name}-contrastive")
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "train_log.jsonl"
-    log_path.write_text("")
-    torch.manual_seed(cfg.seed)
+    if cfg.loss not in ("mnrl", "cached-mnrl"):
+        raise ValueError(f"--loss must be mnrl or cached-mnrl, not {cfg.loss!r}")
+    with finetune_run(cfg, "contrastive") as run:
+        model = build_model(cfg.model, cfg.pooling, cfg.max_seq_length, run.device)
+        pairs = collect_pairs(cfg)
+        kinds: dict[str, int] = {}
+        for p in pairs:
+            kinds[p.kind] = kinds.get(p.kind, 0) + 1
+        log.info("%d training pairs %s", len(pairs), kinds)
+        train_ds = to_dataset(pairs, cfg.hard_negatives, model, cfg.seed)
 
-    model = build_model(cfg.model, cfg.pooling, cfg.max_seq_length, device)
-    pairs = collect_pairs(cfg)
-    kinds: dict[str, int] = {}
-    for p in pairs:
-        kinds[p.kind] = kinds.get(p.kind, 0) + 1
-    log.info("%d training pairs %s", len(pairs), kinds)
-    train_ds = to_dataset(pairs, cfg.hard_negatives, model, cfg.seed)
+        evaluators = dev_evaluators(cfg) if cfg.eval else []
+        before = evaluate(model, evaluators)
+        run.event(event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
+        log.info("before: %s", before)
 
-    evaluators = dev_evaluators(cfg) if cfg.eval else []
-    before = evaluate(model, evaluators)
-    log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
-    log.info("before: %s", before)
-
-    if cfg.loss == "mnrl":
-        loss = losses.MultipleNegativesRankingLoss(model, scale=cfg.scale)
-    else:
-        loss = losses.CachedMultipleNegativesRankingLoss(
-            model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size
+        if cfg.loss == "mnrl":
+            loss = losses.MultipleNegativesRankingLoss(model, scale=cfg.scale)
+        else:
+            loss = losses.CachedMultipleNegativesRankingLoss(
+                model, scale=cfg.scale, mini_batch_size=cfg.mini_batch_size
+            )
+        args = run.training_args(
+            SentenceTransformerTrainingArguments,
+            batch_sampler=BatchSamplers.NO_DUPLICATES,  # a repeated text = a false negative
+            dataloader_drop_last=True,
+            disable_tqdm=False,
         )
-    args = SentenceTransformerTrainingArguments(
-        output_dir=str(out / "checkpoints"),
-        num_train_epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size,
-        learning_rate=cfg.lr,
-        warmup_ratio=cfg.warmup_ratio,
-        batch_sampler=BatchSamplers.NO_DUPLICATES,
-        logging_steps=cfg.logging_steps,
-        logging_first_step=True,
-        save_strategy="no",
-        report_to=[],
-        seed=cfg.seed,
-        use_cpu=device == "cpu",
-        dataloader_drop_last=True,
-        disable_tqdm=False,
-    )
-    trainer = SentenceTransformerTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_ds,
-        loss=loss,
-        callbacks=[jsonl_logger(log_path)],
-    )
-    t_train = time.time()
-    result = trainer.train()
-    train_seconds = time.time() - t_train
-    remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
-    model.save(str(out))
+        run.train(SentenceTransformerTrainer, args, model, train_ds, loss=loss)
+        model.save(str(run.out))
 
-    after = evaluate(model, evaluators)
-    log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
-    log.info("after: %s", after)
-    plot_loss(log_path, out / "loss.png", f"contrastive {Path(cfg.model).name} ({cfg.loss})")
-    summary = {
-        "config": asdict(cfg),
-        "out": str(out),
-        "n_pairs": len(pairs),
-        "pair_kinds": kinds,
-        "steps": result.global_step,
-        "train_loss": round(result.training_loss, 4),
-        "before": before,
-        "after": after,
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.time() - t0, 1),
-        "hardware": hardware(device),
-    }
-    (out / "run.json").write_text(json.dumps(summary, indent=2))
+        after = evaluate(model, evaluators)
+        run.event(event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
+        log.info("after: %s", after)
+        summary = run.finish(
+            f"contrastive {Path(cfg.model).name} ({cfg.loss})",
+            {"n_pairs": len(pairs), "pair_kinds": kinds, "before": before, "after": after},
+        )
     return model, summary
 
 

@@ -21,37 +21,28 @@ AutoModelForCausalLM folder.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.models import pick_device, pick_dtype, resolve_model
-from rag.paths import models_dir
+from rag.models import pick_dtype, resolve_model
 from rag.prompt import build_messages
 from training.cli import run_training_cli
+from training.finetune import FinetuneConfig, finetune_run
 from training.lora_data import QAExample, squad_examples, training_examples
 from training.lora_eval import evaluate
-from training.trainer_support import (
-    hardware,
-    jsonl_logger,
-    plot_loss,
-    remove_if_empty,
-    torch_threads,
-)
 
 log = logging.getLogger("training.lora")
 
 
 @dataclass
-class LoraTrainConfig:
-    """Everything a LoRA run depends on; saved as run.json beside the adapter."""
+class LoraTrainConfig(FinetuneConfig):
+    """Everything a LoRA run depends on (the training loop's settings:
+    :class:`~training.finetune.FinetuneConfig`); saved as run.json beside the adapter."""
 
     model: str = "smollm2"  # causal LM folder, alias (smollm2) or artefact name
-    out: str = ""  # adapter folder (default: $RAG_HOME/models/<model>-lora)
     data: list[str] = field(default_factory=list)  # SQuAD JSON (built on the fly) or example JSONL
     docs: list[str] = field(default_factory=list)  # document folders/files for doc-style examples
     doc_fraction: float = 0.5  # share of doc examples when both --data and --docs are given
@@ -63,11 +54,9 @@ class LoraTrainConfig:
     # which roughly halves a CPU step at N = half the layers
     top_layers: int = 0
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])  # all-linear or names
-    epochs: float = 1.0  # passes over the examples
-    max_steps: int = -1  # stop after this many optimiser steps (-1 = run the epochs)
     batch_size: int = 2  # examples per forward pass
     grad_accum: int = 4  # forward passes per optimiser step
-    lr: float = 2e-4  # peak learning rate
+    lr: float = 2e-4  # peak learning rate (linear warmup then decay)
     warmup_ratio: float = 0.05  # fraction of steps spent warming up
     k_passages: int = 3  # passages per prompt (gold + k-1 BM25 distractors)
     refusal_fraction: float = 0.15  # share of examples with no answer-bearing passage
@@ -80,12 +69,7 @@ class LoraTrainConfig:
     eval_batch_size: int = 8  # generation batch size
     max_new_tokens: int = 32  # generation budget per answer
     merge: bool = False  # also write <out>/merged: base weights with the adapter folded in
-    seed: int = 0  # seed for example sampling and training
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = (
-        "auto"  # base weights: auto (bf16 on CUDA or a bf16-capable CPU) | float32 | bfloat16
-    )
-    threads: int = 0  # torch CPU threads (0 = torch default)
+    dtype: str = "auto"  # base weights: auto (bf16 on CUDA or a bf16 CPU) | float32 | bfloat16
     logging_steps: int = 5  # log the loss every this many optimiser steps
 
 
@@ -169,113 +153,77 @@ def train_lora(cfg: LoraTrainConfig) -> dict[str, Any]:
 def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     """:func:`train_lora`, also returning (peft model, tokenizer); with ``--merge`` the model is
     the merged plain model."""
-
-    with torch_threads(cfg.threads):
-        return _fit(cfg)
-
-
-def _fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import Trainer, TrainingArguments
 
-    t0 = time.time()
-    torch.manual_seed(cfg.seed)
-    device = pick_device(cfg.device)
-    out = Path(cfg.out or models_dir() / f"{Path(cfg.model).name}-lora")
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "train_log.jsonl"
-    log_path.write_text("")
+    with finetune_run(cfg, "lora") as run:
+        examples = training_examples(  # SQuAD train articles and/or --docs, mixed; before the model
+            cfg.data, cfg.docs, cfg.max_examples, cfg.doc_fraction, cfg.k_passages,
+            cfg.refusal_fraction, cfg.seed, cfg.passage_words, cfg.doc_passage_words,
+        )  # fmt: skip
+        model, tokenizer = load_base(cfg.model, run.device, cfg.dtype)
+        bf16 = next(model.parameters()).dtype == torch.bfloat16  # adapters stay fp32 (peft's)
+        rows = [
+            r
+            for r in (encode_example(tokenizer, e, cfg.max_length) for e in examples)
+            if r is not None
+        ]
+        if not rows:
+            raise ValueError(f"no training example fits --max-length {cfg.max_length}")
+        skipped = len(examples) - len(rows)
+        log.info("%d training examples (%d skipped as too long)", len(rows), skipped)
 
-    examples = training_examples(  # SQuAD train articles and/or --docs, mixed; before the model
-        cfg.data, cfg.docs, cfg.max_examples, cfg.doc_fraction, cfg.k_passages,
-        cfg.refusal_fraction, cfg.seed, cfg.passage_words, cfg.doc_passage_words,
-    )  # fmt: skip
-    model, tokenizer = load_base(cfg.model, device, cfg.dtype)
-    bf16 = next(model.parameters()).dtype == torch.bfloat16  # adapters stay fp32 (peft's default)
-    rows = [
-        r for r in (encode_example(tokenizer, e, cfg.max_length) for e in examples) if r is not None
-    ]
-    if not rows:
-        raise ValueError(f"no training example fits --max-length {cfg.max_length}")
-    log.info("%d training examples (%d skipped as too long)", len(rows), len(examples) - len(rows))
+        eval_src = cfg.eval_data or next((f for f in cfg.data if f.endswith(".json")), None)
+        heldout = []
+        if cfg.eval and eval_src:
+            heldout = squad_examples(
+                eval_src, "dev", cfg.eval_examples, cfg.k_passages, cfg.refusal_fraction, seed=1234
+            )
+        before = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
+        log.info("zero-shot: %s", {k: v for k, v in before.items() if k != "samples"})
 
-    eval_src = cfg.eval_data or next((f for f in cfg.data if f.endswith(".json")), None)
-    heldout = []
-    if cfg.eval and eval_src:
-        heldout = squad_examples(
-            eval_src, "dev", cfg.eval_examples, cfg.k_passages, cfg.refusal_fraction, seed=1234
+        all_linear = cfg.target_modules == ["all-linear"]
+        lcfg = LoraConfig(
+            r=cfg.r,
+            lora_alpha=cfg.alpha,
+            lora_dropout=cfg.dropout,
+            target_modules=cfg.target_modules[0] if all_linear else cfg.target_modules,
+            task_type="CAUSAL_LM",
+            layers_to_transform=top_layer_ids(model, cfg.top_layers),
         )
-    before = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
-    log.info("zero-shot: %s", {k: v for k, v in before.items() if k != "samples"})
+        model = get_peft_model(model, lcfg)
+        n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        args = run.training_args(
+            TrainingArguments,
+            gradient_accumulation_steps=cfg.grad_accum,
+            bf16=bf16,
+            remove_unused_columns=False,  # rows are token lists the collator pads
+        )
+        collator = PadCollator(tokenizer.pad_token_id)
+        run.train(Trainer, args, model, rows, data_collator=collator)
+        model.save_pretrained(str(run.out))
+        tokenizer.save_pretrained(str(run.out))
 
-    target = cfg.target_modules[0] if cfg.target_modules == ["all-linear"] else cfg.target_modules
-    lcfg = LoraConfig(
-        r=cfg.r,
-        lora_alpha=cfg.alpha,
-        lora_dropout=cfg.dropout,
-        target_modules=target,
-        task_type="CAUSAL_LM",
-        layers_to_transform=top_layer_ids(model, cfg.top_layers),
-    )
-    model = get_peft_model(model, lcfg)
-    n_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    args = TrainingArguments(
-        output_dir=str(out / "checkpoints"),
-        num_train_epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum,
-        learning_rate=cfg.lr,
-        warmup_steps=cfg.warmup_ratio,  # transformers 5: a float < 1 is a fraction of the steps
-        logging_steps=cfg.logging_steps,
-        logging_first_step=True,
-        save_strategy="no",
-        report_to=[],
-        seed=cfg.seed,
-        use_cpu=device == "cpu",
-        bf16=bf16,
-        remove_unused_columns=False,
-    )
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=rows,
-        data_collator=PadCollator(tokenizer.pad_token_id),
-        callbacks=[jsonl_logger(log_path)],
-    )
-    t_train = time.time()
-    result = trainer.train()
-    train_seconds = time.time() - t_train
-    remove_if_empty(out / "checkpoints")  # the Trainer's output_dir; nothing is saved there
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-
-    after = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
-    log.info("tuned: %s", {k: v for k, v in after.items() if k != "samples"})
-    plot_loss(log_path, out / "loss.png", f"LoRA {Path(cfg.model).name} (answer tokens only)")
-    if cfg.merge:
-        model = model.merge_and_unload()
-        model.save_pretrained(str(out / "merged"))
-        tokenizer.save_pretrained(str(out / "merged"))
-    summary = {
-        "config": asdict(cfg),
-        "profile": "plain",  # the prompt format trained on (rag.models.pick_profile reads it)
-        "base_model": str(resolve_model(cfg.model)),
-        "out": str(out),
-        "n_train_examples": len(rows),
-        "n_train_refusals": sum(not e.answerable for e in examples),
-        "n_train_doc_examples": sum(e.kind == "doc" for e in examples),
-        "trainable_params": n_trainable,
-        "steps": result.global_step,
-        "train_loss": round(result.training_loss, 4),
-        "before": before,
-        "after": after,
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.time() - t0, 1),
-        "hardware": hardware(device),
-    }
-    (out / "run.json").write_text(json.dumps(summary, indent=2))
+        after = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
+        log.info("tuned: %s", {k: v for k, v in after.items() if k != "samples"})
+        if cfg.merge:
+            model = model.merge_and_unload()
+            model.save_pretrained(str(run.out / "merged"))
+            tokenizer.save_pretrained(str(run.out / "merged"))
+        summary = run.finish(
+            f"LoRA {Path(cfg.model).name} (answer tokens only)",
+            {
+                "profile": "plain",  # the prompt format trained on (rag.models.pick_profile)
+                "base_model": str(resolve_model(cfg.model)),
+                "n_train_examples": len(rows),
+                "n_train_refusals": sum(not e.answerable for e in examples),
+                "n_train_doc_examples": sum(e.kind == "doc" for e in examples),
+                "trainable_params": n_trainable,
+                "before": before,
+                "after": after,
+            },
+        )
     return model, tokenizer, summary
 
 

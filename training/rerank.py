@@ -27,23 +27,15 @@ import logging
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.models import lm_objective, pick_device, resolve_model
-from rag.paths import models_dir
+from rag.models import lm_objective, resolve_model
 from training import pairs as P
 from training import rerank_data as R
 from training.cli import run_training_cli
-from training.trainer_support import (
-    hardware,
-    jsonl_logger,
-    log_event,
-    plot_loss,
-    remove_if_empty,
-    torch_threads,
-)
+from training.finetune import FinetuneConfig, finetune_run
 
 log = logging.getLogger("training.rerank")
 LOSSES = ("bce", "mnrl", "cached-mnrl")
@@ -51,14 +43,12 @@ MINERS = ("bm25", "dense")
 
 
 @dataclass
-class RerankConfig:
-    """Everything a reranker run depends on; saved as run.json beside the model."""
+class RerankConfig(FinetuneConfig):
+    """Everything a reranker run depends on (the training loop's settings:
+    :class:`~training.finetune.FinetuneConfig`); saved as run.json beside the model."""
 
     model: str = "minilm"  # encoder to start from: alias, our MLM encoder folder, or a CrossEncoder
-    out: str = ""  # output folder (default: $RAG_HOME/models/<model>-rerank, e.g. minilm-rerank)
-    scifact: str | None = (
-        None  # BEIR SciFact folder: train claims (its fixed dev fifth is never used)
-    )
+    scifact: str | None = None  # BEIR SciFact folder: train claims (the dev fifth is never used)
     squad: str | None = None  # SQuAD v1.1 JSON: questions of the train articles only
     docs: list[str] = field(default_factory=list)  # your documents: inverse-cloze/heading pairs
     pairs: list[str] = field(default_factory=list)  # JSONL {"anchor","positive"[,"negative"]}
@@ -73,18 +63,10 @@ class RerankConfig:
     mini_batch_size: int = 16  # cached-mnrl: forward chunk size (memory), not the batch size
     max_length: int = 256  # tokens per (query, passage) pair, training and inference (saved)
     rerank_depth: int = 50  # first-stage candidates reranked in the dev eval (latency setting)
-    epochs: float = 1.0  # passes over the training rows
-    max_steps: int = -1  # stop after this many optimiser steps (-1 = run the epochs)
     batch_size: int = 16  # rows per batch: (query, passage) pairs for bce, queries for mnrl
-    lr: float = 2e-5  # peak learning rate (linear warmup then decay)
-    warmup_ratio: float = 0.1  # fraction of steps spent warming up
     eval: bool = True  # rerank dev candidates before and after training
     eval_max_queries: int = 50  # dev queries per set for that eval (0 = all)
     eval_batch_size: int = 32  # pairs per forward pass in evaluation
-    seed: int = 0  # seed for sampling, mining and training
-    device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch CPU threads (0 = torch default)
-    logging_steps: int = 10  # log the loss every this many steps
 
 
 # ---------------------------------------------------------------------------- model
@@ -233,12 +215,58 @@ def train_rerank(cfg: RerankConfig) -> dict[str, Any]:
 def fit(cfg: RerankConfig) -> tuple[Any, dict[str, Any]]:
     """:func:`train_rerank`, also returning the trained CrossEncoder (tests compare it with what
     loads from disk)."""
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.cross_encoder import (
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
+
+    from rag.models import load_embedder
+
     if cfg.loss not in LOSSES:
         raise ValueError(f"--loss must be one of {', '.join(LOSSES)}, not {cfg.loss!r}")
     if cfg.negatives < 1 or cfg.max_length < 8 or cfg.rerank_depth < 1:
         raise ValueError("--negatives and --rerank-depth must be positive, --max-length >= 8")
-    with torch_threads(cfg.threads):
-        return _fit(cfg)
+    with finetune_run(cfg, "rerank") as run:
+        model = build_model(cfg.model, cfg.max_length, run.device)
+        dense = "dense" in cfg.mine
+        encoder = load_embedder(cfg.mine_encoder, device=run.device) if dense else None
+        examples, retrievers = collect_examples(cfg, encoder)
+        kinds: dict[str, int] = {}
+        for ex in examples:
+            kinds[ex.kind] = kinds.get(ex.kind, 0) + 1
+        train_ds = R.to_dataset(examples, "bce" if cfg.loss == "bce" else "mnrl", cfg.seed)
+        log.info("%d queries %s, %d training rows", len(examples), kinds, len(train_ds))
+        t_data = time.time() - run.started
+
+        evaluators = dev_evaluators(cfg, retrievers) if cfg.eval else []
+        before = evaluate(model, evaluators)
+        run.event(event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
+
+        pointwise = cfg.loss == "bce"  # rows are (query, passage, label): duplicates are fine
+        args = run.training_args(
+            CrossEncoderTrainingArguments,
+            batch_sampler=BatchSamplers.BATCH_SAMPLER if pointwise else BatchSamplers.NO_DUPLICATES,
+            dataloader_drop_last=not pointwise,
+        )
+        run.train(CrossEncoderTrainer, args, model, train_ds, loss=_loss(cfg, model))
+        model.save(str(run.out))
+
+        after = evaluate(model, evaluators)
+        run.event(event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
+        summary = run.finish(
+            f"reranker {Path(cfg.model).name} ({cfg.loss})",
+            {
+                "n_queries": len(examples),
+                "query_kinds": kinds,
+                "n_rows": len(train_ds),
+                "settings": {"max_length": cfg.max_length, "rerank_depth": cfg.rerank_depth},
+                "before": before,
+                "after": after,
+                "data_seconds": round(t_data, 1),
+            },
+        )
+    return model, summary
 
 
 def _loss(cfg: RerankConfig, model: Any) -> Any:
@@ -250,92 +278,6 @@ def _loss(cfg: RerankConfig, model: Any) -> Any:
     if cfg.loss == "mnrl":
         return losses.MultipleNegativesRankingLoss(model)
     return losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size)
-
-
-def _fit(cfg: RerankConfig) -> tuple[Any, dict[str, Any]]:
-    import torch
-    from sentence_transformers.base.sampler import BatchSamplers
-    from sentence_transformers.cross_encoder import (
-        CrossEncoderTrainer,
-        CrossEncoderTrainingArguments,
-    )
-
-    from rag.models import load_embedder
-
-    t0 = time.time()
-    device = pick_device(cfg.device)
-    out = Path(cfg.out or models_dir() / f"{Path(cfg.model).name}-rerank")
-    out.mkdir(parents=True, exist_ok=True)
-    log_path = out / "train_log.jsonl"
-    log_path.write_text("")
-    torch.manual_seed(cfg.seed)
-
-    model = build_model(cfg.model, cfg.max_length, device)
-    encoder = load_embedder(cfg.mine_encoder, device=device) if "dense" in cfg.mine else None
-    examples, retrievers = collect_examples(cfg, encoder)
-    kinds: dict[str, int] = {}
-    for ex in examples:
-        kinds[ex.kind] = kinds.get(ex.kind, 0) + 1
-    train_ds = R.to_dataset(examples, "bce" if cfg.loss == "bce" else "mnrl", cfg.seed)
-    log.info("%d queries %s, %d training rows", len(examples), kinds, len(train_ds))
-    t_data = time.time() - t0
-
-    evaluators = dev_evaluators(cfg, retrievers) if cfg.eval else []
-    before = evaluate(model, evaluators)
-    log_event(log_path, event="eval_before", **{k: v["ndcg@10"] for k, v in before.items()})
-
-    args = CrossEncoderTrainingArguments(
-        output_dir=str(out / "checkpoints"),
-        num_train_epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        per_device_train_batch_size=cfg.batch_size,
-        learning_rate=cfg.lr,
-        warmup_ratio=cfg.warmup_ratio,
-        batch_sampler=BatchSamplers.NO_DUPLICATES
-        if cfg.loss != "bce"
-        else BatchSamplers.BATCH_SAMPLER,
-        logging_steps=cfg.logging_steps,
-        logging_first_step=True,
-        save_strategy="no",
-        report_to=[],
-        seed=cfg.seed,
-        use_cpu=device == "cpu",
-        dataloader_drop_last=cfg.loss != "bce",
-    )
-    trainer = CrossEncoderTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_ds,
-        loss=_loss(cfg, model),
-        callbacks=[jsonl_logger(log_path)],
-    )
-    t_train = time.time()
-    result = trainer.train()
-    train_seconds = time.time() - t_train
-    remove_if_empty(out / "checkpoints")
-    model.save(str(out))
-
-    after = evaluate(model, evaluators)
-    log_event(log_path, event="eval_after", **{k: v["ndcg@10"] for k, v in after.items()})
-    plot_loss(log_path, out / "loss.png", f"reranker {Path(cfg.model).name} ({cfg.loss})")
-    summary = {
-        "config": asdict(cfg),
-        "out": str(out),
-        "n_queries": len(examples),
-        "query_kinds": kinds,
-        "n_rows": len(train_ds),
-        "steps": result.global_step,
-        "train_loss": round(result.training_loss, 4),
-        "settings": {"max_length": cfg.max_length, "rerank_depth": cfg.rerank_depth},
-        "before": before,
-        "after": after,
-        "data_seconds": round(t_data, 1),
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.time() - t0, 1),
-        "hardware": hardware(device),
-    }
-    (out / "run.json").write_text(json.dumps(summary, indent=2))
-    return model, summary
 
 
 # ---------------------------------------------------------------------------- CLI
