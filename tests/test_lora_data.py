@@ -14,7 +14,9 @@ import pytest
 
 from rag.datasets import load_squad_paragraphs, squad_split
 from rag.prompt import REFUSAL, parse_citations
-from training.doc_qa_data import clean_inline, doc_examples, make_question
+from training.doc_markup import clean_inline
+from training.doc_qa_data import doc_examples
+from training.doc_questions import make_question
 from training.lora_data import (
     assert_no_heldout,
     build_examples,

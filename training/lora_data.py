@@ -72,7 +72,7 @@ def trim_passage(text: str, max_words: int, answers: Sequence[str] = ()) -> str:
     return " ".join(words[start : start + max_words])
 
 
-def _gold_positions(n: int, k: int, rng: random.Random) -> list[int]:
+def gold_positions(n: int, k: int, rng: random.Random) -> list[int]:
     """``n`` gold positions (0-based) over 0..k-1, each used ``n // k`` or ``n // k + 1`` times
     (the extra ones from a random offset), in random order: each example's position is uniform,
     as with a shuffle, but without its sampling noise, so no position is favoured (a model must
@@ -96,7 +96,7 @@ def build_examples(
     """``n`` examples (0 = every question) from questions of ``articles``; distractors come from
     paragraphs of ``pool_articles`` (default: ``articles``), so train data never touches held-out
     text. Exactly ``round(n * refusal_fraction)`` examples are refusals; the gold positions of the
-    others are balanced over 1..k (:func:`_gold_positions`). BM25 runs once for all questions
+    others are balanced over 1..k (:func:`gold_positions`). BM25 runs once for all questions
     (``search_many``), so thousands of examples take seconds. ``passage_words`` > 0 trims each
     passage (the gold one around its answer)."""
     if k < 1:
@@ -111,7 +111,7 @@ def build_examples(
     rng.shuffle(questions)
     questions = questions[:n] if n > 0 else questions
     refuse = set(rng.sample(range(len(questions)), round(len(questions) * refusal_fraction)))
-    positions = _gold_positions(len(questions) - len(refuse), k, rng)
+    positions = gold_positions(len(questions) - len(refuse), k, rng)
     index = BM25Index(
         [p.id for p in pool], [f"{p.title.replace('_', ' ')} {p.context}" for p in pool]
     )
