@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rag import scoring
+from rag import context_budget, scoring
 from rag.batching import BatchedDecoder
 from rag.decoding import DecodingRules, trim_repetition
 from rag.prompt import build_messages
@@ -37,7 +37,6 @@ FALLBACK_CHAT_TEMPLATE = (
     "{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 DEFAULT_STOP = ("<|im_end|>",)
-MIN_TRIMMED_PASSAGE_TOKENS = 32  # a passage cut shorter than this is dropped instead
 _MAX_PREFIXES = 4  # distinct system prompts whose KV cache is kept
 
 
@@ -142,42 +141,9 @@ class Generator:
     def fit_passages(
         self, question: str, passages: Sequence[str], max_new_tokens: int = 256
     ) -> list[str]:
-        """The passages (in rank order) that fit the context budget, the last one maybe trimmed.
-
-        Budget = max positions − ``max_new_tokens`` − the prompt without passages. Passages are
-        taken best-first, so the lowest-ranked are the ones trimmed or dropped.
-        """
-        budget = self.max_positions - max_new_tokens
-        overhead = len(self.prompt_ids(self.messages(question, []))[0])
-        if overhead > budget:
-            raise ValueError(
-                f"the question alone takes {overhead} tokens, over the budget of {budget} "
-                f"({self.max_positions} positions - {max_new_tokens} new tokens)"
-            )
-        left = budget - overhead
-        kept: list[str] = []
-        for i, text in enumerate(passages, start=1):
-            text = " ".join(text.split())
-            cost = self.count_tokens(f"[{i}] {text}\n\n") + 1
-            if cost <= left:
-                kept.append(text)
-                left -= cost
-                continue
-            room = left - self.count_tokens(f"[{i}] \n\n") - 2
-            if room >= MIN_TRIMMED_PASSAGE_TOKENS:
-                kept.append(self._truncate(text, room))
-            break
-        # Token counts of pieces are not exactly additive: check the real prompt and shrink.
-        while kept and len(self.prompt_ids(self.messages(question, kept))[0]) > budget:
-            last = kept.pop()
-            room = self.count_tokens(last) - 16
-            if room >= MIN_TRIMMED_PASSAGE_TOKENS:
-                kept.append(self._truncate(last, room))
-        return kept
-
-    def _truncate(self, text: str, n_tokens: int) -> str:
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"][:n_tokens]
-        return self.tokenizer.decode(ids, skip_special_tokens=True).strip() + " …"
+        """The passages (in rank order) that fit the context budget, the last one maybe trimmed
+        (:func:`rag.context_budget.fit_passages`)."""
+        return context_budget.fit_passages(self, question, passages, max_new_tokens)
 
     # ---- caches --------------------------------------------------------------------------------
 
