@@ -45,118 +45,16 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from rag.streaming import Cancel
+from rag.batch_request import BatchRequest, eos_ids
 
 log = logging.getLogger("rag.batching")
-
-# The ``model.generate`` options a request may carry (what Generator._generate_kwargs builds).
-_OPTIONS = frozenset(
-    "input_ids attention_mask max_new_tokens min_new_tokens use_cache pad_token_id do_sample"  # noqa: SIM905
-    " temperature top_p top_k repetition_penalty no_repeat_ngram_size stopping_criteria"
-    " stop_strings tokenizer cache streamer bad_words_ids".split()
-)
-
-
-def _eos_ids(model: Any) -> set[int]:
-    """The ids that end a sequence, as ``generate`` reads them (generation config, else config)."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
 
 
 def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
     """``t`` [B, H, S, D] with ``n`` zero columns in front: [B, H, n + S, D]."""
     return F.pad(t, (0, 0, n, 0)) if n else t
-
-
-class _Request:
-    """One ``generate`` call: its options, the ids so far, and how it reports back."""
-
-    def __init__(self, kw: dict[str, Any], eos: set[int], stops: StopStringCriteria | None):
-        unknown = set(kw) - _OPTIONS
-        if unknown:
-            raise ValueError(f"the batched decoder does not support {sorted(unknown)}")
-        if not kw.get("use_cache", True):
-            raise ValueError("the batched decoder always uses the KV cache")
-        input_ids: torch.Tensor = kw["input_ids"]  # [1, n]
-        if input_ids.shape[0] != 1:
-            raise ValueError("one sequence per request")
-        self.input_ids = input_ids
-        self.prompt_len = n = input_ids.shape[1]
-        self.max_new = int(kw.get("max_new_tokens") or 0)
-        # prompt + new ids, as the stopping criteria and processors see them: [1, n + max_new]
-        self.buf = torch.zeros(1, n + self.max_new, dtype=torch.long)
-        self.buf[:, :n] = input_ids.cpu()
-        self.size = n  # ids in buf; all but the last are in the KV cache once decoding started
-        self.cache = kw.get("cache")
-        self.streamer = kw.get("streamer")
-        self.sample = bool(kw.get("do_sample"))
-        self.criteria = list(kw.get("stopping_criteria") or ())
-        if stops is not None:
-            self.criteria.append(stops)
-        self.processors = self._processors(kw, eos)
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def _processors(self, kw: dict[str, Any], eos: set[int]) -> LogitsProcessorList:
-        """The processors ``generate`` builds for these options, in its order. Sampling options
-        that only a model's ``generation_config`` sets (``min_p``, ``typical_p``, ...) are not
-        applied: Generator passes every option it uses explicitly."""
-        procs = LogitsProcessorList()
-        penalty = kw.get("repetition_penalty")
-        if penalty is not None and penalty != 1.0:
-            procs.append(RepetitionPenaltyLogitsProcessor(penalty=penalty))
-        if kw.get("no_repeat_ngram_size"):
-            procs.append(NoRepeatNGramLogitsProcessor(kw["no_repeat_ngram_size"]))
-        if kw.get("bad_words_ids"):
-            procs.append(NoBadWordsLogitsProcessor(kw["bad_words_ids"], eos_token_id=sorted(eos)))
-        if kw.get("min_new_tokens") and eos:
-            procs.append(
-                MinNewTokensLengthLogitsProcessor(
-                    self.prompt_len, kw["min_new_tokens"], torch.tensor(sorted(eos))
-                )
-            )
-        if self.sample:
-            if kw.get("temperature") is not None and kw["temperature"] != 1.0:
-                procs.append(TemperatureLogitsWarper(kw["temperature"]))
-            if kw.get("top_k"):
-                procs.append(TopKLogitsWarper(top_k=kw["top_k"]))
-            if kw.get("top_p") is not None and kw["top_p"] < 1.0:
-                procs.append(TopPLogitsWarper(top_p=kw["top_p"]))
-        return procs
-
-    @property
-    def ids(self) -> torch.Tensor:
-        """Prompt + new ids so far: [1, size] (a view)."""
-        return self.buf[:, : self.size]
-
-    @property
-    def cancelled(self) -> bool:
-        return any(isinstance(c, Cancel) and c.event.is_set() for c in self.criteria)
-
-    def choose(self, logits: torch.Tensor, greedy: int) -> int:
-        """The next id from this row's logits [1, V]; ``greedy`` is their argmax."""
-        if not self.processors and not self.sample:
-            return greedy
-        scores = self.processors(self.ids.to(logits.device), logits)
-        if self.sample:
-            return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[0, 0])
-        return int(scores.argmax(dim=-1)[0])
 
 
 class BatchedDecoder:
@@ -184,13 +82,13 @@ class BatchedDecoder:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.lock = lock or threading.Lock()
         self.max_batch = max_batch
-        self.eos = _eos_ids(model)
+        self.eos = eos_ids(model)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self._stops: dict[tuple[str, ...], StopStringCriteria] = {}
         self._cv = threading.Condition()
-        self._waiting: deque[_Request] = deque()
-        self._rows: list[_Request] = []  # worker thread only
+        self._waiting: deque[BatchRequest] = deque()
+        self._rows: list[BatchRequest] = []  # worker thread only
         self._cache: Any = None  # the batch's DynamicCache, [rows, heads, width, head_dim]
         self._width = 0  # columns of the cache (the longest row; shorter rows are left-padded)
         self._thread: threading.Thread | None = None
@@ -231,7 +129,7 @@ class BatchedDecoder:
             raise req.error
         return req.ids.clone()
 
-    def submit(self, kw: dict[str, Any]) -> _Request:
+    def submit(self, kw: dict[str, Any]) -> BatchRequest:
         """Queue a request (``model.generate`` keyword arguments); it joins at the next step."""
         stops = None
         if kw.get("stop_strings"):
@@ -239,7 +137,7 @@ class BatchedDecoder:
             stops = self._stops.get(key)
             if stops is None:
                 stops = self._stops[key] = StopStringCriteria(kw["tokenizer"], list(key))
-        req = _Request(kw, self.eos, stops)
+        req = BatchRequest(kw, self.eos, stops)
         with self._cv:
             if self._closed:
                 raise RuntimeError("the batched decoder is closed")
@@ -290,7 +188,7 @@ class BatchedDecoder:
         for req in [*self._waiting, *self._rows]:
             self._finish(req, error)
 
-    def _admit(self, req: _Request) -> None:
+    def _admit(self, req: BatchRequest) -> None:
         """Prefill ``req`` alone, take its first token and merge it into the batch."""
         try:
             if req.cancelled or req.max_new <= 0:
@@ -322,7 +220,7 @@ class BatchedDecoder:
         except Exception as e:
             self._finish(req, e)
 
-    def _merge(self, req: _Request, cache: Any) -> None:
+    def _merge(self, req: BatchRequest, cache: Any) -> None:
         """Add ``req``'s prefilled cache [1, H, n, D] as a row, left-padding the shorter side."""
         n = req.size - 1
         if not self._rows:
@@ -369,7 +267,7 @@ class BatchedDecoder:
                 keep.append(b)
         self._leave(keep)
 
-    def _advance(self, req: _Request, token: int) -> bool:
+    def _advance(self, req: BatchRequest, token: int) -> bool:
         """Append ``token`` to ``req``, stream it; whether ``req`` is finished (as in generate:
         eos, ``max_new_tokens``, or any stopping criterion on the ids so far)."""
         req.buf[0, req.size] = token
@@ -400,7 +298,7 @@ class BatchedDecoder:
                 layer.values = layer.values[:, :, trim:, :]
             self._width -= trim
 
-    def _finish(self, req: _Request, error: BaseException | None = None) -> None:
+    def _finish(self, req: BatchRequest, error: BaseException | None = None) -> None:
         req.error = error
         req.cache = None
         if error is None and req.streamer is not None:
