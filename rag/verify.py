@@ -10,20 +10,12 @@ to explain in the UI, and re-attributes or flags the citations that fail. It run
 finished answer only (no model call: about 5 ms for a 1,200-character answer over five
 passages on this project's busy CPU) and works for every decoder.
 
-**Content words**: lower-cased word tokens (``\\w+``) minus English function words, the glue
-words answers add ("according", "passage") and one-letter tokens, with a plural / third-person
-``-s`` folded (``boils`` → ``boil``); digits count (``1871``). **Claim words**: the sentence's
-content words that are not in the question ("It was built in 1871", asked "When was the
-lighthouse built?", claims ``1871``): every passage retrieved for a question shares its words,
-a hostile one by design, so they say nothing about where a claim came from. A sentence that only
-restates the question keeps all its content words.
-
-**Support** of a sentence by a passage (:func:`support`): the share of its distinct claim words
-that occur in the passage; 1.0 when the sentence's words occur verbatim in it, so a short answer
-span ("1871", "The Who") is supported; ``None`` (nothing to check) for a sentence without content
-words that does not occur verbatim ("Yes."). A marker run (``[2]``, ``[1][3]``) covers the text
-since the previous run, split into sentences (a fenced code block is one); text after the last
-marker is not checked, and a completed marker, appended to the reply, covers all of it.
+What a sentence claims and how much of it a passage holds are defined in :mod:`rag.support`:
+its **claim words** (its content words not in the question) and its **support** by a passage
+(the share of its claim words the passage holds; 1.0 for a verbatim occurrence, ``None`` when
+there is nothing to check). A marker run (``[2]``, ``[1][3]``) covers the text since the
+previous run, split into sentences (a fenced code block is one); text after the last marker is
+not checked, and a completed marker, appended to the reply, covers all of it.
 
 **The rule**, per (sentence, cited passage n):
 
@@ -61,27 +53,16 @@ from dataclasses import dataclass, replace
 
 # One definition of what a citation marker is: the parser's own patterns.
 from rag.prompt import _CITATION, _CITATION_RUN
+from rag.support import (
+    SUPPORT_THRESHOLD,
+    PassageWords,
+    claim_words,
+    passage_support,
+    split_sentences,
+)
 from rag.types import Answer, Citation, Hit
 
-SUPPORT_THRESHOLD = 0.5
 REATTRIBUTE_MARGIN = 0.25
-
-# English function words, and the glue words answers add ("according to the passage").
-_STOPWORDS = """
-    a about above after again against all also am an and any are aren as at be because been
-    before being below between both but by can cannot could couldn did didn do does doesn doing
-    don down during each either else etc even ever every few for from further had hadn has hasn
-    have haven having he her here hers herself him himself his how however i if in into is isn it
-    its itself just let like may me might more most must mustn my myself neither no nor not now
-    of off on once one only or other ought our ours ourselves out over own per quite rather
-    same shall shan she should shouldn since so some such than that the their theirs them
-    themselves then there these they this those though through thus to too under until up upon
-    us very via was wasn we were weren what when where whether which while who whom whose why
-    will with within without won would wouldn yes yet you your yours yourself yourselves
-    according answer based context document documents given mentioned passage passages provided
-    source sources stated states text
-"""
-STOPWORDS = frozenset(_STOPWORDS.split())
 
 # Instruction-like text addressed to the model rather than to a reader. Known phrasings only.
 INJECTION_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
@@ -107,88 +88,10 @@ INJECTION_PATTERNS: tuple[re.Pattern[str], ...] = tuple(
     )
 )
 
-_WORD = re.compile(r"\w+")
-_LIST_MARK = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _BOUNDARY = re.compile(r"[.!?](?=\s)|\n")
 
 
-# ---------------------------------------------------------------------------- the support rule
-
-
-def _fold(word: str) -> str:
-    """Fold a plural / third-person -s so "boils" matches "boil" and "libraries" "library"."""
-    if len(word) > 4 and word.endswith("ies"):
-        return word[:-3] + "y"
-    if len(word) > 3 and word.endswith("s") and not word.endswith(("ss", "us", "is")):
-        return word[:-1]
-    return word
-
-
-def content_words(text: str) -> set[str]:
-    """The words a claim rests on (see the module docstring)."""
-    words = _WORD.findall(text.lower().replace("\u2019", "'").replace("'s ", " "))
-    return {
-        _fold(w)
-        for w in words
-        if w not in STOPWORDS and (len(w) > 1 or w.isdigit()) and w.strip("_")
-    }
-
-
-def normalise(text: str) -> str:
-    """Lower-cased word tokens joined by single spaces: what verbatim occurrence compares."""
-    return " ".join(_WORD.findall(text.lower()))
-
-
-def claim_words(sentence: str, question: str = "") -> set[str]:
-    """The sentence's content words not in ``question`` (all of them when none is left)."""
-    words = content_words(sentence)
-    return (words - content_words(question)) or words
-
-
-def support(sentence: str, passage: str, question: str = "") -> float | None:
-    """Share of the sentence's claim words found in ``passage``; 1.0 when the sentence occurs
-    in it verbatim; None when there is nothing to check (no content word, no verbatim match)."""
-    return _support(sentence, claim_words(sentence, question), _Passage.of(passage))
-
-
-@dataclass(frozen=True)
-class _Passage:
-    """A passage's words, computed once per answer."""
-
-    words: frozenset[str]
-    norm: str
-
-    @classmethod
-    def of(cls, text: str) -> _Passage:
-        return cls(frozenset(content_words(text)), f" {normalise(text)} ")
-
-
-def _support(sentence: str, words: set[str], passage: _Passage) -> float | None:
-    norm = normalise(sentence)
-    if norm and f" {norm} " in passage.norm:
-        return 1.0
-    if not words:
-        return None
-    return len(words & passage.words) / len(words)
-
-
 # ---------------------------------------------------------------------------- sentences
-
-
-def split_sentences(text: str) -> list[str]:
-    """Sentences of an answer: a fenced code block is one; elsewhere each line, with its list
-    bullet removed, is split after ``.``, ``!`` or ``?`` followed by whitespace."""
-    out: list[str] = []
-    for i, block in enumerate(re.split(r"^\s*```.*$", text, flags=re.MULTILINE)):
-        if i % 2:  # inside a fence
-            if block.strip():
-                out.append(block.strip())
-            continue
-        for line in block.splitlines():
-            line = _LIST_MARK.sub("", line).strip()
-            out.extend(" ".join(s.split()) for s in _SENTENCE_END.split(line) if _WORD.search(s))
-    return out
 
 
 def cited_sentences(marked: str, n_passages: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -232,13 +135,13 @@ class SentenceCheck:
 def check_sentence(
     sentence: str,
     cited: Sequence[int],
-    passages: Sequence[_Passage],
+    passages: Sequence[PassageWords],
     logprobs: Sequence[float] = (),
     question: str = "",
 ) -> SentenceCheck:
     """Apply the rule (module docstring) to the citations ``cited`` of one sentence."""
     words = claim_words(sentence, question)
-    scores = tuple(_support(sentence, words, p) for p in passages)
+    scores = tuple(passage_support(sentence, words, p) for p in passages)
     kept: list[int] = []
     bad: list[int] = []
     moved: list[tuple[int, int]] = []
@@ -316,14 +219,18 @@ def injection_reasons(answer_text: str, passages: Sequence[str], question: str =
         clean = text
         for span in spans:
             clean = clean.replace(span, " ")
-        split.append((_Passage.of(" \n".join(spans)) if spans else None, _Passage.of(clean)))
+        split.append(
+            (PassageWords.of(" \n".join(spans)) if spans else None, PassageWords.of(clean))
+        )
     if not any(inj for inj, _ in split):
         return reasons
     for sentence in split_sentences(answer_text):
         words = claim_words(sentence, question)
-        best_clean = max((_support(sentence, words, c) or 0.0 for _, c in split), default=0.0)
+        best_clean = max(
+            (passage_support(sentence, words, c) or 0.0 for _, c in split), default=0.0
+        )
         for i, (inj, _) in enumerate(split, start=1):
-            s = _support(sentence, words, inj) if inj else None
+            s = passage_support(sentence, words, inj) if inj else None
             if s is not None and s >= SUPPORT_THRESHOLD and s > best_clean:
                 reasons.append(f"{sentence!r} comes from instruction-like text in passage [{i}]")
                 break
@@ -361,7 +268,7 @@ def verify(
     ``cited`` is the answer's citation order (numbers covering no sentence are kept as they
     are); ``logprobs`` the completion's marker scores, used only to break ties; ``question``
     the question the answer replies to (its words are not claims)."""
-    given = [_Passage.of(p) for p in passages]
+    given = [PassageWords.of(p) for p in passages]
     checks = [
         check_sentence(s, nums, given, logprobs, question)
         for s, nums in cited_sentences(marked, len(passages))

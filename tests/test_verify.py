@@ -10,16 +10,13 @@ import pytest
 
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
+from rag.support import SUPPORT_THRESHOLD, content_words, split_sentences, support
 from rag.types import Answer, Chunk, Citation, Hit
 from rag.verify import (
-    SUPPORT_THRESHOLD,
     cited_sentences,
-    content_words,
     injection_reasons,
     injection_spans,
     instruction_phrases,
-    split_sentences,
-    support,
     verify,
     verify_answer,
 )
