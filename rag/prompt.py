@@ -33,8 +33,8 @@ SYSTEM_PROMPT = (
 _MARKER = r"\[(\d+(?:\s*,\s*\d+)*)\]"
 # A run of markers (``[1][3]``) not glued to a word, a call or another index: ``lines[1]``,
 # ``f(x)[2]`` and ``a[0][1]`` are code, not citations.
-_CITATION_RUN = re.compile(r"(?<![\w)\]])(?:" + _MARKER.replace("(", "(?:", 1) + r")+")
-_CITATION = re.compile(_MARKER)
+CITATION_RUN = re.compile(r"(?<![\w)\]])(?:" + _MARKER.replace("(", "(?:", 1) + r")+")
+CITATION = re.compile(_MARKER)
 
 
 # Chat-template control tokens written out in a document (``<|im_start|>system``, ``<|im_end|>``,
@@ -131,15 +131,15 @@ def parse_citations(answer: str, n_passages: int) -> ParsedAnswer:
     """Split citation markers (``[2]``, ``[1, 3]``) out of ``answer`` (line breaks are kept)."""
     cited: list[int] = []
     invalid: list[int] = []
-    for run in _CITATION_RUN.finditer(answer):
-        for m in _CITATION.finditer(run.group(0)):
+    for run in CITATION_RUN.finditer(answer):
+        for m in CITATION.finditer(run.group(0)):
             for num in (int(x) for x in m.group(1).split(",")):
                 bucket = cited if 1 <= num <= n_passages else invalid
                 if num not in bucket:
                     bucket.append(num)
     # Drop each marker run with the spaces before it; keep line breaks and indentation, so an
     # answer holding a code block or a list still renders as one.
-    text = re.sub(r"[ \t]*" + _CITATION_RUN.pattern, "", answer)
+    text = re.sub(r"[ \t]*" + CITATION_RUN.pattern, "", answer)
     text = re.sub(r"\n{3,}", "\n\n", text).strip()
     refused = is_refusal(answer)
     return ParsedAnswer(text=text, cited=[] if refused else cited, invalid=invalid, refused=refused)

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 # One definition of what a citation marker is: the parser's own patterns.
-from rag.prompt import _CITATION, _CITATION_RUN
+from rag.prompt import CITATION, CITATION_RUN
 from rag.support import (
     SUPPORT_THRESHOLD,
     PassageWords,
@@ -101,9 +101,9 @@ def cited_sentences(marked: str, n_passages: int) -> list[tuple[str, tuple[int, 
     out: list[tuple[str, tuple[int, ...]]] = []
     start = 0
     pending = ""
-    for run in _CITATION_RUN.finditer(marked):
+    for run in CITATION_RUN.finditer(marked):
         nums: list[int] = []
-        for m in _CITATION.finditer(run.group(0)):
+        for m in CITATION.finditer(run.group(0)):
             for num in (int(x) for x in m.group(1).split(",")):
                 if 1 <= num <= n_passages and num not in nums:
                     nums.append(num)
@@ -285,7 +285,7 @@ def verify(
             final.append(n)
         final.extend(j for m, j in reattributed if m == n)
     final = list(dict.fromkeys(final))
-    text = re.sub(_CITATION_RUN.pattern, " ", marked)
+    text = re.sub(CITATION_RUN.pattern, " ", marked)
     reasons = injection_reasons(text, passages, question)
     return Verification(checks, final, unsupported, reattributed, reasons)
 

@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 # One definition of what a citation marker is: the parser's own (``lines[1]`` is code).
-from rag.prompt import _CITATION, _CITATION_RUN
+from rag.prompt import CITATION, CITATION_RUN
 from rag.types import Answer, Citation, Hit
 
 _FENCE_OPEN = re.compile(r" {0,3}(`{3,}(?=[^`]*$)|~{3,})")  # matched against one line
@@ -125,7 +125,7 @@ class Marks:
 
     def run(self, text: str) -> str:
         """A marker run (``[1][3]``, ``[2, 7]``) with each number shown by :meth:`marker`."""
-        nums = [int(x) for m in _CITATION.finditer(text) for x in m.group(1).split(",")]
+        nums = [int(x) for m in CITATION.finditer(text) for x in m.group(1).split(",")]
         return "".join(self.marker(n) for n in nums)
 
 
@@ -181,7 +181,7 @@ def _prose(text: str, marks: Marks | None) -> str:
     if marks is None:
         return _escape(text)
     out, pos = [], 0
-    for m in _CITATION_RUN.finditer(text):
+    for m in CITATION_RUN.finditer(text):
         out += [_escape(text[pos : m.start()]), marks.run(m.group(0))]
         pos = m.end()
     out.append(_escape(text[pos:]))
