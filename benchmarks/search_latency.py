@@ -5,7 +5,7 @@ of the same work: ``SentenceTransformer.encode`` + a bare ``faiss.IndexFlatIP`` 
 
 Chunk vectors are synthetic (random unit vectors) so a 100k index needs no hours of encoding;
 the query path is real (the encoder runs per query, one query at a time as a user asks). Our
-path is :class:`rag.retrieve.SearchEngine`, the code both ``Retriever`` and ``CorpusRetriever``
+path is :class:`rag.search_engine.SearchEngine`, the code both ``Retriever`` and ``CorpusRetriever``
 search with. Raw and ours alternate query by query so background load hits both alike.
 Results: ``$RAG_HOME/benchmarks/search_latency/`` (results.json, run.json).
 """
@@ -118,7 +118,7 @@ def bench_size(n: int, cfg: LatencyConfig, encoder, queries: list[str]) -> dict:
 
     from indexes.faiss_index import FaissIndex
     from rag.bm25 import BM25Index
-    from rag.retrieve import SearchEngine
+    from rag.search_engine import SearchEngine
 
     rng = np.random.default_rng(n)
     vecs = rng.standard_normal((n, encoder.dim), dtype=np.float32)

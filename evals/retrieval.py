@@ -120,7 +120,7 @@ def make_retriever(
         enc = encoder if encoder is not None else load_embedder(cfg.encoder, device=cfg.device)
     reranker = None
     if cfg.rerank:
-        from rag.retrieve import CrossEncoderReranker
+        from rag.rerank import CrossEncoderReranker
 
         reranker = CrossEncoderReranker(
             cfg.rerank, device=cfg.device, max_length=cfg.rerank_max_length

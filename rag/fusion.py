@@ -60,7 +60,7 @@ def weighted_rrf(
     lists: Sequence[Ranked], weights: Sequence[float] | None = None, k: int = RRF_K
 ) -> list[tuple[str, float]]:
     """score(d) = sum over lists of weight / (k + rank), rank from 1; scores are ignored. Ties
-    keep first-seen order (as :func:`rag.retrieve.rrf`), so weights of 1 reproduce it exactly."""
+    keep first-seen order (as :func:`rag.search_engine.rrf`), so weights of 1 reproduce it exactly."""
     weights = [1.0] * len(lists) if weights is None else list(weights)
     _check_weights(lists, weights)
     fused: dict[str, float] = {}

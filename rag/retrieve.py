@@ -1,7 +1,7 @@
 """Retrieval: dense (encoder + vector index), BM25, and hybrid by reciprocal rank fusion (or a
 convex fusion of normalised scores, :mod:`rag.fusion`), with an optional cross-encoder rerank stage.
 
-Two faces over the same engine (:class:`SearchEngine`):
+Two faces over the same engine (:class:`rag.search_engine.SearchEngine`):
 
 - :class:`Retriever` opens an index written by ``rag.ingest`` and returns :class:`Hit` objects
   with their chunks (what ``rag.search``, the answer pipeline and the UI use);
@@ -13,33 +13,19 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from indexes import VectorIndex, open_index
+from indexes import open_index
 from rag.bm25 import BM25Index
 from rag.encoding import Encoder
-from rag.fusion import check_fusion, fuse
+from rag.fusion import check_fusion
 from rag.manifest import current_generation, open_generation, read_chunks
 from rag.paths import display_source
-from rag.rerank import CrossEncoderReranker, Reranker, check_cross_encoder  # noqa: F401 (re-export)
+from rag.rerank import CrossEncoderReranker, Reranker
+from rag.search_engine import MODES, SearchEngine
 from rag.types import Chunk, Hit
-
-MODES = ("dense", "bm25", "hybrid")
-RRF_K = 60
-
-
-def rrf(rankings: Sequence[Sequence[str]], k: int = RRF_K) -> list[tuple[str, float]]:
-    """Reciprocal rank fusion (Cormack et al. 2009): score(d) = sum over rankings of
-    1 / (k + rank), rank starting at 1. Returns (id, score) best first; ties keep first-seen
-    order, so the result is deterministic."""
-    scores: dict[str, float] = {}
-    for ranking in rankings:
-        for rank, doc in enumerate(ranking, start=1):
-            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
-    return sorted(scores.items(), key=lambda kv: -kv[1])
 
 
 @dataclass(frozen=True)
@@ -54,151 +40,12 @@ class FusedHit(Hit):
         return {**super().to_dict(), "dense_score": self.dense_score, "bm25_score": self.bm25_score}
 
 
-@dataclass
-class Scored:
-    """One result of the engine: id, final score, stage, and the component scores."""
-
-    id: str
-    score: float
-    mode: str
-    dense: float | None = None
-    bm25: float | None = None
-
-
-class SearchEngine:
-    """Dense / BM25 / hybrid search plus rerank over an encoder, a vector index and a BM25 index.
-
-    ``depth``: candidates each retriever contributes to fusion (and to the rerank stage).
-    ``fusion``/``alpha``/``norm``: how ``hybrid`` fuses the two lists (:func:`rag.fusion.fuse`;
-    the default, ``rrf`` with ``alpha`` 0.5, is plain reciprocal rank fusion).
-    ``rerank_depth``: how many of the best candidates the reranker re-scores (default ``depth``);
-    the rest follow in first-stage order. A cross-encoder costs one forward pass per candidate,
-    so this depth sets the query latency.
-    ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
-    that the manifest does not name; those are never returned).
-    """
-
-    def __init__(
-        self,
-        encoder: Callable[[], Encoder] | Encoder | None,
-        vectors: VectorIndex | None,
-        bm25: BM25Index | None,
-        text_of: Callable[[str], str],
-        reranker: Reranker | None = None,
-        depth: int = 100,
-        keep: Callable[[str], bool] | None = None,
-        fusion: str = "rrf",
-        alpha: float = 0.5,
-        norm: str = "minmax",
-        rerank_depth: int | None = None,
-    ):
-        check_fusion(fusion, alpha, norm)
-        if rerank_depth is not None and rerank_depth <= 0:
-            raise ValueError(f"rerank depth must be positive, not {rerank_depth}")
-        self._encoder = encoder
-        self.vectors, self.bm25, self.text_of = vectors, bm25, text_of
-        self.reranker, self.depth, self.keep = reranker, depth, keep
-        self.fusion, self.alpha, self.norm = fusion, alpha, norm
-        self.rerank_depth = rerank_depth or depth
-        self.timings = {
-            "query_encode_s": 0.0,
-            "dense_search_s": 0.0,
-            "bm25_s": 0.0,
-            "rerank_s": 0.0,
-            "queries": 0,
-        }
-
-    @property
-    def encoder(self) -> Encoder:
-        if callable(self._encoder) and not isinstance(self._encoder, Encoder):
-            self._encoder = self._encoder()  # loaded on first dense query
-        if self._encoder is None:
-            raise ValueError("dense and hybrid search need an encoder (this retriever has none)")
-        return self._encoder
-
-    def _dense(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
-        if self.vectors is None:
-            raise ValueError("dense and hybrid search need a vector index")
-        t0 = time.perf_counter()
-        qv = self.encoder.encode(queries, kind="query")
-        t1 = time.perf_counter()
-        extra = 2 if self.keep is not None else 1
-        res = self.vectors.search(qv, n * extra)
-        self.timings["query_encode_s"] += t1 - t0
-        self.timings["dense_search_s"] += time.perf_counter() - t1
-        if self.keep is not None:
-            res = [[(i, s) for i, s in row if self.keep(i)][:n] for row in res]
-        return res
-
-    def _bm25(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
-        if self.bm25 is None:
-            raise ValueError("bm25 and hybrid search need a BM25 index")
-        t0 = time.perf_counter()
-        res = self.bm25.search_many(queries, n)
-        self.timings["bm25_s"] += time.perf_counter() - t0
-        return res
-
-    def search_many(
-        self,
-        queries: list[str],
-        k: int = 10,
-        mode: str = "hybrid",
-        fusion: str | None = None,
-        alpha: float | None = None,
-        rerank: bool = True,
-    ) -> list[list[Scored]]:
-        """Top-``k`` results per query, best first. ``fusion``/``alpha`` override the engine's
-        for this call (hybrid only); ``rerank=False`` skips the rerank stage, so one engine
-        serves both sides of a with/without-reranker comparison."""
-        if mode not in MODES:
-            raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
-        fusion = fusion or self.fusion
-        alpha = self.alpha if alpha is None else alpha
-        check_fusion(fusion, alpha, self.norm)
-        reranking = rerank and self.reranker is not None
-        queries = list(queries)
-        self.timings["queries"] += len(queries)
-        if not queries or k <= 0:
-            return [[] for _ in queries]
-        n = max(k, self.depth) if mode == "hybrid" else k
-        if reranking:
-            n = max(n, self.rerank_depth)
-        dense = self._dense(queries, n) if mode in ("dense", "hybrid") else None
-        sparse = self._bm25(queries, n) if mode in ("bm25", "hybrid") else None
-        out = []
-        for qi, query in enumerate(queries):
-            d = dict(dense[qi]) if dense else {}
-            b = dict(sparse[qi]) if sparse else {}
-            if mode == "hybrid":
-                fused = fuse(dense[qi], sparse[qi], fusion, alpha, self.norm, RRF_K)
-            else:
-                fused = dense[qi] if mode == "dense" else sparse[qi]
-            row = [Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused]
-            out.append(self._rerank(query, row)[:k] if reranking else row[:k])
-        return out
-
-    def _rerank(self, query: str, row: list[Scored]) -> list[Scored]:
-        """The top ``rerank_depth`` of ``row`` by reranker score; the rest keep their order
-        below them, with scores under the lowest reranked one (evaluators sort by score)."""
-        t0 = time.perf_counter()
-        head, tail = row[: self.rerank_depth], row[self.rerank_depth :]
-        scores = self.reranker.score(query, [self.text_of(r.id) for r in head])
-        ranked = sorted(zip(scores, range(len(head))), key=lambda x: (-x[0], x[1]))
-        self.timings["rerank_s"] += time.perf_counter() - t0
-        out = [
-            Scored(head[i].id, float(s), "rerank", head[i].dense, head[i].bm25) for s, i in ranked
-        ]
-        floor = min((float(s) for s in scores), default=0.0)
-        out += [Scored(r.id, floor - j, r.mode, r.dense, r.bm25) for j, r in enumerate(tail, 1)]
-        return out
-
-
 class CorpusRetriever:
     """In-memory retrieval over ``ids``/``texts`` with the same engine as :class:`Retriever`.
 
     ``encoder``: a SentenceTransformer, an alias/folder, an :class:`Encoder`, or None (BM25 only).
     ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
-    ``fusion``/``alpha``/``norm``/``rerank_depth``: as :class:`SearchEngine`.
+    ``fusion``/``alpha``/``norm``/``rerank_depth``: as :class:`~rag.search_engine.SearchEngine`.
     """
 
     def __init__(
@@ -265,7 +112,7 @@ class CorpusRetriever:
         self, queries: list[str], k: int = 10, mode: str | None = None, **options: Any
     ) -> list[list[tuple[str, float]]]:
         """(id, score) lists, best first, one per query; ``options`` (``fusion``, ``alpha``,
-        ``rerank``) as :meth:`SearchEngine.search_many`."""
+        ``rerank``) as :meth:`rag.search_engine.SearchEngine.search_many`."""
         rows = self.engine.search_many(queries, k, mode or self.mode, **options)
         return [[(r.id, r.score) for r in row] for row in rows]
 
@@ -280,7 +127,7 @@ class Retriever:
 
     Re-reads the index when an ingest publishes a new generation, so a long-lived retriever (the
     UI) sees uploads without a restart. ``fusion``/``alpha``/``norm``/``rerank_depth``: as
-    :class:`SearchEngine` (defaults: plain RRF, every candidate reranked).
+    :class:`~rag.search_engine.SearchEngine` (defaults: plain RRF, every candidate reranked).
     """
 
     def __init__(
@@ -396,7 +243,7 @@ class Retriever:
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid", **options: Any) -> list[Hit]:
         """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid;
-        ``options``: ``fusion``, ``alpha``, ``rerank`` as :meth:`SearchEngine.search_many`)."""
+        ``options``: ``fusion``, ``alpha``, ``rerank`` as :meth:`rag.search_engine.SearchEngine.search_many`)."""
         return self.search_many([query], k, mode, **options)[0]
 
     def search_many(

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from rag.cli import OneLineParser, add_index_args, fail, quiet_libraries
 from rag.encoding import ENCODER_BACKENDS
-from rag.retrieve import MODES, Retriever
+from rag.retrieve import Retriever
+from rag.search_engine import MODES
 from rag.types import Hit
 
 PROG = "rag.search"

@@ -16,7 +16,7 @@ from rag.fusion import (
     normalize,
     weighted_rrf,
 )
-from rag.retrieve import rrf
+from rag.search_engine import rrf
 
 DENSE = [("a", 0.9), ("b", 0.5), ("c", 0.1)]
 BM25 = [("c", 10.0), ("d", 8.0), ("a", 2.0)]

@@ -119,7 +119,8 @@ def test_saved_reranker_loads_and_scores_like_the_trained_one(tiny_reranker):
 def test_rerank_stage_loads_the_folder_and_keeps_the_tail(tiny_reranker):
     import torch
 
-    from rag.retrieve import CorpusRetriever, CrossEncoderReranker
+    from rag.rerank import CrossEncoderReranker
+    from rag.retrieve import CorpusRetriever
 
     model, _, out = tiny_reranker
     reranker = CrossEncoderReranker(out, device="cpu", max_length=32)
@@ -167,7 +168,7 @@ def test_index_retriever_with_reranker_name_and_fusion(tiny_reranker, tiny_mlm_d
 
 
 def test_not_a_cross_encoder_is_refused(tmp_path):
-    from rag.retrieve import CrossEncoderReranker
+    from rag.rerank import CrossEncoderReranker
 
     enc = save_tiny_encoder(tmp_path / "enc")  # a plain bi-encoder folder: random head
     with pytest.raises(ValueError, match="not a cross-encoder"):

@@ -8,7 +8,8 @@ from ingest_support import write_docs
 
 from rag.encoding import Encoder
 from rag.ingest import ingest
-from rag.retrieve import MODES, CorpusRetriever, FusedHit, Retriever, rrf
+from rag.retrieve import CorpusRetriever, FusedHit, Retriever
+from rag.search_engine import MODES, rrf
 
 CORPUS = {
     "d1": "reading a file line by line with a for loop over the file object",
