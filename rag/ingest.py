@@ -34,18 +34,17 @@ from rag.bm25 import BM25Index
 from rag.cli import OneLineParser, add_index_args, fail, quiet_libraries
 from rag.documents import DEFAULT_MAX_BYTES
 from rag.encoding import ENCODER_BACKENDS, PRECISIONS
-from rag.ingest_plan import (
+from rag.ingest_config import (
     DEFAULT_CHUNK_TOKENS,
     DEVICES,
     ENGINES,
     FAISS_KINDS,
-    EncoderHandle,
     IngestConfig,
     IngestReport,
     effective_chunking,
-    plan_changes,
     validate_config,
 )
+from rag.ingest_plan import EncoderHandle, plan_changes
 from rag.manifest import (
     Manifest,
     clean_stale,

@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from rag.ingest_plan import EncoderHandle, IngestConfig, PendingFile, chunk_file, os_reason
+from rag.ingest_config import IngestConfig
+from rag.ingest_plan import EncoderHandle, PendingFile, chunk_file, os_reason
 from rag.paths import rag_home
 from rag.types import Chunk
 

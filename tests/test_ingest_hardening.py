@@ -11,7 +11,7 @@ import pytest
 from ingest_support import write_docs
 
 from rag.ingest import ingest, main
-from rag.ingest_plan import effective_chunking, same_chunking
+from rag.ingest_config import effective_chunking, same_chunking
 from rag.manifest import open_generation, read_manifest
 from rag.paths import indexes_dir, rag_home
 from rag.retrieve import Retriever

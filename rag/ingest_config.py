@@ -1,0 +1,200 @@
+"""The settings of one ingest run and what it reports: :class:`IngestConfig` (saved as
+run.json beside the generation it writes), the checks made before anything is written
+(:func:`validate_config`, :func:`check_chunking`), the chunking a run really applies
+(:func:`effective_chunking`, compared across runs by :func:`same_chunking`), and
+:class:`IngestReport`.
+
+Apart from :mod:`rag.ingest_plan` (which files change, their chunks) and :mod:`rag.ingest`
+(applying the plan, publishing, the CLI): the planning, the local apply and the Ray engine
+(``rag.ingest_ray``) all read these settings.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from indexes import BACKENDS
+from rag.documents import DEFAULT_MAX_BYTES
+from rag.encoding import ENCODER_BACKENDS, PRECISIONS, check_backend
+from rag.manifest import CURRENT, index_dir
+from rag.models import resolve_model
+
+DEFAULT_ENCODER = "minilm"
+FAISS_KINDS = ("auto", "flat", "hnsw")
+DEVICES = ("auto", "cpu", "cuda")
+ENGINES = ("local", "ray")  # ray: rag.ingest_ray, the optional `ray` extra
+DEFAULT_CHUNK_TOKENS = 256
+MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
+
+
+def check_chunking(chunk_tokens: int | None, overlap: int) -> None:
+    """Refuse chunk settings ``rag.chunking`` would refuse, before anything is created: a
+    refused run must leave no index folder behind (the same rule, checked early)."""
+    n = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
+    if n < MIN_CHUNK_TOKENS:
+        raise ValueError(f"--chunk-tokens must be at least {MIN_CHUNK_TOKENS}, not {n}")
+    if not 0 <= overlap < n // 2:
+        raise ValueError(f"--overlap must be in [0, {n // 2}) for {n}-token chunks, not {overlap}")
+
+
+def effective_chunking(chunk_tokens: int, overlap: int, max_tokens: int) -> dict[str, int]:
+    """The chunking a run really applies, as the manifest records it.
+
+    ``chunk_tokens`` is capped at what the encoder reads (``max_tokens``) and the overlap then
+    kept proportionate, exactly as :func:`rag.chunking.chunk_document` does, so chunking with
+    these values gives the same chunks. The requested values are kept beside them."""
+    budget = min(chunk_tokens, max_tokens)
+    eff_overlap = min(overlap, budget // 4) if budget < chunk_tokens else overlap
+    return {
+        "chunk_tokens": budget,
+        "overlap": eff_overlap,
+        "max_tokens": max_tokens,
+        "requested_chunk_tokens": chunk_tokens,
+        "requested_overlap": overlap,
+    }
+
+
+def same_chunking(old: dict[str, int], new: dict[str, int]) -> bool:
+    """Whether two manifests' chunking makes the same chunks. Manifests written before the
+    effective values were stored hold the requested ones (256 with minilm's 254-token limit);
+    comparing effective values keeps their chunks instead of re-embedding the whole index."""
+    if not old or "chunk_tokens" not in old or "overlap" not in old:
+        return False
+
+    def eff(d: dict[str, int]) -> tuple[int, int]:
+        e = effective_chunking(d["chunk_tokens"], d["overlap"], d.get("max_tokens", 1 << 30))
+        return e["chunk_tokens"], e["overlap"]
+
+    return eff(old) == eff(new)
+
+
+@dataclass
+class IngestConfig:
+    """Settings of one ingest run (saved as run.json beside the generation it writes)."""
+
+    paths: list[str]  # files or folders to ingest
+    index: str = "default"  # index name under $RAG_HOME/indexes (a name, never a path)
+    index_dir: str | None = None  # an index folder elsewhere, given explicitly (wins over index)
+    encoder: str | None = (
+        None  # alias or folder; default: the index's recorded encoder, else minilm
+    )
+    backend: str | None = None  # faiss | chroma; default: the index's backend, else faiss
+    chroma_url: str | None = None  # Chroma server URL; default: the index's, else embedded
+    chunk_tokens: int | None = None  # chunk size in encoder tokens; None: 256 (or the encoder's
+    # limit if smaller); a larger explicit value is capped, and the report says so
+    overlap: int = 32  # tokens shared by consecutive chunks of a section
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "fp32"  # fp32 | int8 (dynamic quantisation, CPU)
+    # torch | onnx: the encoder's runtime; onnx runs a cached ONNX Runtime export on CPU (with
+    # precision int8: onnxruntime's dynamic int8). Same embeddings within float tolerance, so the
+    # index keeps the weights' fingerprint whichever backend wrote it (docs/ingestion.md)
+    encoder_backend: str = "torch"
+    faiss_kind: str = "auto"  # auto (HNSW from 200k vectors) | flat (exact) | hnsw
+    max_bytes: int = DEFAULT_MAX_BYTES  # larger files are reported and skipped
+    follow_links: bool = False  # read links that leave the folder, walk linked folders
+    progress: bool = True  # tqdm bars on stderr
+    engine: str = "local"  # local (this process) | ray (Ray Data chunks, encoder actors embed)
+    ray_address: str | None = None  # --engine ray: a running cluster; None = start a local one
+    workers: int = 1  # --engine ray: encoder actors
+
+    def root(self) -> Path:
+        """The index folder: ``index_dir`` as given, else the checked name under $RAG_HOME."""
+        return index_dir(Path(self.index_dir) if self.index_dir else self.index)
+
+    def label(self) -> str:
+        """How reports and messages name the index."""
+        return self.index_dir or self.index
+
+
+@dataclass
+class IngestReport:
+    """What one run did. File lists hold absolute paths; ``failures`` are (path, reason) of files
+    that could not be ingested; ``skipped`` (path, reason) of files of other types, passed over
+    without failing the run; ``notes`` say what was adjusted (a capped --chunk-tokens)."""
+
+    index: str
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    chunking: dict[str, int] = field(default_factory=dict)  # as stored in the manifest
+    chunks: int = 0  # chunks in the index after the run
+    chunks_embedded: int = 0
+    chunks_removed: int = 0
+    bytes_embedded: int = 0  # source bytes of the files (re)embedded
+    seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # load_chunk / encode / write
+    generation: str = ""
+
+    @property
+    def failed(self) -> list[str]:
+        return [p for p, _ in self.failures]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        return (
+            f"{self.index}: {len(self.added)} added, {len(self.updated)} updated, "
+            f"{len(self.unchanged)} unchanged, {len(self.removed)} removed, "
+            f"{len(self.failures)} failed, {len(self.skipped)} skipped files; {self.chunks} chunks "
+            f"({self.chunks_embedded} embedded, {self.chunks_removed} removed) in {self.seconds:.1f}s"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["failures"] = [{"path": p, "reason": r} for p, r in self.failures]
+        d["skipped"] = [{"path": p, "reason": r} for p, r in self.skipped]
+        d["counts"] = {
+            k: len(getattr(self, k)) for k in ("added", "updated", "unchanged", "removed")
+        }
+        d["counts"]["failed"] = len(self.failures)
+        d["counts"]["skipped"] = len(self.skipped)
+        d["summary"] = self.summary()
+        return d
+
+
+def validate_config(cfg: IngestConfig) -> Path:
+    """Check every setting that can be checked without writing, and return the index folder.
+
+    Runs before the folder is created, so a refused run (``--chunk-tokens 0``, a bad name, an
+    unknown encoder for a new index) leaves nothing behind."""
+    if not cfg.paths:
+        raise ValueError("no documents given (DOCS ...)")
+    check_chunking(cfg.chunk_tokens, cfg.overlap)
+    if cfg.max_bytes < 1:
+        raise ValueError(f"--max-bytes must be positive, not {cfg.max_bytes}")
+    for flag, value, allowed in (
+        ("--backend", cfg.backend, (None, *BACKENDS)),
+        ("--precision", cfg.precision, PRECISIONS),
+        ("--encoder-backend", cfg.encoder_backend, ENCODER_BACKENDS),
+        ("--device", cfg.device, DEVICES),
+        ("--faiss-kind", cfg.faiss_kind, FAISS_KINDS),
+    ):
+        if value not in allowed:
+            choices = ", ".join(a for a in allowed if a)
+            raise ValueError(f"{flag} must be one of {choices}, not {value!r}")
+    if cfg.chroma_url and cfg.backend not in (None, "chroma"):
+        raise ValueError("--chroma-url needs --backend chroma")
+    check_backend(cfg.encoder_backend, cfg.device)
+    if cfg.engine not in ENGINES:
+        raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {cfg.engine!r}")
+    if cfg.engine != "ray" and (cfg.ray_address or cfg.workers != 1):
+        raise ValueError("--ray-address and --workers need --engine ray")
+    if cfg.workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {cfg.workers}")
+    if cfg.engine == "ray" and importlib.util.find_spec("ray") is None:
+        raise ValueError("--engine ray needs Ray: pip install -e '.[ray]'")
+    root = cfg.root()  # IndexNameError for a name that is a path
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"index folder {root} is a file")
+    if cfg.encoder or not (root / CURRENT).exists():  # fails now, listing the known models
+        resolve_model(cfg.encoder or DEFAULT_ENCODER)
+    return root
