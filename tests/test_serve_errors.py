@@ -1,0 +1,114 @@
+"""``rag.serve``'s failures as clients see them: the key, the OpenAI error shape for bad,
+malformed, oversized and failing requests (never a traceback or a server path), and a client
+that disconnects mid-answer (its decoding is cancelled, its slot freed). The server:
+``serve_support.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from serve_support import ANSWER, LIMIT, Server, ask, in_flight, started_server
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator[Server]:
+    with started_server(tmp_path_factory) as s:
+        yield s
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+def test_key_is_required_on_v1(server):
+    import openai
+
+    r = server.post("/v1/chat/completions", key=None, json={"model": "rag:docs", "messages": ask()})
+    assert r.status_code == 401
+    assert r.json() == {
+        "error": {
+            "message": r.json()["error"]["message"],
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
+    assert httpx.get(server.url + "/v1/models").status_code == 401
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"  # probes need no key
+    with pytest.raises(openai.AuthenticationError) as e:
+        server.client(key="wrong").chat.completions.create(model="rag:docs", messages=ask())
+    assert e.value.code == "invalid_api_key"
+
+
+def test_bad_requests_get_the_openai_error_shape(server):
+    import openai
+
+    client = server.client()
+    cases = [
+        ({"messages": []}, "messages"),
+        ({"max_tokens": LIMIT + 1}, "max_tokens"),
+        ({"max_completion_tokens": LIMIT + 1}, "max_completion_tokens"),
+        ({"messages": [*ask(), {"role": "assistant", "content": "hi"}]}, "messages"),
+        ({"messages": ask("   ")}, "messages"),
+        ({"temperature": 3}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"extra_body": {"mode": "psychic"}}, "mode"),
+    ]
+    for override, param in cases:
+        kwargs = {"model": "rag:docs", "messages": ask(), **override}
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(**kwargs)
+        assert e.value.status_code == 400 and e.value.param == param, override
+        assert set(e.value.body) == {"message", "type", "param", "code"}
+    with pytest.raises(openai.BadRequestError, match=f"limit of {LIMIT}"):
+        client.chat.completions.create(model="rag:docs", messages=ask(), max_tokens=LIMIT + 1)
+    for model in ("gpt-4o", "rag:nope", "rag:../etc"):
+        with pytest.raises(openai.NotFoundError) as e:
+            client.chat.completions.create(model=model, messages=ask())
+        assert e.value.code == "model_not_found" and "rag:docs" in e.value.message
+
+
+def test_malformed_oversized_and_failing_requests_never_leak_internals(server):
+    cases = [
+        (server.post("/v1/chat/completions", content=b"{not json"), 400),
+        (server.post("/v1/chat/completions", json={"messages": ask()}), 400),
+        (server.post("/v1/chat/completions", content=b"x" * 5000), 413),
+        (server.post("/v1/nope", json={}), 404),
+        (server.post("/v1/chat/completions", json={"model": "rag:broken", "messages": ask()}), 500),
+    ]
+    for r, status in cases:
+        assert r.status_code == status, r.text
+        assert set(r.json()) == {"error"} and set(r.json()["error"]) == {"message", "type", "param", "code"}  # fmt: skip
+        assert "Traceback" not in r.text and "secret" not in r.text
+    assert cases[1][0].json()["error"]["param"] == "model"
+    assert cases[4][0].json()["error"]["type"] == "server_error"
+
+
+# ---- disconnects and slots ---------------------------------------------------------------------
+
+
+def test_client_disconnect_cancels_generation_and_frees_the_slot(server):
+    import openai
+
+    client = server.client()
+    stream = client.chat.completions.create(model="rag:slow", messages=ask(), stream=True)
+    pieces = iter(stream)
+    next(pieces), next(pieces)  # role chunk, first piece: the answer is under way
+    slow = server.built["slow"]
+    assert in_flight(server) == 1
+    with pytest.raises(openai.RateLimitError) as e:  # max_concurrent=1: the one slot is taken
+        client.chat.completions.create(model="rag:docs", messages=ask())
+    assert e.value.status_code == 429 and e.value.code == "server_busy"
+    stream.close()  # the client goes away mid-answer
+    assert slow.cancelled.wait(10), "the pipeline's stream was not closed"
+    deadline = time.monotonic() + 10
+    while in_flight(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert in_flight(server) == 0
+    resp = client.chat.completions.create(model="rag:docs", messages=ask())
+    assert resp.choices[0].message.content == ANSWER
