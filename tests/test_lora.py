@@ -195,3 +195,17 @@ def test_top_layers_picks_the_last_n_and_rejects_too_many():
     assert top_layer_ids(model, 3) == [21, 22, 23]
     with pytest.raises(ValueError, match="--top-layers must be in"):
         top_layer_ids(model, 25)
+
+
+def test_all_linear_with_top_layers_lists_the_linear_layers(tmp_path):
+    """The README's LoRA line: --top-layers with the default all-linear target (peft refuses
+    layers_to_transform with its "all-linear" string)."""
+    from transformers import AutoModelForCausalLM
+
+    from training.lora import lora_targets
+
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_decoder(tmp_path / "base"))
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    assert lora_targets(model, ["all-linear"], 0) == "all-linear"
+    assert lora_targets(model, names[:2], 1) == names[:2]
+    assert sorted(lora_targets(model, ["all-linear"], 1)) == sorted(names)  # no lm_head

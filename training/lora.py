@@ -145,6 +145,27 @@ def top_layer_ids(model: Any, n: int) -> list[int] | None:
     return list(range(total - n, total)) if n else None
 
 
+def lora_targets(model: Any, target_modules: list[str], top_layers: int) -> str | list[str]:
+    """peft's ``target_modules``. ``all-linear`` is passed as peft's own string, except with
+    ``--top-layers``: peft refuses ``layers_to_transform`` with a string target, so the names
+    of the linear layers are listed instead, every one but the output head (what all-linear
+    picks)."""
+    import torch
+
+    if target_modules != ["all-linear"]:
+        return target_modules
+    if not top_layers:
+        return "all-linear"
+    head = model.get_output_embeddings()
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module is not head
+        }
+    )
+
+
 def train_lora(cfg: LoraTrainConfig) -> dict[str, Any]:
     """Build examples, score zero-shot, tune LoRA, save (and merge), score again; the summary."""
     return fit(cfg)[2]
@@ -183,12 +204,11 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
         before = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
         log.info("zero-shot: %s", {k: v for k, v in before.items() if k != "samples"})
 
-        all_linear = cfg.target_modules == ["all-linear"]
         lcfg = LoraConfig(
             r=cfg.r,
             lora_alpha=cfg.alpha,
             lora_dropout=cfg.dropout,
-            target_modules=cfg.target_modules[0] if all_linear else cfg.target_modules,
+            target_modules=lora_targets(model, cfg.target_modules, cfg.top_layers),
             task_type="CAUSAL_LM",
             layers_to_transform=top_layer_ids(model, cfg.top_layers),
         )
