@@ -78,9 +78,20 @@ def report(folder: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m evals.answers_report", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "folder",
+        nargs="?",
+        default="artifacts/evals/answers",
+        help="where evals.qa and evals.docqa wrote their JSON (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
     try:
-        print(report(args[0] if args else "artifacts/evals/answers"))
+        print(report(args.folder))
     except (OSError, ValueError, KeyError) as e:
         print(f"evals.answers_report: error: {e}", file=sys.stderr)
         return 2
