@@ -33,10 +33,9 @@ from indexes import BACKENDS, open_index
 from rag.bm25 import BM25Index
 from rag.cli import OneLineParser, add_index_args, run_cli
 from rag.dataclass_cli import add_dataclass_args, config_from_args
-from rag.defaults import DEFAULT_OVERLAP
+from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
 from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.ingest_plan import (
-    DEFAULT_CHUNK_TOKENS,
     ENGINES,
     FAISS_KINDS,
     EncoderHandle,

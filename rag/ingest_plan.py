@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from indexes import BACKENDS
 from rag.chunking import chunk_document
+from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
 from rag.documents import DEFAULT_MAX_BYTES, DocumentError, iter_files, load_document
 from rag.encoding import (
     ENCODER_BACKENDS,
@@ -34,9 +35,7 @@ from rag.types import Chunk
 
 DEFAULT_ENCODER = "minilm"
 FAISS_KINDS = ("auto", "flat", "hnsw")
-DEVICES = ("auto", "cpu", "cuda")
 ENGINES = ("local", "ray")  # ray: rag.ingest_ray, the optional `ray` extra
-DEFAULT_CHUNK_TOKENS = 256
 MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
 
 
@@ -95,7 +94,7 @@ class IngestConfig:
     chroma_url: str | None = None  # Chroma server URL; default: the index's, else embedded
     chunk_tokens: int | None = None  # chunk size in encoder tokens; None: 256 (or the encoder's
     # limit if smaller); a larger explicit value is capped, and the report says so
-    overlap: int = 32  # tokens shared by consecutive chunks of a section
+    overlap: int = DEFAULT_OVERLAP  # tokens shared by consecutive chunks of a section
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | int8 (dynamic quantisation, CPU)
     # torch | onnx: the encoder's runtime; onnx runs a cached ONNX Runtime export on CPU (with

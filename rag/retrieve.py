@@ -20,6 +20,7 @@ from typing import Any
 
 from indexes import VectorIndex, open_index
 from rag.bm25 import BM25Index
+from rag.defaults import MODES
 from rag.encoding import Encoder
 from rag.fusion import check_fusion, fuse
 from rag.manifest import current_generation, open_generation, read_chunks
@@ -27,7 +28,6 @@ from rag.paths import display_source
 from rag.rerank import CrossEncoderReranker, Reranker, check_cross_encoder  # noqa: F401 (re-export)
 from rag.types import Chunk, Hit
 
-MODES = ("dense", "bm25", "hybrid")
 RRF_K = 60
 
 
