@@ -20,6 +20,7 @@ fix (``RAG_DEBUG=1`` re-raises, for developers). ``--help`` shows every flag's d
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 from collections.abc import Callable
@@ -75,6 +76,13 @@ def says_default(help_text: str | None) -> bool:
 class DefaultsFormatter(argparse.HelpFormatter):
     """Every optional flag's help ends in ``(default: X)`` unless it says so itself; flags built
     by :mod:`rag.dataclass_cli` already do, this covers the hand-written ones (``--json``)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and action.option_strings:  # argparse skips empty help
+            action = copy.copy(action)
+            action.help = ""
+            action.help = self._get_help_string(action)
+        return super()._format_action(action)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
         text = action.help or ""
