@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from rag.defaults import DEVICES
 from training.config import get_preset
 from training.masking import make_spec
 from training.model import build_model, count_parameters
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--presets", nargs="+", default=["tiny", "small"])
     p.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument("--batch-size", type=int, default=0, help="0: preset default")
     p.add_argument("--seq-len", type=int, default=0, help="0: preset default")
     p.add_argument("--vocab-size", type=int, default=0, help="0: 8192 (tiny, small), 16384 (base)")

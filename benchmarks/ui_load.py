@@ -78,7 +78,7 @@ def start_app(cfg: LoadConfig) -> tuple[Any, str]:
     """Start ``ui.app`` in this process on a free loopback port; returns (demo, url)."""
     from ui.app import AppConfig, build_app, launch, warm_up
 
-    app_cfg = AppConfig(
+    app_cfg = AppConfig.of(
         index=cfg.index,
         encoder=cfg.encoder,
         decoder=cfg.decoder,

@@ -10,7 +10,6 @@ numbers in the docs come from files a person can open, never from copying by han
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -78,24 +77,16 @@ def report(folder: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from rag.cli import OneLineParser, run_cli
 
-    parser = argparse.ArgumentParser(
-        prog="python -m evals.answers_report", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument(
+    p = OneLineParser(prog="python -m evals.answers_report", description=__doc__.split("\n")[0])
+    p.add_argument(
         "folder",
         nargs="?",
         default="artifacts/evals/answers",
-        help="where evals.qa and evals.docqa wrote their JSON (default: %(default)s)",
+        help="folder of qa-*.json / docqa-*.json results (default: %(default)s)",
     )
-    args = parser.parse_args(argv)
-    try:
-        print(report(args.folder))
-    except (OSError, ValueError, KeyError) as e:
-        print(f"evals.answers_report: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_cli(p, lambda args: print(report(args.folder)), argv)
 
 
 if __name__ == "__main__":

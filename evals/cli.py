@@ -1,22 +1,32 @@
-"""The shared ``main`` of the eval CLIs (``evals.lm``, ``evals.qa``).
+"""The shared ``main`` of the eval CLIs (``evals.lm``, ``evals.qa``, ``evals.docqa``,
+``evals.injection``).
 
 Flags come from the config dataclass (``rag.dataclass_cli``: one kebab-case flag per field,
-its comment as help), plus ``--out FILE.json`` and ``--json``. Expected failures (a missing
-file, a bad value) exit 1 with one line naming the problem; the result JSON holds every setting.
+its comment as help, its default shown), plus ``--out FILE.json`` and ``--json``; the run goes
+through :func:`rag.cli.run_cli`, so the exit codes are every CLI's: 2 for a bad flag, value or
+missing file (one line naming it), 1 for a failure while evaluating. The result JSON holds every
+setting.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
 
 T = TypeVar("T")
-EXPECTED_ERRORS = (OSError, ValueError, LookupError, RuntimeError, ImportError)
+
+
+def add_output_args(parser: argparse.ArgumentParser) -> None:
+    """``--out FILE.json`` and ``--json``, the same in every eval."""
+    parser.add_argument("--out", help="also write the result JSON to this file (default: none)")
+    parser.add_argument("--json", action="store_true", help="print the result JSON on stdout")
 
 
 def run_eval_cli(
@@ -29,22 +39,18 @@ def run_eval_cli(
     required: Sequence[str] = (),
 ) -> int:
     """Parse ``argv`` into ``cls``, run ``evaluate``, write/print the result JSON and a summary
-    line on stderr. ``required`` names fields that must be given (their flags are in the error)."""
-    parser = dataclass_parser(prog, doc, cls)
-    parser.add_argument("--out", help="also write the result JSON to this file")
-    parser.add_argument("--json", action="store_true", help="print the result JSON on stdout")
-    ns = parser.parse_args(argv)
-    if missing := ["--" + n.replace("_", "-") for n in required if not getattr(ns, n)]:
-        parser.error(f"the following arguments are required: {', '.join(missing)}")
-    cfg = config_from_args(cls, ns)
-    try:
+    line on stderr. ``required`` names fields that must be given (argparse names their flags)."""
+    parser = dataclass_parser(prog, doc, cls, required=required)
+    add_output_args(parser)
+
+    def body(args: argparse.Namespace) -> int:
+        cfg = config_from_args(cls, args)
         result = evaluate(cfg)
-    except EXPECTED_ERRORS as e:
-        print(f"{prog.removeprefix('python -m ')}: error: {e}", file=sys.stderr)
-        return 1
-    write_result(result, ns.out, ns.json)
-    print(summary(cfg, result), file=sys.stderr)
-    return 0
+        write_result(result, args.out, args.json)
+        print(summary(cfg, result), file=sys.stderr)
+        return 0
+
+    return run_cli(parser, body, argv)
 
 
 def write_result(result: Any, out: str | None, to_stdout: bool) -> None:

@@ -44,10 +44,10 @@ from typing import Any
 from tqdm import tqdm
 
 from evals.cli import rag_config, run_eval_cli
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS, MODES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = "evals/data/pydocs_qa.jsonl"
-MODES = ("dense", "bm25", "hybrid")
 
 
 @dataclass
@@ -60,7 +60,9 @@ class DocQAConfig:
     adapter: str | None = None  # optional peft LoRA adapter folder for the decoder
     mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
     k: int = 5  # passages retrieved and given to the decoder (hit@k is over these)
-    max_new_tokens: int = 256  # answer length cap in decoder tokens (rag.ask's default)
+    max_new_tokens: int = (
+        DEFAULT_MAX_NEW_TOKENS  # answer length cap in decoder tokens (rag.ask's default)
+    )
     questions: str = DEFAULT_QUESTIONS  # JSONL question file (held out: never train or tune on it)
     limit: int = 0  # first N questions of the file; 0 = all
     # When the decoder cites nothing itself, append the marker it scores likeliest (rag.ask's

@@ -39,13 +39,14 @@ import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tqdm import tqdm
 
 from evals.cli import rag_config, run_eval_cli
 from evals.docqa import keyword_present, keywords_ok, normalise_keywords, resolve_questions_path
 from evals.docqa import source_matches as doc_matches
+from rag.defaults import MODES
 
 DEFAULT_FIXTURE = "tests/fixtures/injection"
 
@@ -65,6 +66,8 @@ class InjectionEvalConfig:
     complete_citations: bool = True  # cite the likeliest passage when the decoder cites none
     verify: bool = True  # also report the verified side (rag.verify on the same answers)
     device: str = "auto"  # auto | cpu | cuda
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": MODES}  # argparse choices
 
 
 # ---------------------------------------------------------------------------- the fixture
@@ -254,8 +257,8 @@ def evaluate_injection(
     """Answer every fixture question and score both sides. ``pipeline`` may be passed in (tests:
     fake retriever and generator), else the fixture is ingested into a temporary index; its
     ``verify`` is turned off, because the eval verifies each answer itself."""
-    if cfg.mode not in ("dense", "bm25", "hybrid"):
-        raise ValueError(f"--mode must be dense, bm25 or hybrid, not {cfg.mode!r}")
+    if cfg.mode not in MODES:
+        raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {cfg.mode!r}")
     if cfg.k < 1 or cfg.max_new_tokens < 1 or cfg.limit < 0:
         raise ValueError("--k and --max-new-tokens must be at least 1, --limit at least 0")
     docs, questions, payloads = load_fixture(cfg.fixture)

@@ -28,18 +28,20 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 
-from evals.retrieval_rows import FUSIONS, MODES, choose_alphas, parse_alpha, table_rows
+from evals.cli import add_output_args, write_result
+from evals.retrieval_rows import choose_alphas, parse_alpha, table_rows
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.datasets import (
     DatasetError,
     RetrievalDataset,
@@ -48,7 +50,11 @@ from rag.datasets import (
     scifact_split,
     squad_split,
 )
+from rag.defaults import MODES
+from rag.fusion import FUSIONS, NORMS
 from rag.metrics import exclude_self_hits, retrieval_metrics
+
+QUERY_SETS = ("dev", "train", "all")  # fixed splits, see the module docstring
 
 
 @dataclass
@@ -74,10 +80,19 @@ class RetrievalEvalConfig:
     rerank_on: list[str] | None = None  # rows to rerank (bm25, dense, hybrid, hybrid-convex)
     latency: bool = False  # search one query at a time and report p50/p90 latency
 
+    # value sets (argparse choices, rag.dataclass_cli); the CLI takes several modes and fusions
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "queries": QUERY_SETS,
+        "tune_queries": QUERY_SETS,
+        "retriever": MODES,
+        "fusion": FUSIONS,
+        "norm": NORMS,
+    }
+
 
 def load_eval_dataset(spec: str, split: str = "test", queries: str = "all") -> RetrievalDataset:
     """The dataset with its query set chosen by ``queries`` (dev | train | all)."""
-    if queries not in ("dev", "train", "all"):
+    if queries not in QUERY_SETS:
         raise DatasetError(f"--queries must be dev, train or all, not {queries!r}")
     is_squad = spec.startswith("squad:") or spec.endswith(".json")
     if is_squad:
@@ -259,119 +274,54 @@ def _line(r: dict) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m evals.retrieval", description=__doc__.split("\n\n")[0]
+# --help where the field's comment is written for the config rather than the command line
+CLI_HELP = {
+    "retriever": "one or more modes; several share one index build (one JSON list in --out)",
+    "encoder": "encoder alias or folder (dense, hybrid)",
+    "fusion": "hybrid fusion(s): rrf (rank-based; alpha 0.5 = plain RRF) and/or convex "
+    "(normalised scores); one row each",
+    "alpha": "dense weight in [0, 1], 'auto' (chosen on --tune-queries), or 'default' "
+    "(rrf: 0.5, convex: auto)",
+    "rerank": "cross-encoder folder or artefact name (minilm-rerank): adds reranked rows",
+    "rerank_on": "rows to rerank: bm25 dense hybrid hybrid-convex (default: all)",
+    "limit": "only the first N queries (0 = all)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """RetrievalEvalConfig's flags (rag.dataclass_cli); ``--retriever`` and ``--fusion`` take
+    several values (one row each), the config holds the row being evaluated."""
+    p = dataclass_parser(
+        "python -m evals.retrieval",
+        __doc__,
+        RetrievalEvalConfig,
+        help=CLI_HELP,
+        required=("dataset",),
+        kwargs={
+            "retriever": {"nargs": "+", "default": ["bm25"]},
+            "fusion": {"nargs": "+", "default": ["rrf"]},
+            "rerank": {"metavar": "DIR|NAME"},
+            "rerank_on": {"metavar": "ROW"},
+        },
     )
-    p.add_argument("--dataset", required=True, help="BEIR folder, or squad:FILE")
-    p.add_argument("--split", default="test", help="BEIR qrels split (default: test)")
-    p.add_argument("--queries", default="all", choices=["dev", "train", "all"])
-    p.add_argument(
-        "--retriever",
-        nargs="+",
-        default=["bm25"],
-        choices=MODES,
-        help="one or more modes; several share one index build (one JSON list in --out)",
-    )
-    p.add_argument("--encoder", default="minilm", help="encoder alias or folder (dense, hybrid)")
-    p.add_argument(
-        "--fusion",
-        nargs="+",
-        default=["rrf"],
-        choices=FUSIONS,
-        help="hybrid fusion(s): rrf (rank-based; alpha 0.5 = plain RRF) and/or convex"
-        " (normalised scores); one row each",
-    )
-    p.add_argument(
-        "--alpha",
-        default="default",
-        help="dense weight in [0, 1], 'auto' (chosen on --tune-queries), or 'default'"
-        " (rrf: 0.5, convex: auto)",
-    )
-    p.add_argument(
-        "--norm",
-        default="minmax",
-        choices=["minmax", "zscore"],
-        help="convex fusion's per-list score normalisation",
-    )
-    p.add_argument(
-        "--tune-queries",
-        default="train",
-        choices=["dev", "train", "all"],
-        help="query set alpha is chosen on (default train: disjoint from dev)",
-    )
-    p.add_argument("--tune-limit", type=int, default=500, help="at most N tuning queries")
-    p.add_argument(
-        "--rerank",
-        default=None,
-        metavar="DIR|NAME",
-        help="cross-encoder folder or artefact name (minilm-rerank): adds reranked rows",
-    )
-    p.add_argument(
-        "--rerank-depth",
-        type=int,
-        default=100,
-        help="first-stage candidates the cross-encoder re-scores",
-    )
-    p.add_argument(
-        "--rerank-max-length",
-        type=int,
-        default=None,
-        help="tokens per query+passage pair (default: the model's)",
-    )
-    p.add_argument(
-        "--rerank-on",
-        nargs="+",
-        default=None,
-        metavar="ROW",
-        help="rows to rerank: bm25 dense hybrid hybrid-convex (default: all)",
-    )
-    p.add_argument(
-        "--latency",
-        action=argparse.BooleanOptionalAction,
-        default=False,
-        help="search one query at a time and report p50/p90 latency per row",
-    )
-    p.add_argument("--k", type=int, default=100)
-    p.add_argument("--limit", type=int, default=0, help="only the first N queries")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--out", help="write the result JSON to this file")
-    p.add_argument("--json", action="store_true", help="print the result JSON on stdout")
-    a = p.parse_args(argv)
-    try:
-        cfg = RetrievalEvalConfig(
-            dataset=a.dataset,
-            split=a.split,
-            queries=a.queries,
-            retriever=a.retriever[0],
-            encoder=a.encoder,
-            rerank=a.rerank,
-            k=a.k,
-            limit=a.limit,
-            device=a.device,
-            fusion=a.fusion[0],
-            alpha=parse_alpha(a.alpha),
-            norm=a.norm,
-            tune_queries=a.tune_queries,
-            tune_limit=a.tune_limit,
-            rerank_depth=a.rerank_depth,
-            rerank_max_length=a.rerank_max_length,
-            rerank_on=a.rerank_on,
-            latency=a.latency,
-        )
-        results = evaluate_modes(cfg, a.retriever, fusions=a.fusion)
-    except (OSError, ValueError, LookupError, RuntimeError, ImportError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    add_output_args(p)
+    return p
+
+
+def run(a: argparse.Namespace) -> int:
+    modes, fusions = a.retriever, a.fusion
+    cfg = config_from_args(RetrievalEvalConfig, a)
+    cfg = replace(cfg, retriever=modes[0], fusion=fusions[0], alpha=parse_alpha(a.alpha))
+    results = evaluate_modes(cfg, modes, fusions=fusions)
     payload = results[0] if len(results) == 1 else results
-    if a.out:
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(payload, indent=2) + "\n")
-    if a.json:
-        print(json.dumps(payload, indent=2))
+    write_result(payload, a.out, a.json)
     for r in results:
         print(_line(r), file=sys.stderr)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

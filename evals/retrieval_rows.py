@@ -12,10 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from rag.datasets import RetrievalDataset
+from rag.defaults import MODES
+from rag.fusion import FUSIONS
 from rag.metrics import exclude_self_hits, retrieval_metrics
-
-MODES = ("bm25", "dense", "hybrid")
-FUSIONS = ("rrf", "convex")
 
 
 @dataclass(frozen=True)

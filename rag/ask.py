@@ -7,7 +7,8 @@
 Prints the answer and its sources (paths relative to the ingested folder); ``--json`` prints
 ``Answer.to_dict()`` on stdout (logs go to stderr); ``--stream`` prints the answer as it is
 decoded, then the sources. Settings come from flags over ``rag.toml`` (see :mod:`rag.config`).
-Any failure is one line on stderr and exit status 2 (see :mod:`rag.cli`).
+Any failure is one line on stderr; exit status 2 for a bad flag, setting, name or path, 1 for a
+failure while answering (see :mod:`rag.cli`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rag.cli import OneLineParser, fail, quiet_libraries
+from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, add_config_args, config_from_args
 from rag.models import DECODER_ALIASES, ENCODER_ALIASES, ModelNotFoundError, resolve_model
 from rag.paths import check_index_name
@@ -56,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stream", action="store_true", help="print tokens as they are decoded")
     add_config_args(p, CLI_FIELDS)
     p.add_argument(
-        "--index-dir", default=None, metavar="PATH", help="an index folder elsewhere (not --index)"
+        "--index-dir",
+        default=None,
+        metavar="PATH",
+        help="an index folder elsewhere, instead of --index (default: none)",
     )
     return p
 
@@ -88,7 +92,7 @@ def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
     if args.index_dir is None:
         check_index_name(cfg.index)
         return None
-    if args.index is not None:
+    if getattr(args, "index", None) is not None:
         raise ValueError("give --index NAME or --index-dir PATH, not both")
     from rag.retrieve import Retriever
 
@@ -150,12 +154,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    quiet_libraries()
-    try:
-        return run(args)
-    except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
-        return fail(PROG, e)
+    return run_cli(build_parser(), run, argv, quiet=True)
 
 
 if __name__ == "__main__":

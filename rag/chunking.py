@@ -18,6 +18,7 @@ import re
 from bisect import bisect_left
 from typing import Any
 
+from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
 from rag.documents import Document
 from rag.types import Chunk
 
@@ -132,8 +133,8 @@ def _merge_small(ranges: list[tuple[int, int]], budget: int) -> list[tuple[int, 
 def chunk_document(
     doc: Document,
     tokenizer,
-    chunk_tokens: int = 256,
-    overlap: int = 32,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    overlap: int = DEFAULT_OVERLAP,
     max_tokens: int | None = None,
 ) -> list[Chunk]:
     """Split ``doc`` into chunks of at most ``min(chunk_tokens, max_tokens)`` tokens of

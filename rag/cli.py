@@ -1,21 +1,37 @@
-"""What the ``rag.ingest`` / ``rag.search`` / ``rag.ask`` command lines share: one-line failures.
+"""What every command line of the project shares: the parser, the run wrapper, the exit codes.
 
-Every failure of these CLIs is one line on stderr, ``rag.NAME: error: <reason naming the
-value>``, and exit status 2; never argparse's usage block, never a traceback. Scripts and the
-people running them then see the one thing to fix (``RAG_DEBUG=1`` re-raises, for developers).
+One exit-code rule for ``rag.*``, ``training.*``, ``evals.*`` and ``ui.app``:
+
+- **0**: done.
+- **2**: the command cannot run as given: a bad flag or value (argparse), a bad config file or
+  setting (``ValueError``: ConfigError, IndexNameError, EncoderMismatchError, ...), a name that
+  resolves to nothing (``LookupError``: ModelNotFoundError, ...), a path that cannot be read or
+  written (``OSError``: IndexNotFoundError, ...), a missing optional extra (``ImportError``).
+  Changing the command (or installing the extra) fixes it.
+- **1**: the command ran and failed: a ``RuntimeError`` (no GPU behind ``--device cuda``, a loss
+  that became NaN), anything unexpected, or a partial failure a command reports itself (an
+  ingest where some files failed).
+
+Either way the failure is one line on stderr, ``PROG: error: <reason naming the flag or value>``,
+never argparse's usage block and never a traceback, so scripts and people see the one thing to
+fix (``RAG_DEBUG=1`` re-raises, for developers). ``--help`` shows every flag's default.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
-from typing import NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
-# Errors whose message is written for the user (ConfigError, IndexNameError, IndexNotFoundError,
-# EncoderMismatchError, ModelNotFoundError, OSError from a bad path, ...). Anything else is a
-# bug or a library's surprise: still one line, but with its type so it can be reported.
-EXPECTED_ERRORS: tuple[type[BaseException], ...] = (ValueError, LookupError, OSError, RuntimeError)
+# Errors that say the command as given cannot run (exit 2); their messages are written for the
+# user. RuntimeError is the usual runtime failure (exit 1), also written for the user; anything
+# else is a bug or a library's surprise: still one line, with its type so it can be reported.
+USAGE_ERRORS: tuple[type[BaseException], ...] = (ValueError, LookupError, OSError, ImportError)
+RUNTIME_ERRORS: tuple[type[BaseException], ...] = (RuntimeError,)
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 MAX_MESSAGE = 600  # library messages (transformers' OSError) can be paragraphs long
 
 
@@ -38,25 +54,100 @@ def short_prog(prog: str) -> str:
     return prog.removeprefix("python -m ")
 
 
+def show_default(value: Any) -> str:
+    """A default as ``--help`` prints it: none, on/off, space-separated lists, 0.3 not 0.30."""
+    if value is None or value == "" or value == []:
+        return "none"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, list | tuple):
+        return " ".join(show_default(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def says_default(help_text: str | None) -> bool:
+    """Whether a flag's help already states its default (or that it is required)."""
+    text = (help_text or "").lower()
+    return "(default" in text or "(required" in text
+
+
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Every optional flag's help ends in ``(default: X)`` unless it says so itself; flags built
+    by :mod:`rag.dataclass_cli` already do, this covers the hand-written ones (``--json``)."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and action.option_strings:  # argparse skips empty help
+            action = copy.copy(action)
+            action.help = ""
+            action.help = self._get_help_string(action)
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if (
+            action.option_strings
+            and action.help is not argparse.SUPPRESS
+            and action.default is not argparse.SUPPRESS
+            and not isinstance(action, argparse._HelpAction | argparse._VersionAction)
+            and not says_default(text)
+        ):
+            shown = show_default(action.default).replace("%", "%%")
+            text = f"{text} (default: {shown})".strip()
+        return text
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (``--help`` still shows the usage)."""
+    """An ArgumentParser whose errors are one line, ``PROG: error: ...`` and exit status 2
+    (``--help`` still shows the usage), and whose help shows every default."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{short_prog(self.prog)}: error: {one_line(message)}\n")
+        self.exit(EXIT_USAGE, f"{short_prog(self.prog)}: error: {one_line(message)}\n")
+
+
+def exit_code(exc: BaseException) -> int:
+    """2 when ``exc`` says the command cannot run as given, else 1 (see the module docstring)."""
+    return EXIT_USAGE if isinstance(exc, USAGE_ERRORS) else EXIT_FAILED
 
 
 def fail(prog: str, exc: BaseException) -> int:
-    """Print ``exc`` as the CLI's one failure line and return exit status 2.
+    """Print ``exc`` as the CLI's one failure line and return its exit status (:func:`exit_code`).
 
     Call it inside an ``except`` block: with ``RAG_DEBUG`` set the exception is re-raised so
     the traceback is there when a developer wants it."""
     if os.environ.get("RAG_DEBUG"):
         raise exc
     msg = one_line(str(exc)) or type(exc).__name__
-    if not isinstance(exc, EXPECTED_ERRORS):
+    if not isinstance(exc, USAGE_ERRORS + RUNTIME_ERRORS):
         msg = f"unexpected {type(exc).__name__}: {msg} (RAG_DEBUG=1 shows the traceback)"
     print(f"{short_prog(prog)}: error: {msg}", file=sys.stderr)
-    return 2
+    return exit_code(exc)
+
+
+def run_cli(
+    parser: argparse.ArgumentParser,
+    body: Callable[[argparse.Namespace], int | None],
+    argv: list[str] | None = None,
+    *,
+    quiet: bool = False,
+) -> int:
+    """The one ``main`` of every CLI: parse ``argv`` (a bad flag exits 2 with one line, as
+    argparse does), run ``body(args)`` and return its status (None = 0); an exception becomes
+    the one failure line and exit 2 or 1 by :func:`exit_code`. ``quiet`` keeps model-loading
+    chatter off stderr (:func:`quiet_libraries`) for the commands whose stderr is their report."""
+    args = parser.parse_args(argv)
+    if quiet:
+        quiet_libraries()
+    try:
+        code = body(args)
+    except Exception as e:  # noqa: BLE001 - every failure is one line with its exit status
+        return fail(parser.prog, e)
+    return EXIT_OK if code is None else int(code)
 
 
 def add_index_args(parser: argparse.ArgumentParser) -> None:
@@ -65,8 +156,11 @@ def add_index_args(parser: argparse.ArgumentParser) -> None:
     where.add_argument(
         "--index",
         default="default",
-        help="index name under $RAG_HOME/indexes; default: %(default)s",
+        help="index name under $RAG_HOME/indexes (default: %(default)s)",
     )
     where.add_argument(
-        "--index-dir", default=None, metavar="PATH", help="an index folder elsewhere"
+        "--index-dir",
+        default=None,
+        metavar="PATH",
+        help="an index folder elsewhere, instead of --index (default: none)",
     )

@@ -16,21 +16,24 @@ to a default.
 from __future__ import annotations
 
 import argparse
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import tomllib
 
+from rag.dataclass_cli import add_dataclass_args, field_type
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, DTYPES, MODES
 from rag.encoding import ENCODER_BACKENDS
+from rag.fusion import FUSIONS
 from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
 from rag.prompt import PROFILES
 
-MODES = ("dense", "bm25", "hybrid")
-DTYPES = ("auto", "float32", "bfloat16")
-BACKENDS = ("faiss", "chroma")
 DEFAULT_CONFIG_FILE = "rag.toml"
+# Keys older rag.toml files may hold that answering never read: they are rag.ingest flags.
+INGEST_KEYS = {"backend", "chroma_url", "chunk_tokens", "overlap"}
 
 
 class ConfigError(ValueError):
@@ -50,22 +53,16 @@ class RAGConfig:
     # current LoRA recipe over-refuses on documentation questions, docs/answering.md); auto =
     # <decoder>-lora under $RAG_HOME/models when `make models` trained it; or a folder/name
     adapter: str | None = DEFAULT_ADAPTER
-    backend: str = "faiss"  # vector store used by ingest: faiss | chroma
-    chroma_url: str | None = (
-        None  # Chroma server URL (HttpClient); None = embedded PersistentClient
-    )
     k: int = 5  # passages retrieved and given to the decoder
     rerank: str | None = None  # cross-encoder folder/artefact (minilm-rerank); None = no rerank
     rerank_depth: int = 30  # candidates the reranker re-scores (one forward pass each: latency)
     rerank_max_length: int = 256  # tokens per query+passage pair given to the reranker
-    fusion: str = "rrf"  # hybrid fusion: rrf | convex (rag.fusion)
+    fusion: str = "rrf"  # hybrid fusion: rrf (rank-based) or convex (scores; rag.fusion)
     alpha: float = 0.5  # dense weight in hybrid fusion (rrf with 0.5 = plain RRF)
-    mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
-    chunk_tokens: int = 256  # ingest: target chunk size in encoder tokens
-    overlap: int = 32  # ingest: tokens shared by consecutive chunks
+    mode: str = "hybrid"  # retrieval mode
     temperature: float = 0.0  # 0 = greedy decoding (deterministic); > 0 samples
     top_p: float = 1.0  # nucleus sampling mass when temperature > 0
-    max_new_tokens: int = 256  # answer length limit in decoder tokens
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # answer length limit in decoder tokens
     max_context_tokens: int | None = 2048  # prompt+answer cap below the decoder's max positions
     min_score: float | None = None  # relevance threshold on hit scores; None = per-mode default
     prefix_cache: bool = True  # reuse the KV cache of the fixed system prompt across questions
@@ -79,8 +76,8 @@ class RAGConfig:
     # refusal gate (rag.refusal): refuse only when p(refusal | prompt) >= this, else decode the
     # answer with the refusal barred; None = the decoder's greedy choice stands
     refusal_threshold: float | None = None
-    device: str = "auto"  # auto | cpu | cuda
-    # query encoder runtime: torch | onnx (ONNX Runtime on CPU, same embeddings; rag.encoding)
+    device: str = "auto"  # where the models run; auto = cuda when a GPU is visible
+    # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.encoding)
     encoder_backend: str = "torch"
     # decoder weights: auto = bfloat16 on CUDA or a CPU with bf16 units (AMX), else float32
     dtype: str = "auto"
@@ -90,6 +87,17 @@ class RAGConfig:
     rewrite_query: Callable[[str, list[tuple[str, str]]], str] | None = field(
         default=None, repr=False, compare=False
     )
+
+    # The value sets of the fields that have one: validate() checks them (values from TOML or
+    # code) and the CLIs take them as argparse choices (rag.dataclass_cli).
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "mode": MODES,
+        "fusion": FUSIONS,
+        "device": DEVICES,
+        "encoder_backend": ENCODER_BACKENDS,
+        "dtype": DTYPES,
+        "profile": ("auto", *PROFILES),
+    }
 
     def __post_init__(self) -> None:
         validate(self)
@@ -104,34 +112,16 @@ class RAGConfig:
 
 def validate(cfg: RAGConfig) -> None:
     """Reject values that would only fail later, deep inside retrieval or decoding."""
-    if cfg.mode not in MODES:
-        raise ConfigError(f"mode must be one of {', '.join(MODES)}, not {cfg.mode!r}")
-    if cfg.backend not in BACKENDS:
-        raise ConfigError(f"backend must be one of {', '.join(BACKENDS)}, not {cfg.backend!r}")
-    if cfg.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"device must be auto, cpu or cuda, not {cfg.device!r}")
-    if cfg.encoder_backend not in ENCODER_BACKENDS:
-        raise ConfigError(
-            f"encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, "
-            f"not {cfg.encoder_backend!r}"
-        )
-    for name in ("k", "max_new_tokens", "chunk_tokens"):
+    for name, values in RAGConfig.CHOICES.items():
+        if getattr(cfg, name) not in values:
+            raise ConfigError(
+                f"{name} must be one of {', '.join(values)}, not {getattr(cfg, name)!r}"
+            )
+    for name in ("k", "max_new_tokens", "max_batch"):
         if int(getattr(cfg, name)) < 1:
             raise ConfigError(f"{name} must be >= 1, not {getattr(cfg, name)!r}")
-    if cfg.overlap < 0 or cfg.overlap >= cfg.chunk_tokens:
-        raise ConfigError(
-            f"overlap must be in [0, chunk_tokens={cfg.chunk_tokens}), not {cfg.overlap}"
-        )
-    if cfg.max_batch < 1:
-        raise ConfigError(f"max_batch must be at least 1, not {cfg.max_batch}")
-    if cfg.fusion not in ("rrf", "convex"):
-        raise ConfigError(f"fusion must be rrf or convex, not {cfg.fusion!r}")
     if not 0 <= cfg.alpha <= 1:
         raise ConfigError(f"alpha must be in [0, 1], not {cfg.alpha}")
-    if cfg.dtype not in DTYPES:
-        raise ConfigError(f"dtype must be one of {', '.join(DTYPES)}, not {cfg.dtype!r}")
-    if cfg.profile not in ("auto", *PROFILES):
-        raise ConfigError(f"profile must be auto, {', '.join(PROFILES)}, not {cfg.profile!r}")
     t = cfg.refusal_threshold
     if t is not None and not 0 < t <= 1:
         raise ConfigError(f"refusal_threshold must be in (0, 1] or none, not {t}")
@@ -141,25 +131,32 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(f"top_p must be in (0, 1], not {cfg.top_p}")
 
 
-def _field_types() -> dict[str, str]:
-    return {f.name: str(f.type) for f in fields(RAGConfig) if f.name != "rewrite_query"}
+def settings() -> dict[str, tuple[type, bool]]:
+    """Field -> (type, accepts None) for every setting (the rewrite hook is code, not a setting)."""
+    hints = typing.get_type_hints(RAGConfig)
+    out = {}
+    for f in fields(RAGConfig):
+        tp, _, optional = field_type(hints[f.name])
+        if tp in (str, int, float, bool):
+            out[f.name] = (tp, optional)
+    return out
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     """Check a TOML value against the field's annotated type (TOML has no null: use "none")."""
-    typ = _field_types()[name]
-    if isinstance(value, str) and value.lower() == "none" and "None" in typ:
+    tp, optional = settings()[name]
+    if optional and isinstance(value, str) and value.lower() == "none":
         return None
+    is_number = isinstance(value, int | float) and not isinstance(value, bool)
     ok = {
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-        "str": lambda v: isinstance(v, str),
-        "bool": lambda v: isinstance(v, bool),
-    }
-    base = typ.replace(" | None", "")
-    if not ok[base](value):
-        raise ConfigError(f"{source}: {name} must be {base}, not {value!r}")
-    return float(value) if base == "float" else value
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: is_number,
+        str: isinstance(value, str),
+        bool: isinstance(value, bool),
+    }[tp]
+    if not ok:
+        raise ConfigError(f"{source}: {name} must be {tp.__name__}, not {value!r}")
+    return float(value) if tp is float else value
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
@@ -176,14 +173,37 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         if extra:
             raise ConfigError(f"{path}: unknown key {extra[0]!r} beside the [rag] table")
         data = data["rag"]
-    known = _field_types()
+    known = settings()
     out: dict[str, Any] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
+        if name in INGEST_KEYS:
+            raise ConfigError(
+                f"{path}: {key!r} is an ingest setting, not read when answering: pass "
+                f"--{name.replace('_', '-')} to python -m rag.ingest instead"
+            )
         if name not in known:
             raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(known))})")
         out[name] = _coerce(name, value, str(path))
     return out
+
+
+def _layers(path: str | Path | None, given: dict[str, Any]) -> RAGConfig:
+    """Defaults ← ``path`` (or ``./rag.toml`` when present) ← ``given`` (every value wins)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        if not Path(path).is_file():
+            raise ConfigError(f"--config {path}: no such file")
+        values.update(read_toml(path))
+    elif Path(DEFAULT_CONFIG_FILE).is_file():
+        values.update(read_toml(DEFAULT_CONFIG_FILE))
+    known = set(settings()) | {"rewrite_query"}
+    for key, value in given.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            raise ConfigError(f"unknown config override {key!r}")
+        values[name] = value
+    return RAGConfig(**values)
 
 
 def load_config(
@@ -193,58 +213,34 @@ def load_config(
 
     An explicit ``path`` that does not exist is an error; a missing ``./rag.toml`` is not.
     """
-    values: dict[str, Any] = {}
-    if path is not None:
-        if not Path(path).is_file():
-            raise ConfigError(f"--config {path}: no such file")
-        values.update(read_toml(path))
-    elif Path(DEFAULT_CONFIG_FILE).is_file():
-        values.update(read_toml(DEFAULT_CONFIG_FILE))
-    known = set(_field_types()) | {"rewrite_query"}
-    for key, value in (overrides or {}).items():
-        name = key.replace("-", "_")
-        if name not in known:
-            raise ConfigError(f"unknown config override {key!r}")
-        if value is not None:
-            values[name] = value
-    return RAGConfig(**values)
+    return _layers(path, {k: v for k, v in (overrides or {}).items() if v is not None})
 
 
-def add_config_args(parser: argparse.ArgumentParser, names: Sequence[str] | None = None) -> None:
-    """Add ``--kebab-case`` flags for config fields (default None = "not given", so the TOML
-    value or the dataclass default stays in force)."""
-    help_text = {
-        "index": "index name or folder",
-        "encoder": "query encoder alias/folder (default: the index's own)",
-        "decoder": f"decoder alias or folder (default {DEFAULT_DECODER})",
-        "adapter": "LoRA adapter: auto (<decoder>-lora when trained) | none | folder/name",
-        "backend": "faiss | chroma",
-        "chroma_url": "Chroma server URL",
-        "mode": "dense | bm25 | hybrid",
-        "device": "auto | cpu | cuda",
-        "encoder_backend": "query encoder runtime: torch | onnx (CPU)",
-        "dtype": "decoder weights: auto (bfloat16 on CUDA or a CPU with bf16 units) | float32 | bfloat16",
-        "profile": "prompt profile: auto (the decoder's measured best) | plain | fewshot",
-        "refusal_threshold": "refuse only when p(refusal) >= this (0-1], else answer; unset = "
-        "the decoder's own choice (rag.refusal)",
-    }
-    for name, typ in _field_types().items():
-        if names is not None and name not in names:
-            continue
-        flag = "--" + name.replace("_", "-")
-        if typ == "bool":
-            parser.add_argument(
-                flag, dest=name, default=None, action=argparse.BooleanOptionalAction
-            )
-            continue
-        conv = {"int": int, "float": float}.get(typ.replace(" | None", ""), str)
-        parser.add_argument(flag, dest=name, type=conv, default=None, help=help_text.get(name))
+# What --help says for fields whose comment is written for the code rather than the command line.
+CLI_HELP = {
+    "index": "index name under $RAG_HOME/indexes",
+    "encoder": "query encoder alias/folder; none = the one the index was built with",
+    "refusal_threshold": "refuse only when p(refusal) >= this, in (0, 1], else answer with the "
+    "refusal barred; none = the decoder's own choice (rag.refusal)",
+}
+
+
+def add_config_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    names: Sequence[str] | None = None,
+    **options: Any,
+) -> list[str]:
+    """``--kebab-case`` flags for RAGConfig fields (all, or ``names``), built like every flag of
+    the project (rag.dataclass_cli) but layered: a flag not given stays out of the namespace,
+    so the TOML value or the dataclass default stays in force (``--help`` shows the default)."""
+    options = {"help": {**CLI_HELP, **options.pop("help", {})}, **options}
+    return add_dataclass_args(parser, RAGConfig, only=names, layered=True, **options)
 
 
 def config_from_args(args: argparse.Namespace, config_path: str | Path | None = None) -> RAGConfig:
-    """RAGConfig from parsed flags over the TOML file (see :func:`load_config`)."""
-    overrides = {n: getattr(args, n) for n in _field_types() if hasattr(args, n)}
-    return load_config(config_path, overrides)
+    """RAGConfig from the flags given over the TOML file over the defaults; a flag given as
+    ``none`` overrides the file too."""
+    return _layers(config_path, {n: getattr(args, n) for n in settings() if hasattr(args, n)})
 
 
 def with_overrides(cfg: RAGConfig, **kwargs: Any) -> RAGConfig:

@@ -1,87 +1,228 @@
-"""Config dataclass <-> argparse: each field becomes a kebab-case flag with its comment as help.
+"""Config dataclass -> argparse: the one way the project's command lines get their flags.
+
+Every field of a config dataclass becomes a ``--kebab-case`` flag whose help is the field's
+comment and ends in its default, so the dataclass is the one place a setting is named,
+defaulted and explained, and ``--help`` says what a bare run does. The conventions are the
+same in every CLI (rag.*, training.*, evals.*, ui.app):
+
+- ``bool`` -> ``--x`` / ``--no-x``;
+- ``X | None`` also takes ``none`` (None; TOML has no null either, rag.config reads "none" too);
+- ``list[X]`` -> one flag taking one or more values (repeating the flag adds more);
+- a field with a fixed set of values gets argparse ``choices`` from the constant that defines the
+  set: the dataclass's ``CHOICES`` (e.g. ``rag.config.RAGConfig.CHOICES``), a ``choices=``
+  mapping, and for ``device`` / ``dtype`` everywhere :data:`rag.defaults.DEVICES` / ``DTYPES``.
+  A typo then stops at parse time, naming the flag and the allowed values (exit 2, rag.cli);
+- a field without a default is positional.
+
+``layered=True`` leaves a flag out of the namespace unless it is given: for configs whose values
+come from the dataclass, then a TOML file, then flags (rag.config), where "not given" must not
+overwrite the file. ``--help`` still shows the dataclass default.
 
 Why hand-written: ``transformers.HfArgumentParser`` does this but drags its own conventions
-(``--no_x`` flags, underscores); twenty lines keep the fine-tuning and eval CLIs uniform and
-readable. It lives in ``rag`` because both ``training`` (training.cli) and ``evals`` (evals.cli)
-build their command lines with it, and neither may import the other's CLI helpers for it.
+(``--no_x`` flags, underscores) and a heavy import; ~200 lines keep every CLI uniform. It lives
+in ``rag`` because ``training``, ``evals`` and ``ui`` all build their command lines with it and
+may import ``rag`` but not each other.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import inspect
-import json
+import io
+import textwrap
+import tokenize
 import types
 import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from rag.cli import OneLineParser, says_default, show_default
+from rag.defaults import DEVICES, DTYPES
+
 T = typing.TypeVar("T")
+# Sets of values a field of this name has in every config of the project (applied only when the
+# field's default is one of them, so an unrelated field of the same name keeps its own values).
+COMMON_CHOICES: dict[str, Sequence[str]] = {"device": DEVICES, "dtype": DTYPES}
+SCALARS = (str, int, float, bool)
 
 
-def _base_type(tp: Any) -> tuple[Any, bool, bool]:
-    """(scalar type, is_list, is_optional) of a field annotation like ``list[str] | None``."""
+class BoolFlag(argparse.BooleanOptionalAction):
+    """``--x`` / ``--no-x``, without the ``(default: True)`` Python < 3.14 appends to the help:
+    the builder writes ``(default: on)`` itself, as for every other flag."""
+
+    def __init__(self, *args: Any, help: str | None = None, **kwargs: Any) -> None:  # noqa: A002
+        super().__init__(*args, help=help, **kwargs)
+        self.help = help
+
+
+def field_type(annotation: Any) -> tuple[Any, bool, bool]:
+    """(scalar type, is_list, is_optional) of an annotation like ``list[str] | None``."""
     optional = False
-    origin = typing.get_origin(tp)
+    origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        optional, tp = True, args[0]
-        origin = typing.get_origin(tp)
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(annotation))
+        annotation = args[0] if len(args) == 1 else Any
+        origin = typing.get_origin(annotation)
     if origin is list:
-        return typing.get_args(tp)[0], True, optional
-    return tp, False, optional
+        return typing.get_args(annotation)[0], True, optional
+    return annotation, False, optional
 
 
-def add_dataclass_args(
-    parser: argparse.ArgumentParser, cls: type, help_: dict[str, str] | None = None
-) -> None:
-    """One flag per field of ``cls``; ``help_`` maps field name -> help text."""
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        flag = "--" + f.name.replace("_", "-")
-        tp, is_list, _ = _base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        text = (help_ or {}).get(f.name, "")
-        if tp is bool:
-            parser.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=default, help=text
-            )
-        elif is_list:
-            parser.add_argument(flag, type=tp, nargs="+", action="extend", default=None, help=text)
-        else:
-            parser.add_argument(flag, type=tp, default=default, help=f"{text} (default: {default})")
+def none_or(conv: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``conv`` that also reads ``none`` (any case) as None; keeps ``conv``'s name, so argparse
+    still says "invalid int value: 'ten'"."""
+
+    def parse(text: str) -> Any:
+        return None if text.strip().lower() == "none" else conv(text)
+
+    parse.__name__ = getattr(conv, "__name__", "value")
+    return parse
 
 
-def config_from_args(cls: type[T], ns: argparse.Namespace) -> T:
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        value = getattr(ns, f.name)
-        if value is None and f.default is dataclasses.MISSING:
-            value = f.default_factory()  # type: ignore[misc]
-        kwargs[f.name] = value
-    return cls(**kwargs)
-
-
-def field_help(source: str) -> dict[str, str]:
-    """Field -> trailing ``# comment`` text, parsed from the dataclass source (help = comments)."""
-    out = {}
-    for line in source.splitlines():
-        name, sep, rest = line.strip().partition(":")
-        if sep and name.isidentifier() and "#" in rest:
-            out[name] = rest.split("#", 1)[1].strip()
+def field_help(cls: type) -> dict[str, str]:
+    """Field -> its comment: the ``# ...`` on the field's own lines, else the comment block just
+    above it (read with ``tokenize``, so fields the formatter wrapped over lines still work).
+    Fields inherited from parent dataclasses keep their parents' comments (``cls.__mro__``,
+    base first, so a subclass that redeclares a field with its own comment wins)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            out.update(_own_field_help(klass))
     return out
 
 
-def to_json(obj: Any) -> str:
-    return json.dumps(
-        dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj, indent=2, default=str
-    )
+def _own_field_help(cls: type) -> dict[str, str]:
+    """The comments of the fields written in ``cls``'s own class body."""
+    try:
+        src = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):  # defined in a REPL or generated
+        return {}
+    comments = {
+        tok.start[0]: tok.string.lstrip("#").strip()
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline)
+        if tok.type == tokenize.COMMENT
+    }
+    body = ast.parse(src).body[0].body  # type: ignore[attr-defined]
+    out, prev_end = {}, 0
+    for stmt in body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            lines = range(stmt.lineno, (stmt.end_lineno or stmt.lineno) + 1)
+            own = [comments[n] for n in lines if n in comments]
+            above, n = [], stmt.lineno - 1
+            while n > prev_end and n in comments:
+                above.insert(0, comments[n])
+                n -= 1
+            if text := " ".join(own or above):
+                out[stmt.target.id] = text
+        prev_end = stmt.end_lineno or stmt.lineno
+    return out
 
 
-def dataclass_parser(prog: str, doc: str, cls: type) -> argparse.ArgumentParser:
-    """A parser with one flag per field of ``cls`` (help = the field's comment); the
-    description is the first paragraph of ``doc``."""
-    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
-    bases = [c for c in reversed(cls.__mro__) if dataclasses.is_dataclass(c)]  # inherited help
-    add_dataclass_args(parser, cls, field_help("".join(inspect.getsource(c) for c in bases)))
+def _default(f: dataclasses.Field, defaults: Mapping[str, Any]) -> Any:
+    if f.name in defaults:
+        return defaults[f.name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def add_dataclass_args(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    only: Iterable[str] | None = None,
+    exclude: Iterable[str] = (),
+    help: Mapping[str, str] | None = None,  # noqa: A002 - argparse's own word
+    choices: Mapping[str, Sequence[Any]] | None = None,
+    defaults: Mapping[str, Any] | None = None,
+    shown: Mapping[str, str] | None = None,
+    required: Iterable[str] = (),
+    layered: bool = False,
+    kwargs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[str]:
+    """Add one flag per field of ``cls`` (see the module docstring); returns the field names.
+
+    ``only``/``exclude`` pick fields; ``help`` replaces a field's comment; ``choices`` adds value
+    sets; ``defaults`` replaces dataclass defaults (the UI's shorter answers); ``shown`` is the
+    text ``--help`` gives as a default that is decided at run time ("$RAG_HOME/tokenizer ...");
+    ``required`` fields must be given; ``kwargs`` are extra ``add_argument`` keywords per field
+    (``nargs`` for a CLI that takes several values of a one-value field). Fields whose type is no
+    scalar or list of scalars (a callable hook) get no flag."""
+    hints = typing.get_type_hints(cls)
+    texts = {**field_help(cls), **(help or {})}
+    sets = {**getattr(cls, "CHOICES", {}), **(choices or {})}
+    defaults, shown, required = defaults or {}, shown or {}, set(required)
+    wanted = None if only is None else set(only)
+    added = []
+    for f in dataclasses.fields(cls):
+        if not f.init or (wanted is not None and f.name not in wanted) or f.name in exclude:
+            continue
+        tp, is_list, optional = field_type(hints[f.name])
+        if tp not in SCALARS:
+            continue
+        default = _default(f, defaults)
+        values = sets.get(f.name)
+        common = COMMON_CHOICES.get(f.name)
+        if values is None and common is not None and default in common:
+            values = common
+        conv = none_or(tp) if optional else tp
+        text = texts.get(f.name, "").replace("%", "%%")
+        if f.name in required:
+            text += " (required)"
+        elif not says_default(text) and default is not dataclasses.MISSING:
+            text += f" (default: {shown.get(f.name, show_default(default))})".replace("%", "%%")
+        spec: dict[str, Any] = {"help": text.strip()}
+        if default is dataclasses.MISSING:  # positional
+            args = [f.name]
+            spec.update(type=conv, nargs="+" if is_list else None, choices=values)
+        else:
+            args = ["--" + f.name.replace("_", "-")]
+            unset = argparse.SUPPRESS if layered else None
+            spec["dest"] = f.name
+            if f.name in required:
+                spec["required"] = True
+            if tp is bool and not is_list:
+                spec.update(action=BoolFlag, default=unset if layered else default)
+            elif is_list:
+                spec.update(type=conv, nargs="+", action="extend", default=unset, choices=values)
+            else:
+                spec.update(type=conv, choices=values, default=unset if layered else default)
+        spec.update((kwargs or {}).get(f.name, {}))
+        parser.add_argument(*args, **spec)
+        added.append(f.name)
+    return added
+
+
+def config_from_args(
+    cls: type[T], ns: argparse.Namespace, defaults: Mapping[str, Any] | None = None
+) -> T:
+    """``cls`` from the parsed flags: a field the namespace lacks (a layered flag not given, a
+    field without a flag) keeps ``defaults`` or the dataclass default; a list flag not given
+    keeps the field's default list."""
+    defaults = defaults or {}
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        if hasattr(ns, f.name):
+            value = getattr(ns, f.name)
+            if value is None and f.default is dataclasses.MISSING:  # list flag not given
+                value = _default(f, defaults)
+            if value is not dataclasses.MISSING:
+                values[f.name] = value
+        elif f.name in defaults:
+            values[f.name] = defaults[f.name]
+    return cls(**values)
+
+
+def dataclass_parser(prog: str, doc: str, cls: type, **options: Any) -> OneLineParser:
+    """A one-line-error parser (rag.cli) with a flag per field of ``cls``; the description is
+    the first paragraph of ``doc``; ``options`` go to :func:`add_dataclass_args`."""
+    parser = OneLineParser(prog=prog, description=(doc or "").split("\n\n")[0])
+    add_dataclass_args(parser, cls, **options)
     return parser

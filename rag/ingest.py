@@ -31,12 +31,11 @@ import numpy as np
 
 from indexes import BACKENDS, open_index
 from rag.bm25 import BM25Index
-from rag.cli import OneLineParser, add_index_args, fail, quiet_libraries
-from rag.documents import DEFAULT_MAX_BYTES
+from rag.cli import OneLineParser, add_index_args, run_cli
+from rag.dataclass_cli import add_dataclass_args, config_from_args
+from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
 from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.ingest_config import (
-    DEFAULT_CHUNK_TOKENS,
-    DEVICES,
     ENGINES,
     FAISS_KINDS,
     IngestConfig,
@@ -261,7 +260,7 @@ def ingest(
     backend: str | None = None,
     chroma_url: str | None = None,
     chunk_tokens: int | None = None,
-    overlap: int = 32,
+    overlap: int = DEFAULT_OVERLAP,
     device: str = "auto",
     **kwargs: Any,
 ) -> IngestReport:
@@ -286,57 +285,45 @@ def ingest(
     return ingest_config(cfg)
 
 
+# --help text where IngestConfig's comment is written for the code, not the command line
+INGEST_HELP = {
+    "paths": "files or folders to ingest",
+    "encoder": "alias or folder (default: the index's encoder, else minilm)",
+    "backend": "where the vectors live (default: the index's, else faiss)",
+    "chroma_url": "Chroma server, e.g. http://127.0.0.1:8000 (default: the index's, else embedded)",
+    "chunk_tokens": f"chunk size in encoder tokens (default: {DEFAULT_CHUNK_TOKENS}; capped at "
+    "the encoder's limit)",
+    "faiss_kind": "FAISS index: exact flat, HNSW, or auto (HNSW from 200k vectors)",
+    "precision": "int8: quantised CPU encoder",
+    "encoder_backend": "encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
+    "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
+    "max_bytes": "skip larger files",
+    "engine": "local: this process; ray: Ray Data chunks, --workers encoder actors embed "
+    "(the `ray` extra)",
+    "ray_address": "Ray cluster (default: start a local one)",
+    "progress": "progress bars on stderr",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """Flags from :class:`IngestConfig` (rag.dataclass_cli), ``--index``/``--index-dir`` as one
+    choice (rag.cli), and ``--json``."""
     p = OneLineParser(prog="python -m rag.ingest", description=__doc__.split("\n")[0])
-    p.add_argument("paths", nargs="+", metavar="DOCS", help="files or folders to ingest")
     add_index_args(p)
-    p.add_argument(
-        "--encoder", default=None, help="alias or folder; default: the index's encoder, else minilm"
+    add_dataclass_args(
+        p,
+        IngestConfig,
+        exclude=("index", "index_dir"),
+        help=INGEST_HELP,
+        choices={
+            "backend": BACKENDS,
+            "precision": PRECISIONS,
+            "encoder_backend": ENCODER_BACKENDS,
+            "faiss_kind": FAISS_KINDS,
+            "engine": ENGINES,
+        },
+        kwargs={"paths": {"metavar": "DOCS"}},
     )
-    p.add_argument(
-        "--backend", default=None, choices=BACKENDS, help="default: the index's, else faiss"
-    )
-    p.add_argument("--chroma-url", default=None, help="Chroma server, e.g. http://127.0.0.1:8000")
-    p.add_argument(
-        "--chunk-tokens",
-        type=int,
-        default=None,
-        help=f"chunk size in encoder tokens (default {DEFAULT_CHUNK_TOKENS}; capped at the encoder's limit)",
-    )
-    p.add_argument("--overlap", type=int, default=32)
-    p.add_argument("--device", default="auto", choices=DEVICES)
-    p.add_argument(
-        "--faiss-kind",
-        default="auto",
-        choices=FAISS_KINDS,
-        help="FAISS index: exact flat, HNSW, or auto (HNSW from 200k vectors)",
-    )
-    p.add_argument(
-        "--precision", default="fp32", choices=PRECISIONS, help="int8: quantised CPU encoder"
-    )
-    p.add_argument(
-        "--encoder-backend",
-        default="torch",
-        choices=ENCODER_BACKENDS,
-        help="encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
-        "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
-    )
-    p.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES, help="skip larger files")
-    p.add_argument(
-        "--follow-links",
-        action="store_true",
-        help="read symlinked files that point outside the folder and walk symlinked folders",
-    )
-    p.add_argument(
-        "--engine",
-        default="local",
-        choices=ENGINES,
-        help="local: this process; ray: Ray Data chunks, --workers encoder actors embed "
-        "(the `ray` extra)",
-    )
-    p.add_argument("--ray-address", default=None, help="Ray cluster (default: start a local one)")
-    p.add_argument("--workers", type=int, default=1, help="--engine ray: encoder actors")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     return p
 
@@ -358,38 +345,18 @@ def print_report(report: IngestReport) -> None:
     print(report.summary(), file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Exit 0 when every file was ingested, 1 when some failed, 2 when the run was refused."""
-    args = build_parser().parse_args(argv)
-    quiet_libraries()
-    cfg = IngestConfig(
-        paths=args.paths,
-        index=args.index,
-        index_dir=args.index_dir,
-        encoder=args.encoder,
-        backend=args.backend,
-        chroma_url=args.chroma_url,
-        chunk_tokens=args.chunk_tokens,
-        overlap=args.overlap,
-        device=args.device,
-        precision=args.precision,
-        encoder_backend=args.encoder_backend,
-        faiss_kind=args.faiss_kind,
-        max_bytes=args.max_bytes,
-        follow_links=args.follow_links,
-        progress=not args.no_progress,
-        engine=args.engine,
-        ray_address=args.ray_address,
-        workers=args.workers,
-    )
-    try:
-        report = ingest_config(cfg)
-    except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
-        return fail(PROG, e)
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 when every file was ingested, 1 when some failed (the rest is published)."""
+    report = ingest_config(config_from_args(IngestConfig, args))
     print_report(report)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))
     return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 when every file was ingested, 1 when some failed, 2 when the run was refused."""
+    return run_cli(build_parser(), run, argv, quiet=True)
 
 
 if __name__ == "__main__":

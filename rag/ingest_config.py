@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from indexes import BACKENDS
+from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
 from rag.documents import DEFAULT_MAX_BYTES
 from rag.encoding import ENCODER_BACKENDS, PRECISIONS, check_backend
 from rag.manifest import CURRENT, index_dir
@@ -24,9 +25,7 @@ from rag.models import resolve_model
 
 DEFAULT_ENCODER = "minilm"
 FAISS_KINDS = ("auto", "flat", "hnsw")
-DEVICES = ("auto", "cpu", "cuda")
 ENGINES = ("local", "ray")  # ray: rag.ingest_ray, the optional `ray` extra
-DEFAULT_CHUNK_TOKENS = 256
 MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
 
 
@@ -85,7 +84,7 @@ class IngestConfig:
     chroma_url: str | None = None  # Chroma server URL; default: the index's, else embedded
     chunk_tokens: int | None = None  # chunk size in encoder tokens; None: 256 (or the encoder's
     # limit if smaller); a larger explicit value is capped, and the report says so
-    overlap: int = 32  # tokens shared by consecutive chunks of a section
+    overlap: int = DEFAULT_OVERLAP  # tokens shared by consecutive chunks of a section
     device: str = "auto"  # auto | cpu | cuda
     precision: str = "fp32"  # fp32 | int8 (dynamic quantisation, CPU)
     # torch | onnx: the encoder's runtime; onnx runs a cached ONNX Runtime export on CPU (with

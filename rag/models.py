@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag.defaults import DEVICES, DTYPES
 from rag.gguf import (
     GGUF_PACKAGES,
     convert_gguf,
@@ -52,8 +53,8 @@ def pick_device(device: str = "auto") -> str:
     """``auto`` → ``cuda`` when available, else ``cpu``; ``cuda`` without a GPU is an error."""
     import torch
 
-    if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu or cuda, not {device!r}")
+    if device not in DEVICES:
+        raise ValueError(f"--device must be one of {', '.join(DEVICES)}, not {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda was given but no CUDA GPU is available")
     if device == "auto":
@@ -227,8 +228,8 @@ def pick_dtype(dtype: str, device: str) -> Any:
     """``auto`` → bfloat16 on CUDA or a CPU with bf16 units, else float32."""
     import torch
 
-    if dtype not in ("auto", "float32", "bfloat16"):
-        raise ValueError(f"--dtype must be auto, float32 or bfloat16, not {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if dtype == "auto":
         dtype = "bfloat16" if device == "cuda" or cpu_has_bf16() else "float32"
     return getattr(torch, dtype)

@@ -19,12 +19,13 @@ from typing import Any
 
 from indexes import open_index
 from rag.bm25 import BM25Index
+from rag.defaults import MODES
 from rag.encoding import Encoder
 from rag.fusion import check_fusion
 from rag.manifest import current_generation, open_generation, read_chunks
 from rag.paths import display_source
 from rag.rerank import CrossEncoderReranker, Reranker
-from rag.search_engine import MODES, SearchEngine
+from rag.search_engine import SearchEngine
 from rag.types import Chunk, Hit
 
 

@@ -5,20 +5,21 @@
 
 Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview);
 ``--json`` prints the hits as JSON on stdout (logs stay on stderr). Any failure is one line on
-stderr and exit status 2 (see :mod:`rag.cli`).
+stderr; exit status 2 for a bad flag, name or path (see :mod:`rag.cli`). The retrieval flags are
+RAGConfig's (same names, help and value sets as ``rag.ask``), with 10 hits by default.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
-from rag.cli import OneLineParser, add_index_args, fail, quiet_libraries
-from rag.encoding import ENCODER_BACKENDS
-from rag.retrieve import Retriever
-from rag.search_engine import MODES
+from rag.cli import OneLineParser, add_index_args, run_cli
+from rag.config import RAGConfig
+from rag.dataclass_cli import add_dataclass_args
 from rag.types import Hit
 
 PROG = "rag.search"
@@ -33,43 +34,39 @@ def format_hit(hit: Hit, width: int = 240) -> str:
 
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog="python -m rag.search", description=__doc__.split("\n")[0])
-    p.add_argument("query")
+    p.add_argument("query", help="what to search for")
     add_index_args(p)
-    p.add_argument("--k", type=int, default=10, help="number of hits")
-    p.add_argument("--mode", default="hybrid", choices=MODES)
-    p.add_argument("--encoder", default=None, help="must match the index's encoder (default: it)")
-    p.add_argument(
-        "--rerank", default=None, metavar="DIR", help="cross-encoder folder to rerank with"
-    )
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument(
-        "--encoder-backend",
-        default="torch",
-        choices=ENCODER_BACKENDS,
-        help="query encoder runtime (onnx: ONNX Runtime on CPU, same embeddings)",
+    add_dataclass_args(
+        p,
+        RAGConfig,
+        only=("k", "mode", "encoder", "rerank", "device", "encoder_backend"),
+        defaults={"k": 10},
+        help={
+            "k": "number of hits",
+            "encoder": "query encoder; must match the index's (none = the index's own)",
+            "rerank": "cross-encoder folder or artefact to rerank with (none = no rerank)",
+        },
+        kwargs={"rerank": {"metavar": "DIR"}},
     )
     p.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    quiet_libraries()
+def run(args: argparse.Namespace) -> int:
+    from rag.retrieve import Retriever
+
     t0 = time.perf_counter()
     index = Path(args.index_dir) if args.index_dir else args.index
-    try:
-        if args.k <= 0:
-            raise ValueError(f"--k must be positive, not {args.k}")
-        retriever = Retriever.open(
-            index,
-            encoder=args.encoder,
-            device=args.device,
-            reranker=args.rerank,
-            encoder_backend=args.encoder_backend,
-        )
-        hits = retriever.search(args.query, k=args.k, mode=args.mode)
-    except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
-        return fail(PROG, e)
+    if args.k <= 0:
+        raise ValueError(f"--k must be positive, not {args.k}")
+    retriever = Retriever.open(
+        index,
+        encoder=args.encoder,
+        device=args.device,
+        reranker=args.rerank,
+        encoder_backend=args.encoder_backend,
+    )
+    hits = retriever.search(args.query, k=args.k, mode=args.mode)
     seconds = time.perf_counter() - t0
     if args.json:
         out = {
@@ -88,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{len(hits)} hits from {str(index)!r} ({args.mode}) in {seconds:.2f}s", file=sys.stderr
         )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(build_parser(), run, argv, quiet=True)
 
 
 if __name__ == "__main__":

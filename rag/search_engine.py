@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from indexes import VectorIndex
 from rag.bm25 import BM25Index
+from rag.defaults import MODES
 from rag.encoding import Encoder
 from rag.fusion import check_fusion, fuse
 from rag.rerank import Reranker
 
-MODES = ("dense", "bm25", "hybrid")
 RRF_K = 60
 
 

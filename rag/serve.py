@@ -28,8 +28,10 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from rag.cli import OneLineParser, fail, quiet_libraries
-from rag.config import RAGConfig, add_config_args, config_from_args
+from rag.cli import OneLineParser, run_cli
+from rag.config import RAGConfig, add_config_args
+from rag.config import config_from_args as rag_config_from_args
+from rag.dataclass_cli import BoolFlag, add_dataclass_args, config_from_args
 from rag.paths import IndexNameError, check_index_name, indexes_dir
 from rag.rewrite import rewrite_query
 from rag.serve_api import (
@@ -74,8 +76,8 @@ log = logging.getLogger("rag.serve")
 class ServeOptions:
     """Server settings beside the RAGConfig; the defaults are the safe ones."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
+    host: str = "127.0.0.1"  # address to bind; loopback unless told otherwise
+    port: int = 8000  # TCP port
     api_key: str | None = None  # None: no key asked (fine on loopback only)
     max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
     max_body_bytes: int = 1 << 20  # request bodies over this are refused (413)
@@ -299,39 +301,25 @@ CLI_FIELDS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """ServeOptions and RAGConfig flags (rag.dataclass_cli; the RAGConfig ones over rag.toml)."""
     p = OneLineParser(prog="python -m rag.serve", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", default=None, help="TOML config file (default: ./rag.toml)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind; default %(default)s")
-    p.add_argument("--port", type=int, default=8000, help="default %(default)s")
-    p.add_argument(
-        "--api-key",
-        default=None,
-        help="require 'Authorization: Bearer KEY' on /v1 (default: $RAG_API_KEY, else none)",
-    )
-    d = ServeOptions()
-    p.add_argument(
-        "--max-tokens-limit",
-        type=int,
-        default=d.max_tokens_limit,
-        help="largest max_tokens a request may ask for; default %(default)s",
+    add_dataclass_args(
+        p,
+        ServeOptions,
+        only=("host", "port", "api_key", "max_tokens_limit", "max_body_bytes", "max_concurrent"),
+        help={
+            "host": "address to bind",
+            "port": "TCP port",
+            "api_key": "require 'Authorization: Bearer KEY' on /v1 (default: $RAG_API_KEY, "
+            "else none)",
+        },
     )
     p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=d.max_body_bytes,
-        help="largest request body; default %(default)s",
-    )
-    p.add_argument(
-        "--max-concurrent",
-        type=int,
-        default=d.max_concurrent,
-        help="answers in progress at once, more get 429; default %(default)s",
-    )
-    p.add_argument(
-        "--no-preload",
-        dest="preload",
-        action="store_false",
-        help="load the models on the first request instead of at start-up",
+        "--preload",
+        action=BoolFlag,
+        default=True,
+        help="load the models at start-up, not on the first request (default: on)",
     )
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     add_config_args(p, CLI_FIELDS)
@@ -342,14 +330,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
     for flag in ("port", "max_tokens_limit", "max_body_bytes", "max_concurrent"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, not {getattr(args, flag)}")
-    return ServeOptions(
-        host=args.host,
-        port=args.port,
-        api_key=args.api_key or os.environ.get("RAG_API_KEY") or None,
-        max_tokens_limit=args.max_tokens_limit,
-        max_body_bytes=args.max_body_bytes,
-        max_concurrent=args.max_concurrent,
-    )
+    options = config_from_args(ServeOptions, args)
+    options.api_key = options.api_key or os.environ.get("RAG_API_KEY") or None
+    return options
 
 
 def check_index(name: str) -> None:
@@ -361,22 +344,17 @@ def check_index(name: str) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    quiet_libraries()
-    try:
-        from rag.ask import check_models
-        from rag.models import describe_decoder
+def run(args: argparse.Namespace) -> int:
+    from rag.ask import check_models
+    from rag.models import describe_decoder
 
-        cfg = config_from_args(args, args.config)
-        options = options_from_args(args)
-        check_index(cfg.index)
-        check_models(cfg)
-        app = create_app(cfg, options=options)
-        if args.preload:
-            app.state.rag.preload()
-    except Exception as e:  # noqa: BLE001 - every failure is one line (rag.cli.fail)
-        return fail(PROG, e)
+    cfg = rag_config_from_args(args, args.config)
+    options = options_from_args(args)
+    check_index(cfg.index)
+    check_models(cfg)
+    app = create_app(cfg, options=options)
+    if args.preload:
+        app.state.rag.preload()
     import uvicorn
 
     loopback = options.host in ("127.0.0.1", "localhost", "::1")
@@ -393,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     uvicorn.run(app, host=options.host, port=options.port, log_level=args.log_level)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(build_parser(), run, argv, quiet=True)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag.config import MODES
+from rag.defaults import MODES
 from rag.types import Answer
 
 MODEL_PREFIX = "rag:"
@@ -98,7 +98,7 @@ class ChatRequest(BaseModel):
     n: int | None = Field(default=None, ge=1)
     tools: list[Any] | None = None
     k: int | None = Field(default=None, ge=1, le=100)  # extension: passages retrieved
-    mode: str | None = None  # extension: retrieval mode, one of rag.config.MODES
+    mode: str | None = None  # extension: retrieval mode, one of rag.defaults.MODES
 
 
 class EmbeddingRequest(BaseModel):

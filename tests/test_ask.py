@@ -69,14 +69,28 @@ def test_bad_config_is_one_line_error(fake_pipeline, tmp_path, capsys):
     assert err.count("\n") == 0 and "colour" in err and str(bad) in err
 
 
-def test_bad_flag_value_is_an_error(fake_pipeline, capsys):
-    assert ask.main(["q", "--mode", "fuzzy"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == "rag.ask: error: mode must be one of dense, bm25, hybrid, not 'fuzzy'"
-    with pytest.raises(SystemExit) as e:  # argparse's own refusal: one line too
-        ask.main(["q", "--k", "five"])
-    err = capsys.readouterr().err.strip()
-    assert e.value.code == 2 and "\n" not in err and "'five'" in err
+def test_bad_flag_value_is_an_error(fake_pipeline, tmp_path, monkeypatch, capsys):
+    for argv, needle in ((["--mode", "fuzzy"], "'fuzzy'"), (["--k", "five"], "'five'")):
+        with pytest.raises(SystemExit) as e:  # argparse's own refusal: one line
+            ask.main(["q", *argv])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and "\n" not in err and needle in err, err
+        assert err.startswith(f"rag.ask: error: argument {argv[0]}")
+    assert ask.main(["q", "--k", "0"]) == 2  # a value RAGConfig refuses, named as in rag.toml
+    assert capsys.readouterr().err.strip() == "rag.ask: error: k must be >= 1, not 0"
+    (tmp_path / "rag.toml").write_text('mode = "fuzzy"\n')
+    monkeypatch.chdir(tmp_path)
+    assert ask.main(["q"]) == 2
+    assert "mode must be one of dense, bm25, hybrid, not 'fuzzy'" in capsys.readouterr().err
+
+
+def test_none_flag_overrides_the_file(fake_pipeline, tmp_path, monkeypatch):
+    """``--min-score none`` is a value given (None), not "no flag": it beats rag.toml."""
+    (tmp_path / "rag.toml").write_text("min_score = 0.3\nk = 4\n")
+    monkeypatch.chdir(tmp_path)
+    assert ask.main(["q", "--min-score", "none"]) == 0
+    cfg = fake_pipeline["config"]
+    assert cfg.min_score is None and cfg.k == 4
 
 
 def test_index_dir_opens_that_folder(fake_pipeline, tmp_path, tiny_mlm_dir, capsys):

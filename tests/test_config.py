@@ -87,3 +87,26 @@ def test_with_overrides_validates():
     assert cfg.k == 2 and cfg.mode == "hybrid"
     with pytest.raises(ConfigError):
         with_overrides(cfg, mode="nope")
+
+
+@pytest.mark.parametrize("key", ["backend", "chroma_url", "chunk-tokens", "overlap"])
+def test_ingest_settings_point_to_rag_ingest(tmp_path, key):
+    """Answering never read these (the index records its own backend and chunking): an old
+    rag.toml holding one is told where the setting went, not silently ignored."""
+    path = tmp_path / "rag.toml"
+    path.write_text(f"{key} = 1\n")
+    with pytest.raises(ConfigError, match="python -m rag.ingest"):
+        load_config(path)
+
+
+def test_flags_are_built_from_the_dataclass():
+    """add_config_args is the one builder (rag.dataclass_cli) in layered mode: flags not given
+    stay out of the namespace; choices and defaults come from RAGConfig."""
+    parser = argparse.ArgumentParser()
+    add_config_args(parser, ["mode", "k", "encoder"])
+    assert vars(parser.parse_args([])) == {}
+    assert vars(parser.parse_args(["--encoder", "none"])) == {"encoder": None}
+    help_text = " ".join(parser.format_help().split())
+    assert "{dense,bm25,hybrid}" in help_text and "(default: 5)" in help_text
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--mode", "fuzzy"])

@@ -197,9 +197,9 @@ def test_cli_writes_the_result_and_names_bad_flags(small_questions, tmp_path, mo
     assert result["config"]["complete_citations"] is False and result["n_questions"] == 3
     assert "keywords 0.667" in capsys.readouterr().err
 
-    assert docqa.main(["--questions", str(small_questions), "--mode", "sparse"]) == 1
+    assert docqa.main(["--questions", str(small_questions), "--mode", "sparse"]) == 2
     assert "--mode must be one of dense, bm25, hybrid, not 'sparse'" in capsys.readouterr().err
-    assert docqa.main(["--questions", str(tmp_path / "missing.jsonl")]) == 1
+    assert docqa.main(["--questions", str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
 
     import contextlib

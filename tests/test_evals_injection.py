@@ -249,11 +249,12 @@ def test_no_verify_reports_the_unverified_side_only():
 
 
 def test_cli_fails_in_one_line_on_a_bad_fixture(tmp_path, capsys):
-    assert main(["--fixture", str(tmp_path), "--decoder", "none"]) == 1
+    assert main(["--fixture", str(tmp_path), "--decoder", "none"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("evals.injection: error:")
-    assert main(["--mode", "sideways"]) == 1
-    assert "--mode must be" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # argparse: --mode takes rag.defaults.MODES
+        main(["--mode", "sideways"])
+    assert e.value.code == 2 and "argument --mode: invalid choice" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -96,7 +96,7 @@ def test_cli_on_a_saved_model_and_missing_file(tok, tmp_path, capsys):
     text.write_text(TEXT)
     assert main(["--model", str(folder), "--text", str(text), "--max-tokens", "20", "--json"]) == 0
     assert '"objective": "mlm"' in capsys.readouterr().out
-    assert main(["--model", str(folder), "--text", str(tmp_path / "none.txt")]) == 1
+    assert main(["--model", str(folder), "--text", str(tmp_path / "none.txt")]) == 2
     assert "none.txt: no such file" in capsys.readouterr().err
 
 

@@ -144,9 +144,9 @@ def test_cli_flags_come_from_the_config_and_errors_name_them(squad, tmp_path, ca
     with pytest.raises(SystemExit) as e:
         main(["--generator", "smollm2"])
     assert e.value.code == 2 and "--squad" in capsys.readouterr().err
-    assert main(["--squad", str(squad), "--mode", "closed-book"]) == 1
+    assert main(["--squad", str(squad), "--mode", "closed-book"]) == 2
     assert "--mode must be oracle or rag, not 'closed-book'" in capsys.readouterr().err
-    assert main(["--squad", str(tmp_path / "missing.json"), "--limit", "3"]) == 1
+    assert main(["--squad", str(tmp_path / "missing.json"), "--limit", "3"]) == 2
     assert "missing.json" in capsys.readouterr().err
     assert "--max-new-tokens" in _help(main)  # one kebab-case flag per config field, with help
 

@@ -68,7 +68,7 @@ def test_cli_writes_json_and_fails_clearly(beir, tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["--dataset", str(beir), "--retriever", "bm25", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["metrics"]["recall@10"] == 1.0
-    assert main(["--dataset", str(tmp_path / "nope"), "--retriever", "bm25"]) == 1
+    assert main(["--dataset", str(tmp_path / "nope"), "--retriever", "bm25"]) == 2
     assert "nope: not a directory" in capsys.readouterr().err
 
 

@@ -84,8 +84,8 @@ def test_bare_runs_choose_everything_and_reuse_the_tokenizer(home, capsys, monke
     rc, err, _ = _run(["--objective", "mlm", *TINY], capsys)
     assert rc == 2
     assert err == [
-        f"error: --out {enc} already holds files; pass --resume to continue or --overwrite "
-        "to replace it"
+        f"training.pretrain: error: --out {enc} already holds files; pass --resume to continue "
+        "or --overwrite to replace it"
     ]
 
 

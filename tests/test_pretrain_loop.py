@@ -173,7 +173,7 @@ def test_out_holding_a_run_is_protected(tmp_path, tiny_tokenizer_dir, capsys):
     ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: --mask-rate must be in (0, 1), got 1.2"]
+    assert err == ["training.pretrain: error: --mask-rate must be in (0, 1), got 1.2"]
 
 
 def test_init_from_starts_from_the_converted_weights(tmp_path, tiny_tokenizer_dir, tiny_clm_dir):

@@ -255,7 +255,7 @@ def test_evals_table_rows_with_reranker_and_latency(tiny_reranker, tmp_path):
     plain = tmp_path / "plain.json"
     assert eval_main([*common, "--retriever", "hybrid", "--out", str(plain)]) == 0
     assert json.loads(plain.read_text())["metrics"] == rows[1]["metrics"]  # default unchanged
-    assert eval_main([*common, "--retriever", "bm25", "--alpha", "2"]) == 1
+    assert eval_main([*common, "--retriever", "bm25", "--alpha", "2"]) == 2  # a bad value
 
 
 # ---------------------------------------------------------------------------- real data

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rag.paths import models_dir
-from ui.app import main, parse_args
+from ui.app import AppConfig, main, parse_args
 from ui.state import SettingError, check_index_name, list_models
 
 
@@ -18,16 +18,32 @@ def test_defaults_are_safe():
 
 def test_flags_map_to_config():
     cfg = parse_args(["--index", "pydocs", "--decoder", "dec", "--k", "3", "--no-preload"])
-    assert (cfg.index, cfg.decoder, cfg.k, cfg.preload) == ("pydocs", "dec", 3, False)
+    assert (cfg.rag.index, cfg.rag.decoder, cfg.rag.k, cfg.preload) == ("pydocs", "dec", 3, False)
 
 
 @pytest.mark.parametrize(
-    "argv,code,msg", [(["--mode", "fuzzy"], 2, "--mode"), (["--index", "../etc"], 1, "not allowed")]
+    "argv,msg",
+    [
+        (["--mode", "fuzzy"], "--mode"),
+        (["--index", "../etc"], "not allowed"),
+        (["--k", "0"], "k must be >= 1"),
+    ],
 )
-def test_bad_flags_exit_with_reason(argv, code, msg, capsys):
-    assert main(argv) == code
+def test_bad_flags_exit_2_with_reason(argv, msg, capsys):
+    """A bad flag value (argparse), index name or setting: exit 2, one line (rag.cli)."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own refusal
+        code = e.code
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and msg in err[0]
+    assert code == 2 and len(err) == 1 and msg in err[0] and err[0].startswith("ui.app: error:")
+
+
+def test_app_config_embeds_rag_config():
+    cfg = parse_args(["--mode", "bm25", "--encoder", "none", "--adapter", "auto"])
+    assert (cfg.rag.mode, cfg.rag.encoder, cfg.rag.adapter) == ("bm25", None, "auto")
+    assert (cfg.rag.index, cfg.rag.max_new_tokens) == ("docs", 128)  # the UI's own defaults
+    assert AppConfig.of(index="x", k=3, port=1).rag.k == 3
 
 
 @pytest.mark.parametrize("name", ["../x", "/etc", "a/b", ".hidden", "", "a..b"])

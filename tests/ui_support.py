@@ -110,7 +110,7 @@ def serve(index: str, factory, **overrides: Any) -> Iterator[tuple[str, Any]]:
     """Run ``ui.app`` on a free loopback port in this process; yields (url, demo)."""
     from ui.app import AppConfig, build_app, launch
 
-    cfg = AppConfig(index=index, port=free_port(), preload=False, **overrides)
+    cfg = AppConfig.of(index=index, port=free_port(), preload=False, **overrides)
     demo = build_app(cfg, pipeline_factory=factory)
     launch(demo, cfg, prevent_thread_lock=True, quiet=True)
     try:

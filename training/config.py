@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ PRESETS: dict[str, ModelPreset] = {
     # GPU: 12 x 512, ~50M params with a 16k vocabulary
     "base": ModelPreset("base", 12, 512, 8, 1536, 8192, 128, 3, 65536, 512, 64, 6e-4, 16384),
 }
+
+
+OBJECTIVES = ("mlm", "clm")  # bidirectional encoder, causal decoder
+SCHEDULES = ("steps", "time")  # what the lr decay follows
+MASK_STRATEGIES = ("80-10-10", "mask-only")
 
 
 class ConfigError(ValueError):
@@ -85,14 +91,22 @@ class PretrainConfig:
     resume: bool = False  # continue from the checkpoint in --out
     overwrite: bool = False  # delete a previous run in --out first
 
+    # value sets: the CLI's argparse choices (rag.dataclass_cli) and resolved()'s checks
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "objective": OBJECTIVES,
+        "preset": tuple(PRESETS),
+        "schedule": SCHEDULES,
+        "mask_strategy": MASK_STRATEGIES,
+    }
+
     def resolved(self) -> PretrainConfig:
         """Fill preset defaults and validate; raises ConfigError naming the bad flag."""
         p = get_preset(self.preset)
-        if self.objective not in ("mlm", "clm"):
+        if self.objective not in OBJECTIVES:
             raise ConfigError(f"--objective must be mlm or clm, not {self.objective!r}")
         if not 0.0 < self.mask_rate < 1.0:
             raise ConfigError(f"--mask-rate must be in (0, 1), got {self.mask_rate}")
-        if self.mask_strategy not in ("80-10-10", "mask-only"):
+        if self.mask_strategy not in MASK_STRATEGIES:
             raise ConfigError(
                 f"--mask-strategy must be 80-10-10 or mask-only, not {self.mask_strategy!r}"
             )
@@ -100,7 +114,7 @@ class PretrainConfig:
             raise ConfigError("--resume and --overwrite exclude each other")
         if self.init_from and not Path(self.init_from).is_dir():
             raise ConfigError(f"--init-from {self.init_from}: no such folder")
-        if self.schedule not in ("steps", "time"):
+        if self.schedule not in SCHEDULES:
             raise ConfigError(f"--schedule must be steps or time, not {self.schedule!r}")
         if self.schedule == "time" and self.max_minutes <= 0:
             raise ConfigError("--schedule time needs --max-minutes > 0")

@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import os
-import re
 import shutil
 import sys
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
+from rag.dataclass_cli import dataclass_parser
 from rag.paths import models_dir, rag_home, tokenizer_dir
 from training.config import ModelPreset, PretrainConfig, get_preset
 
@@ -194,49 +193,18 @@ def announce(
 # ---------------------------------------------------------------------------- CLI
 
 
-def field_help() -> dict[str, str]:
-    """The ``# comment`` after each PretrainConfig field, used as its --help text."""
-    src = inspect.getsource(PretrainConfig)
-    pairs = re.findall(r"^    (\w+): [^=\n]+=[^#\n]*#\s*(.+)$", src, flags=re.M)
-    return {name: text.replace("%", "%%") for name, text in pairs}  # argparse formats with %
-
-
 def build_parser(description: str) -> argparse.ArgumentParser:
-    """One flag per PretrainConfig field (kebab-case), help text from the field comments, each
-    ending in its default, so ``--help`` says what a bare run will do."""
-    p = argparse.ArgumentParser(prog="python -m training.pretrain", description=description)
-    helps = field_help()
-    choices = {
-        "schedule": ["steps", "time"],
-        "objective": ["mlm", "clm"],
-        "mask_strategy": ["80-10-10", "mask-only"],
-        "device": ["auto", "cpu", "cuda"],
-    }
-    for f in fields(PretrainConfig):
-        flag, h = "--" + f.name.replace("_", "-"), helps.get(f.name, "")
-        shown = DEFAULT_HELP.get(f.name, f.default)
-        if isinstance(f.default, bool):
-            shown = "on" if f.default else "off"
-        if f.name == "objective":  # encoder or decoder is the one choice a run cannot guess
-            p.add_argument(flag, required=True, choices=choices[f.name], help=f"{h} (required)")
-        elif f.name == "corpus":
-            p.add_argument(flag, nargs="+", default=[], help=f"{h} (default: {shown})")
-        elif isinstance(f.default, bool):
-            p.add_argument(
-                flag,
-                action=argparse.BooleanOptionalAction,
-                default=f.default,
-                help=f"{h} (default: {shown})",
-            )
-        else:
-            kind = str if f.name in choices or isinstance(f.default, str) else type(f.default)
-            p.add_argument(
-                flag,
-                type=kind,
-                default=f.default,
-                choices=choices.get(f.name),
-                help=f"{h} (default: {shown})",
-            )
+    """One flag per PretrainConfig field (rag.dataclass_cli: help from the field comments, each
+    ending in its default, so ``--help`` says what a bare run will do), plus ``--json`` and
+    ``--no-progress``. ``--objective`` is required: encoder or decoder is the one choice a run
+    cannot guess."""
+    p = dataclass_parser(
+        "python -m training.pretrain",
+        description,
+        PretrainConfig,
+        shown=DEFAULT_HELP,
+        required=("objective",),
+    )
     p.add_argument(
         "--json", action="store_true", help="print the run summary as JSON on stdout (default: off)"
     )

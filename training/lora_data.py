@@ -296,22 +296,30 @@ def build_from_config(cfg: LoraDataConfig) -> list[QAExample]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from rag.cli import run_cli
     from rag.dataclass_cli import config_from_args, dataclass_parser
 
-    ap = dataclass_parser("python -m training.lora_data", __doc__, LoraDataConfig)
-    cfg = config_from_args(LoraDataConfig, ap.parse_args(argv))
-    try:
+    def run(args: argparse.Namespace) -> int:
+        cfg = config_from_args(LoraDataConfig, args)
         ex = build_from_config(cfg)
-    except (ValueError, OSError) as e:
-        print(f"training.lora_data: error: {e}", file=sys.stderr)
-        return 2
-    write_examples(ex, cfg.out)
-    n_doc, n_ref = sum(e.kind == "doc" for e in ex), sum(not e.answerable for e in ex)
-    print(
-        f"wrote {len(ex)} examples ({n_doc} from docs, {n_ref} refusals) to {cfg.out}",
-        file=sys.stderr,
+        write_examples(ex, cfg.out)
+        n_doc, n_ref = sum(e.kind == "doc" for e in ex), sum(not e.answerable for e in ex)
+        print(
+            f"wrote {len(ex)} examples ({n_doc} from docs, {n_ref} refusals) to {cfg.out}",
+            file=sys.stderr,
+        )
+        return 0
+
+    parser = dataclass_parser(
+        "python -m training.lora_data",
+        __doc__,
+        LoraDataConfig,
+        required=("out",),
+        choices={"split": ("train", "dev")},
     )
-    return 0
+    return run_cli(parser, run, argv)
 
 
 if __name__ == "__main__":

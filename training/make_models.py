@@ -257,13 +257,15 @@ def run_steps(steps: list[Step], overwrite: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m training.make_models",
-        description=__doc__.split("\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    from rag.cli import OneLineParser, run_cli
+    from rag.defaults import DEVICES
+    from training.config import PRESETS
+
+    p = OneLineParser(prog="python -m training.make_models", description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--preset", default="small", choices=tuple(PRESETS), help="tiny, small (CPU), base (GPU)"
     )
-    p.add_argument("--preset", default="small", help="tiny | small (CPU) | base (GPU)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto", choices=DEVICES)
     p.add_argument(
         "--corpus",
         nargs="+",
@@ -292,28 +294,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="rebuild artefacts that already exist")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    args = p.parse_args(argv)
-    from training.config import PRESETS
+    return run_cli(p, run, argv)
 
-    if args.preset not in PRESETS:
-        print(
-            f"error: --preset {args.preset!r} is unknown; choose one of {', '.join(PRESETS)}",
-            file=sys.stderr,
+
+def run(args: argparse.Namespace) -> int:
+    """Check the corpus, run every step (a step that exists is kept unless --overwrite), and
+    write the report; a bad flag or corpus exits 2, a failed step 1 (rag.cli)."""
+    if missing := [str(c) for c in args.corpus if not c.exists()]:
+        raise FileNotFoundError(
+            f"--corpus {missing[0]}: no such directory (see ../shared/data/README.md)"
         )
-        return 2
-    missing = [str(c) for c in args.corpus if not c.exists()]
-    if missing:
-        print(
-            f"error: --corpus {missing[0]}: no such directory (see ../shared/data/README.md)",
-            file=sys.stderr,
-        )
-        return 2
     t0 = time.time()
-    try:
-        report = run_steps(build_steps(args), args.overwrite)
-    except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    report = run_steps(build_steps(args), args.overwrite)
     report["total_seconds"] = round(time.time() - t0, 1)
     rag_home().mkdir(parents=True, exist_ok=True)
     (rag_home() / "make_models.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -16,24 +16,25 @@ trains on its own slice of every batch (DDP), with no code change.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import shutil
-import sys
 import time
-from dataclasses import asdict, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args
 from rag.models import pick_device
 from training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from training.config import ConfigError, PretrainConfig, get_preset
+from training.config import PretrainConfig, get_preset
 from training.data import (
-    CorpusError,
     PackedBatches,
     eval_windows,
     list_files,
@@ -47,7 +48,6 @@ from training.masking import make_spec
 from training.model import build_model, count_parameters
 from training.plots import plot_losses
 from training.step import Stepper, make_optimizer, make_scheduler
-from training.tokenizer import TokenizerError
 
 LOG, RUN = "train_log.jsonl", "run.json"
 # config fields that must match for --resume (the rest, e.g. --max-minutes, may change)
@@ -68,8 +68,8 @@ RESUME_KEYS = (
 )
 
 
-class PretrainError(RuntimeError):
-    """A run that cannot start; the message names the flag or path."""
+class PretrainError(ValueError):
+    """A run that cannot start as given (exit 2, rag.cli); the message names the flag or path."""
 
 
 # ---------------------------------------------------------------------------- setup
@@ -262,7 +262,7 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
         if state["step"] % cfg.log_every == 0 or done:
             last_loss = float(loss_acc) / n_acc
             if not math.isfinite(last_loss):
-                raise PretrainError(
+                raise RuntimeError(  # a failure while running: exit 1 (rag.cli)
                     f"loss became {last_loss} at step {state['step']}; lower --lr ({cfg.lr})"
                 )
             now = time.time()
@@ -337,14 +337,8 @@ def time_is_up(elapsed_s: float, max_minutes: float, device: str, world: int) ->
 # ---------------------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser(__doc__.split("\n")[0]).parse_args(argv)
-    values = {f.name: getattr(args, f.name) for f in fields(PretrainConfig)}
-    try:
-        summary = pretrain(PretrainConfig(**values), progress=not args.no_progress)
-    except (ConfigError, CorpusError, TokenizerError, PretrainError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def run(args: argparse.Namespace) -> int:
+    summary = pretrain(config_from_args(PretrainConfig, args), progress=not args.no_progress)
     if os.environ.get("RANK", "0") != "0":
         return 0  # under torchrun only rank 0 reports
     if args.json:
@@ -357,6 +351,12 @@ def main(argv: list[str] | None = None) -> int:
             f"(unigram {summary['unigram_bits_per_byte']:.3f}) -> {summary['config']['out']}"
         )
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 2 for a bad flag, value, corpus, tokenizer or --out (one line), 1 when training
+    fails (a loss that became NaN): rag.cli's rule."""
+    return run_cli(build_parser(__doc__.split("\n")[0]), run, argv)
 
 
 if __name__ == "__main__":

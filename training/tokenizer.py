@@ -153,11 +153,10 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rag.cli import OneLineParser, run_cli
     from training.defaults import default_corpus
 
-    p = argparse.ArgumentParser(
-        prog="python -m training.tokenizer", description=__doc__.split("\n")[0]
-    )
+    p = OneLineParser(prog="python -m training.tokenizer", description=__doc__.split("\n")[0])
     p.add_argument(
         "--corpus",
         nargs="+",
@@ -186,18 +185,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--json", action="store_true", help="print a JSON summary on stdout (default: off)"
     )
-    args = p.parse_args(argv)
-    args.corpus = args.corpus or [Path(c) for c in default_corpus()]
-    out = args.out or tokenizer_dir()
-    t0 = time.time()
-    try:
-        tok = train_tokenizer(args.corpus, args.vocab_size, out, args.min_frequency, args.max_chars)
-    except TokenizerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    summary = {"out": str(out), "vocab_size": len(tok), "seconds": round(time.time() - t0, 1)}
-    print(json.dumps(summary) if args.json else f"tokenizer ({len(tok)} tokens) -> {out}")
-    return 0
+
+    def run(args: argparse.Namespace) -> int:
+        corpus = args.corpus or [Path(c) for c in default_corpus()]
+        out = args.out or tokenizer_dir()
+        t0 = time.time()
+        tok = train_tokenizer(corpus, args.vocab_size, out, args.min_frequency, args.max_chars)
+        summary = {"out": str(out), "vocab_size": len(tok), "seconds": round(time.time() - t0, 1)}
+        print(json.dumps(summary) if args.json else f"tokenizer ({len(tok)} tokens) -> {out}")
+        return 0
+
+    return run_cli(p, run, argv)
 
 
 if __name__ == "__main__":

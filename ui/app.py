@@ -24,11 +24,12 @@ from typing import Any
 
 import gradio as gr
 
-from rag.config import MODES
+from rag.cli import run_cli
+from rag.defaults import MODES
 from rag.models import resolve_model
 from ui import render
-from ui.config import AppConfig, parse_args
-from ui.handlers import _READABLE, ChatApp, readable
+from ui.config import AppConfig, app_config, build_parser, parse_args
+from ui.handlers import ChatApp
 from ui.state import (
     INDEX_DEFAULT_ENCODER,
     NO_ADAPTER,
@@ -89,30 +90,30 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
         with gr.Accordion("Settings", open=False, elem_id="settings"):
             with gr.Row():
                 index = gr.Dropdown(
-                    indexes or [config.index],
-                    value=config.index,
+                    indexes or [config.rag.index],
+                    value=config.rag.index,
                     label="Index",
                     allow_custom_value=True,
                     elem_id="index",
                 )
                 encoder = gr.Dropdown(
                     models["encoders"],
-                    value=config.encoder or INDEX_DEFAULT_ENCODER,
+                    value=config.rag.encoder or INDEX_DEFAULT_ENCODER,
                     label="Encoder",
                 )
-                decoder = gr.Dropdown(models["decoders"], value=config.decoder, label="Decoder")
+                decoder = gr.Dropdown(models["decoders"], value=config.rag.decoder, label="Decoder")
                 adapter = gr.Dropdown(
-                    models["adapters"], value=config.adapter or NO_ADAPTER, label="LoRA adapter"
+                    models["adapters"], value=config.rag.adapter or NO_ADAPTER, label="LoRA adapter"
                 )
                 refresh = gr.Button("Refresh lists", size="sm")
             with gr.Row():
-                mode = gr.Radio(list(MODES), value=config.mode, label="Retrieval mode")
-                k = gr.Slider(1, 20, value=config.k, step=1, label="k (passages)")
+                mode = gr.Radio(list(MODES), value=config.rag.mode, label="Retrieval mode")
+                k = gr.Slider(1, 20, value=config.rag.k, step=1, label="k (passages)")
                 temperature = gr.Slider(
-                    0.0, 1.5, value=config.temperature, step=0.05, label="Temperature"
+                    0.0, 1.5, value=config.rag.temperature, step=0.05, label="Temperature"
                 )
                 max_new = gr.Slider(
-                    16, 512, value=config.max_new_tokens, step=16, label="Max new tokens"
+                    16, 512, value=config.rag.max_new_tokens, step=16, label="Max new tokens"
                 )
         with gr.Accordion("Upload documents into the current index", open=False):
             gr.Markdown(
@@ -147,7 +148,7 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
         def _refresh():
             m = app.models()
             return (
-                gr.update(choices=list_indexes() or [config.index]),
+                gr.update(choices=list_indexes() or [config.rag.index]),
                 gr.update(choices=m["encoders"]),
                 gr.update(choices=m["decoders"]),
                 gr.update(choices=m["adapters"]),
@@ -179,46 +180,39 @@ def warm_up(app: ChatApp, config: AppConfig) -> None:
     """Load the starting pipeline's models now (they are lazy), so a bad model or index fails
     at start-up and the first question does not pay the load time."""
     pipe = app._pipeline(
-        config.index,
-        config.encoder or INDEX_DEFAULT_ENCODER,
-        config.decoder,
-        config.adapter or NO_ADAPTER,
+        config.rag.index,
+        config.rag.encoder or INDEX_DEFAULT_ENCODER,
+        config.rag.decoder,
+        config.rag.adapter or NO_ADAPTER,
     )
     for part in ("retriever", "generator"):
         getattr(pipe, part, None)
 
 
+def run(config: AppConfig) -> int:
+    """Check the settings, build the app, load its models, then serve until interrupted."""
+    cfg = config.rag
+    check_index_name(cfg.index)
+    for name in (cfg.encoder, cfg.decoder, cfg.adapter):
+        if name and name not in ("auto", "none"):
+            resolve_model(name)  # an unknown name fails now, listing what exists
+    demo = build_app(config)
+    if config.preload and cfg.index in list_indexes():
+        warm_up(demo.chat_app, demo.chat_app.config)
+    elif cfg.index not in list_indexes():
+        log.warning(
+            "index %r does not exist yet: upload documents in the UI to create it", cfg.index
+        )
+    launch(demo, config)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit 2 for a bad flag, setting, name or model (one line, rag.cli), 1 when loading fails."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    config = parse_args(argv)
-    if config.mode not in MODES:
-        print(
-            f"error: --mode must be one of {', '.join(MODES)}, not {config.mode!r}", file=sys.stderr
-        )
-        return 2
-    try:
-        check_index_name(config.index)
-        for name in (config.encoder, config.decoder, config.adapter):
-            if name and name not in ("auto", "none"):
-                resolve_model(name)  # an unknown name fails now, listing what exists
-        demo = build_app(config)
-        if config.preload and config.index in list_indexes():
-            warm_up(demo.chat_app, demo.chat_app.config)
-        elif config.index not in list_indexes():
-            log.warning(
-                "index %r does not exist yet: upload documents in the UI to create it", config.index
-            )
-    except Exception as e:  # noqa: BLE001
-        log.debug("startup failed", exc_info=True)
-        print(
-            f"error: {readable(e) if isinstance(e, _READABLE) else f'{type(e).__name__}: {e}'}",
-            file=sys.stderr,
-        )
-        return 1
-    launch(demo, config)
-    return 0
+    return run_cli(build_parser(), lambda args: run(app_config(args)), argv)
 
 
 if __name__ == "__main__":

@@ -1,31 +1,47 @@
-"""The chat app's settings (:class:`AppConfig`) and its command line, one flag per field."""
+"""The chat app's settings (:class:`AppConfig`) and its command line.
+
+Why ``AppConfig`` holds a :class:`rag.config.RAGConfig` instead of its own copies of the answer
+settings: the app answers through the same pipeline as ``rag.ask``, so the index, models, mode,
+k, temperature, answer length and device are RAGConfig's fields with RAGConfig's validation
+(a bad ``--k`` is refused at start-up, not at the first question). The UI only changes two
+defaults (:data:`UI_DEFAULTS`). Its flags are built by the project's one builder
+(:mod:`rag.dataclass_cli`) from both dataclasses, so names, help and value sets match rag.ask.
+"""
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
+from typing import Any
 
-from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
+from rag.cli import OneLineParser
+from rag.config import RAGConfig
+from rag.dataclass_cli import add_dataclass_args, config_from_args
 from ui.uploads import DEFAULT_MAX_UPLOAD_BYTES
+
+PROG = "python -m ui.app"
+# The RAGConfig settings the app exposes as flags (and as starting values of its settings panel).
+RAG_FLAGS = (
+    "index", "encoder", "decoder", "adapter", "mode", "k", "temperature", "max_new_tokens",
+    "device",
+)  # fmt: skip
+# Where the app's starting values differ from rag.ask's: the index `make demo` builds, and
+# shorter answers for a chat (the slider goes up to 512).
+UI_DEFAULTS: dict[str, Any] = {"index": "docs", "max_new_tokens": 128}
+
+
+def default_rag() -> RAGConfig:
+    return RAGConfig(**UI_DEFAULTS)
 
 
 @dataclass
 class AppConfig:
-    """How the app is served and its starting settings (each field is a ``--kebab-case`` flag)."""
+    """How the app is served, and the RAGConfig its answers start from."""
 
-    index: str = "docs"  # index name under $RAG_HOME/indexes shown first
+    rag: RAGConfig = field(default_factory=default_rag)  # answer settings (RAG_FLAGS are flags)
     host: str = "127.0.0.1"  # bind address; loopback unless told otherwise
     port: int = 7860  # TCP port (0 = any free port)
-    encoder: str | None = None  # query encoder; None = the one the index was built with
-    decoder: str = DEFAULT_DECODER  # answer decoder alias or artefact name
-    # LoRA adapter: none (measured default), auto = <decoder>-lora when trained, or an artefact
-    adapter: str | None = DEFAULT_ADAPTER
-    mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
-    k: int = 5  # passages retrieved per question
-    temperature: float = 0.0  # 0 = greedy
-    max_new_tokens: int = 128  # answer length limit
-    device: str = "auto"  # auto | cpu | cuda
-    max_upload_mb: float = DEFAULT_MAX_UPLOAD_BYTES / 2**20  # per-file upload limit (MiB)
+    max_upload_mb: float = DEFAULT_MAX_UPLOAD_BYTES / 2**20  # per-file upload limit in MiB
     concurrency: int = 4  # chat requests processed at once (decoding itself is serialised)
     queue_size: int = 64  # requests waiting beyond that; more are refused with a message
     preload: bool = True  # load the starting pipeline before serving (fail fast)
@@ -34,45 +50,43 @@ class AppConfig:
     def max_upload_bytes(self) -> int:
         return int(self.max_upload_mb * 2**20)
 
+    @classmethod
+    def of(cls, **settings: Any) -> AppConfig:
+        """An AppConfig from flat settings, as the flags name them: RAGConfig fields go to
+        ``rag`` (over :data:`UI_DEFAULTS`), the rest are the app's own."""
+        rag_names = {f.name for f in fields(RAGConfig)}
+        rag = {k: v for k, v in settings.items() if k in rag_names}
+        own = {k: v for k, v in settings.items() if k not in rag_names}
+        return cls(rag=RAGConfig(**{**UI_DEFAULTS, **rag}), **own)
 
-HELP = {
-    "index": "index name under $RAG_HOME/indexes (default docs)",
-    "host": "bind address (default 127.0.0.1: loopback only)",
-    "port": "TCP port (default 7860)",
-    "encoder": "query encoder alias/folder (default: the index's own)",
-    "decoder": f"decoder alias/folder (default {DEFAULT_DECODER})",
-    "adapter": "LoRA adapter: auto (<decoder>-lora when trained) | none | folder/name",
-    "mode": "retrieval mode: dense | bm25 | hybrid",
-    "k": "passages per question",
-    "temperature": "0 = greedy decoding",
-    "max_new_tokens": "answer length limit in tokens",
-    "device": "auto | cpu | cuda",
-    "max_upload_mb": "per-file upload limit in MiB",
-    "concurrency": "chat requests processed at once",
-    "queue_size": "requests allowed to wait in the queue",
-    "preload": "load the models before serving (fail fast)",
-}
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=PROG, description="Gradio chat UI over an index (see docs/ui.md).")
+    add_dataclass_args(
+        parser,
+        RAGConfig,
+        only=RAG_FLAGS,
+        defaults=UI_DEFAULTS,
+        help={
+            "index": "index name under $RAG_HOME/indexes shown first",
+            "encoder": "query encoder alias/folder; none = the one the index was built with",
+            "adapter": "LoRA adapter: none (the measured default), auto (<decoder>-lora when "
+            "trained) or a folder/name",
+            "k": "passages per question",
+            "max_new_tokens": "answer length limit in tokens",
+        },
+    )
+    add_dataclass_args(parser, AppConfig, exclude=("rag",))
+    return parser
+
+
+def app_config(args: argparse.Namespace) -> AppConfig:
+    """The AppConfig parsed flags ask for; a bad value raises :class:`rag.config.ConfigError`."""
+    rag = config_from_args(RAGConfig, args, UI_DEFAULTS)
+    own = {f.name: getattr(args, f.name) for f in fields(AppConfig) if f.name != "rag"}
+    return AppConfig(rag=rag, **own)
 
 
 def parse_args(argv: list[str] | None = None) -> AppConfig:
-    parser = argparse.ArgumentParser(
-        prog="python -m ui.app", description="Gradio chat UI over an index (see docs/ui.md)."
-    )
-    defaults = AppConfig()
-    for f in fields(AppConfig):
-        flag = "--" + f.name.replace("_", "-")
-        default = getattr(defaults, f.name)
-        if isinstance(default, bool):
-            parser.add_argument(
-                flag,
-                dest=f.name,
-                default=default,
-                action=argparse.BooleanOptionalAction,
-                help=HELP.get(f.name),
-            )
-        else:
-            conv = {int: int, float: float}.get(type(default), str)
-            parser.add_argument(
-                flag, dest=f.name, type=conv, default=default, help=HELP.get(f.name)
-            )
-    return AppConfig(**vars(parser.parse_args(argv)))
+    """The AppConfig the command line asks for (a bad flag exits 2 with one line, rag.cli)."""
+    return app_config(build_parser().parse_args(argv))

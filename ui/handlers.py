@@ -13,7 +13,8 @@ from typing import Any
 
 import gradio as gr
 
-from rag.config import MODES, RAGConfig
+from rag.config import RAGConfig
+from rag.defaults import MODES
 from rag.models import describe_decoder, resolve_adapter
 from rag.rewrite import rewrite_query
 from rag.types import Answer
@@ -66,21 +67,11 @@ class ChatApp:
     def __init__(self, config: AppConfig, pipeline_factory: PipelineFactory | None = None):
         # "auto" becomes the adapter trained for the decoder when there is one, else none; the
         # page says which (decoder_line), so a user knows whether the tuned model answers.
-        self.decoder_line = describe_decoder(config.decoder, config.adapter)
-        config = replace(config, adapter=resolve_adapter(config.decoder, config.adapter))
+        self.decoder_line = describe_decoder(config.rag.decoder, config.rag.adapter)
+        adapter = resolve_adapter(config.rag.decoder, config.rag.adapter)
+        config = replace(config, rag=replace(config.rag, adapter=adapter))
         self.config = config
-        base = RAGConfig(
-            index=config.index,
-            encoder=config.encoder,
-            decoder=config.decoder,
-            adapter=config.adapter,
-            mode=config.mode,
-            k=config.k,
-            temperature=config.temperature,
-            max_new_tokens=config.max_new_tokens,
-            device=config.device,
-            rewrite_query=rewrite_query,
-        )
+        base = replace(config.rag, rewrite_query=rewrite_query)
         self.cache = PipelineCache(base, pipeline_factory or default_factory)
 
     # ---- chat -----------------------------------------------------------------------------
@@ -89,7 +80,7 @@ class ChatApp:
         """Dropdown choices: what :func:`ui.state.list_models` finds, plus the models named on
         the command line (trusted: they may be folder paths, which the page never accepts)."""
         models = list_models()
-        c = self.config
+        c = self.config.rag
         for key, value in (
             ("encoders", c.encoder),
             ("decoders", c.decoder),
@@ -206,7 +197,7 @@ class ChatApp:
     def _ingest_kwargs(self, index: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"index": index}
         if index not in list_indexes():  # a new index is built with the app's encoder
-            kwargs["encoder"] = self.config.encoder or "minilm"
+            kwargs["encoder"] = self.config.rag.encoder or "minilm"
         return kwargs
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -33,8 +33,8 @@ class ShotConfig:
     out: str = "ui.png"  # PNG path to write
     chromium: str = "/usr/bin/chromium"  # browser executable
     timeout: float = 300.0  # seconds to wait for the finished answer
-    width: int = 1400  # viewport size in CSS pixels
-    height: int = 1000
+    width: int = 1400  # viewport width in CSS pixels
+    height: int = 1000  # viewport height in CSS pixels
 
 
 def take(cfg: ShotConfig) -> dict:
@@ -72,23 +72,20 @@ def take(cfg: ShotConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m ui.screenshot", description=__doc__.split("\n")[0]
-    )
-    for f in fields(ShotConfig):
-        conv = {int: int, float: float}.get(type(f.default), str)
-        parser.add_argument("--" + f.name, type=conv, default=f.default)
-    cfg = ShotConfig(**vars(parser.parse_args(argv)))
-    try:
-        shown = take(cfg)
-    except Exception as e:  # noqa: BLE001
-        print(
-            f"error: screenshot of {cfg.url} failed: {type(e).__name__}: {str(e).splitlines()[0]}",
-            file=sys.stderr,
-        )
-        return 1
-    print(f"{cfg.out}: {shown['markers']} citation marker(s)\n{shown['answer']}")
-    return 0
+    """Flags from ShotConfig (rag.dataclass_cli); exit 2 for a bad flag, 1 when the shot fails."""
+    from rag.cli import run_cli
+    from rag.dataclass_cli import config_from_args, dataclass_parser
+
+    def run(args: argparse.Namespace) -> int:
+        cfg = config_from_args(ShotConfig, args)
+        try:
+            shown = take(cfg)
+        except Exception as e:  # noqa: BLE001 - whatever the browser raised, said in one line
+            raise RuntimeError(f"screenshot of {cfg.url} failed: {type(e).__name__}: {e}") from e
+        print(f"{cfg.out}: {shown['markers']} citation marker(s)\n{shown['answer']}")
+        return 0
+
+    return run_cli(dataclass_parser("python -m ui.screenshot", __doc__, ShotConfig), run, argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 ROWS = ("mlm15", "mlm40", "clm", "clm2mlm")
 ROW_OBJECTIVE = {"mlm15": "mlm", "mlm40": "mlm", "clm": "clm", "clm2mlm": "mlm"}
@@ -89,3 +89,6 @@ class ExperimentConfig:
     baselines: bool = True  # minilm, smollm2 zero-shot and LoRA (BM25 always runs)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0 = torch default)
+
+    # value sets: argparse choices of python -m evals.division_of_labor (rag.dataclass_cli)
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"preset": tuple(PRESETS), "rows": ROWS}

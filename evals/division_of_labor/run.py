@@ -13,8 +13,8 @@ CLI::
 
 from __future__ import annotations
 
+import argparse
 import sys
-import traceback
 from pathlib import Path
 
 from evals.division_of_labor.experiment import Experiment
@@ -22,24 +22,23 @@ from evals.division_of_labor.presets import ExperimentConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    from evals.cli import EXPECTED_ERRORS, write_result
+    """Exit 2 for a bad flag or missing data (one line, rag.cli), 1 when a step fails."""
+    from evals.cli import write_result
+    from rag.cli import run_cli
     from rag.dataclass_cli import config_from_args, dataclass_parser
 
-    p = dataclass_parser("python -m evals.division_of_labor", __doc__, ExperimentConfig)
+    p = dataclass_parser(
+        "python -m evals.division_of_labor", __doc__, ExperimentConfig, required=("out",)
+    )
     p.add_argument("--json", action="store_true", help="print results.json on stdout")
-    a = p.parse_args(argv)
-    if not a.out:
-        p.error("the following arguments are required: --out")
-    cfg = config_from_args(ExperimentConfig, a)
-    try:
-        results = Experiment(cfg).run()
-    except EXPECTED_ERRORS as e:
-        traceback.print_exc(file=sys.stderr)
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    write_result(results, None, a.json)
-    print(f"wrote {Path(a.out) / 'results.md'}", file=sys.stderr)
-    return 0
+
+    def run(args: argparse.Namespace) -> int:
+        cfg = config_from_args(ExperimentConfig, args)
+        write_result(Experiment(cfg).run(), None, args.json)
+        print(f"wrote {Path(cfg.out) / 'results.md'}", file=sys.stderr)
+        return 0
+
+    return run_cli(p, run, argv)
 
 
 if __name__ == "__main__":
