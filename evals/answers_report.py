@@ -35,10 +35,13 @@ DOCQA_COLUMNS = (
 
 
 def row_name(config: Mapping[str, Any]) -> str:
-    """``decoder`` or ``decoder + LoRA`` from an eval's saved config."""
+    """``decoder`` or ``decoder + LoRA`` (and the refusal gate's threshold when one was set)
+    from an eval's saved config."""
     decoder = config.get("generator") or config.get("decoder") or "?"
     adapter = config.get("adapter")
-    return f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"
+    name = f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"
+    gate = config.get("refusal_threshold")
+    return f"{name}, refusal gate {gate:g}" if gate is not None else name
 
 
 def cell(value: Any, scale: float) -> str:

@@ -74,7 +74,8 @@ class RAGConfig:
     # itself scores likeliest after its answer; Answer.citations_completed records it
     complete_citations: bool = True
     # refusal gate (rag.refusal): refuse only when p(refusal | prompt) >= this, else decode the
-    # answer with the refusal barred; None = the decoder's greedy choice stands
+    # answer with the refusal barred; None = the adapter's tuned threshold (its run.json), and
+    # without one the decoder's greedy choice stands
     refusal_threshold: float | None = None
     device: str = "auto"  # where the models run; auto = cuda when a GPU is visible
     # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.encoding)

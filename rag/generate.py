@@ -64,6 +64,8 @@ class Generator:
         self.model = model
         self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.decoding)
         self.profile = profile  # prompt profile of rag.prompt.build_messages
+        # the refusal gate threshold its adapter was tuned with (rag.refusal); None = greedy
+        self.refusal_threshold: float | None = None
         self.tokenizer = tokenizer
         self.device = device
         self.prefix_cache = prefix_cache
@@ -89,13 +91,21 @@ class Generator:
         """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
         ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
         ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default)."""
-        from rag.models import load_generator, pick_device, pick_profile, resolve_adapter
+        from rag.models import (
+            load_generator,
+            pick_device,
+            pick_profile,
+            pick_refusal_threshold,
+            resolve_adapter,
+        )
 
         dev = pick_device(device)
         adapter = resolve_adapter(name, adapter)
         model, tokenizer = load_generator(name, adapter=adapter, device=dev, dtype=dtype)
         profile = pick_profile(name, adapter) if profile == "auto" else profile
-        return cls(model, tokenizer, dev, profile=profile, **kwargs)
+        gen = cls(model, tokenizer, dev, profile=profile, **kwargs)
+        gen.refusal_threshold = pick_refusal_threshold(adapter)
+        return gen
 
     # ---- prompt and budget -------------------------------------------------------------------
 

@@ -191,6 +191,19 @@ def describe_decoder(decoder: str | Path, adapter: str | Path | None) -> str:
     return f"{decoder}, zero-shot{hint}"
 
 
+def _run_setting(candidate: str | Path, key: str) -> Any:
+    """``key`` of a model or adapter folder's run.json (a path, or a name under models_dir)."""
+    run = Path(candidate) / "run.json"
+    if not run.exists() and not Path(candidate).exists():
+        run = models_dir() / str(candidate) / "run.json"
+    if not run.exists():
+        return None
+    try:
+        return json.loads(run.read_text()).get(key)
+    except (OSError, ValueError):
+        return None
+
+
 def pick_profile(name: str | Path, adapter: str | Path | None = None) -> str:
     """The prompt profile for a decoder (+ adapter): an adapter's own run.json wins (it was
     trained on that format), then the alias table, then the model folder's run.json."""
@@ -199,19 +212,21 @@ def pick_profile(name: str | Path, adapter: str | Path | None = None) -> str:
             continue
         if str(candidate) in DECODER_PROFILES:
             return DECODER_PROFILES[str(candidate)]
-        run = Path(candidate) / "run.json"
-        if not run.exists() and not Path(candidate).exists():
-            run = models_dir() / str(candidate) / "run.json"
-        if run.exists():
-            try:
-                profile = json.loads(run.read_text()).get("profile")
-            except (OSError, ValueError):
-                profile = None
-            if profile:
-                return str(profile)
+        profile = _run_setting(candidate, "profile")
+        if profile:
+            return str(profile)
         if candidate is adapter:
             return "plain"  # an adapter without a recorded profile was trained on the plain one
     return "plain"
+
+
+def pick_refusal_threshold(adapter: str | Path | None) -> float | None:
+    """The refusal gate threshold (rag.refusal) an adapter was tuned with, from its run.json
+    ("refusal_threshold", chosen on SQuAD train articles by evals.refusal_sweep); None = none."""
+    if adapter is None:
+        return None
+    value = _run_setting(adapter, "refusal_threshold")
+    return float(value) if isinstance(value, (int, float)) and 0 < value <= 1 else None
 
 
 def cpu_has_bf16() -> bool:

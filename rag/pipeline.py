@@ -357,8 +357,12 @@ class RAGPipeline:
         yield answer
 
     def _gate(self, prep: Prepared) -> RefusalDecision | None:
-        """The refusal gate's decision (rag.refusal), or None when it is off or unsupported."""
+        """The refusal gate's decision (rag.refusal), or None when it is off or unsupported.
+
+        The threshold is the config's, else the one the decoder's adapter was tuned with."""
         threshold = self.config.refusal_threshold
+        if threshold is None:  # the adapter's own tuned threshold, when it has one
+            threshold = getattr(self.generator, "refusal_threshold", None)
         if threshold is None or not supports_gate(self.generator):
             return None
         t0 = time.perf_counter()

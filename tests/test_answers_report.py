@@ -33,3 +33,9 @@ def test_rows_come_from_the_files_and_name_the_adapter(tmp_path, capsys):
 @pytest.mark.parametrize("adapter", [None, "none", "auto"])
 def test_no_adapter_means_the_base_model(adapter):
     assert row_name({"decoder": "d", "adapter": adapter}) == "d"
+
+
+def test_gated_rows_name_their_threshold():
+    cfg = {"generator": "q", "adapter": "a/lora", "refusal_threshold": 0.6}
+    assert row_name(cfg) == "q + LoRA, refusal gate 0.6"
+    assert row_name({**cfg, "refusal_threshold": None}) == "q + LoRA"

@@ -152,3 +152,30 @@ def test_sweep_gates_rows_and_picks_within_false_refusal_limit():
     assert pick_threshold(table, 0.5)["threshold"] == 0.5
     with pytest.raises(ValueError, match="refusal_probability"):
         gated_row({"id": "x"}, 0.5)
+
+
+def test_adapter_threshold_from_run_json(tmp_path, monkeypatch):
+    from rag.models import pick_refusal_threshold
+
+    adapter = tmp_path / "lora"
+    adapter.mkdir()
+    assert pick_refusal_threshold(adapter) is None  # no run.json
+    (adapter / "run.json").write_text('{"refusal_threshold": 0.6}')
+    assert pick_refusal_threshold(adapter) == 0.6
+    (adapter / "run.json").write_text('{"refusal_threshold": 7}')
+    assert pick_refusal_threshold(adapter) is None  # out of range: ignored, never a crash
+    assert pick_refusal_threshold(None) is None
+
+
+@pytest.mark.parametrize("configured, refused", [(None, True), (0.9, False)])
+def test_pipeline_uses_the_adapters_threshold_unless_configured(
+    configured, refused, no_tokenizer_ban
+):
+    gen = GatedFake("It is X [1].", 0.7)
+    gen.refusal_threshold = 0.6  # what Generator.load reads from the adapter's run.json
+    pipe = RAGPipeline(
+        RAGConfig(k=1, refusal_threshold=configured),
+        retriever=FakeRetriever([hit(1)]),
+        generator=gen,
+    )
+    assert pipe.answer("q?").refused is refused

@@ -60,6 +60,9 @@ class LoraTrainConfig(FinetuneConfig):
     warmup_ratio: float = 0.05  # fraction of steps spent warming up
     k_passages: int = 3  # passages per prompt (gold + k-1 BM25 distractors)
     refusal_fraction: float = 0.15  # share of examples with no answer-bearing passage
+    # written to run.json: the refusal gate threshold rag uses with this adapter (rag.refusal);
+    # choose it with evals.refusal_sweep on SQuAD train articles; None = greedy refusals
+    refusal_threshold: float | None = None  # the gate threshold saved for rag (rag.refusal)
     max_examples: int = 300  # training examples in all, SQuAD + docs (0 = every one available)
     passage_words: int = 0  # trim SQuAD passages to this many words around the answer (0 = whole)
     doc_passage_words: int = 180  # trim doc sections to this many words (0 = whole section)
@@ -235,6 +238,7 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
             f"LoRA {Path(cfg.model).name} (answer tokens only)",
             {
                 "profile": "plain",  # the prompt format trained on (rag.models.pick_profile)
+                "refusal_threshold": cfg.refusal_threshold,  # rag.models.pick_refusal_threshold
                 "base_model": str(resolve_model(cfg.model)),
                 "n_train_examples": len(rows),
                 "n_train_refusals": sum(not e.answerable for e in examples),
@@ -271,6 +275,9 @@ def preset_config(
         doc_passage_words=80 if cpu else 180,
         k_passages=5,
         refusal_fraction=0.2,
+        # chosen for this CPU recipe on Qwen 0.5B by evals.refusal_sweep (docs/answering.md);
+        # other models and the GPU recipe need their own sweep
+        refusal_threshold=0.6 if cpu and model == "qwen2.5-coder-0.5b" else None,
         max_examples=360 if cpu else 3000,
         passage_words=50 if cpu else 0,
         top_layers=layers // 2 if cpu else 0,
