@@ -7,6 +7,9 @@ the chunk ids chosen by ingest, so every backend is addressed by the same string
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -17,9 +20,66 @@ class VectorIndexError(RuntimeError):
 
 class VectorIndex(ABC):
     """add / delete by id / search / count / commit. ``add`` with an existing id replaces it
-    (upsert), ``delete`` ignores unknown ids, so re-running an interrupted ingest is harmless."""
+    (upsert), ``delete`` ignores unknown ids, so re-running an interrupted ingest is harmless.
+
+    An index also owns its storage within an ingest generation (``rag.manifest``): where the
+    vectors of a generation live (:meth:`open_for_generation`, :meth:`load_generation`), how one
+    run's changes are written without disturbing the live generation (:meth:`stage_changes`),
+    and what is cleaned once a generation is published (:meth:`reconcile`). The defaults here
+    describe a backend with one store per generation; a backend whose one store serves every
+    generation (``shared_store``) overrides them.
+    """
 
     dim: int
+    #: One store for every generation (Chroma), rather than a copy inside each (FAISS). Such a
+    #: store may hold ids a crashed run added that no published manifest names, so searches
+    #: must filter hits by the generation's chunks.
+    shared_store: ClassVar[bool] = False
+
+    # ------------------------------------------------------------------ generations
+
+    @classmethod
+    @abstractmethod
+    def open_for_generation(
+        cls, root: Path, live: Path | None, staging: Path, dim: int, **options: Any
+    ) -> VectorIndex:
+        """The index the generation being built in ``staging`` will hold, starting from the
+        ``live`` generation's (None: a new index). ``root`` is the index folder. Options a
+        backend does not use are ignored, so a caller passes one set for every backend."""
+
+    @classmethod
+    @abstractmethod
+    def load_generation(cls, root: Path, gen: Path, dim: int, **options: Any) -> VectorIndex:
+        """The index of the published generation ``gen``, for search (same ``options`` rule)."""
+
+    @classmethod
+    @abstractmethod
+    def scratch(cls, dim: int) -> VectorIndex:
+        """An empty index whose storage, if any, goes with the object (in-memory evals)."""
+
+    def missing(self, ids: Iterable[str]) -> set[str]:
+        """Which of ``ids`` (the live manifest's chunks) the store lacks and must be re-embedded.
+        A generation's own store is complete by construction: none."""
+        return set()
+
+    def stage_changes(
+        self,
+        dropped: Iterable[str],
+        ids: list[str],
+        vectors: np.ndarray,
+        metadatas: list[dict] | None = None,
+    ) -> None:
+        """Write one run's changes (``dropped`` ids go, ``ids`` are upserted) so the staged
+        generation holds them, leaving the live generation loadable until publication. Here
+        the store is the staged generation's own copy: change it and commit."""
+        self.delete(sorted(dropped))
+        self.add(ids, vectors, metadatas)
+        self.commit()
+
+    def reconcile(self, live_ids: Iterable[str]) -> None:  # noqa: B027
+        """Called after each run, once the generation naming ``live_ids`` is live: drop what
+        the store holds beyond them. A generation's own store holds nothing else."""
+        return None
 
     @abstractmethod
     def add(self, ids: list[str], vectors: np.ndarray, metadatas: list[dict] | None = None) -> None:

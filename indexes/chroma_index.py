@@ -8,7 +8,10 @@ function would download a model, and the index must use the encoder the manifest
 
 from __future__ import annotations
 
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import numpy as np
@@ -16,6 +19,7 @@ import numpy as np
 from indexes.base import VectorIndex, VectorIndexError
 
 DEFAULT_COLLECTION = "rag"
+STORE_DIR = "chroma"  # INDEX/chroma/: the embedded store every generation shares
 
 
 def _settings():
@@ -69,7 +73,15 @@ def _clean_meta(m: dict | None) -> dict | None:
 
 
 class ChromaIndex(VectorIndex):
-    """One Chroma collection with inner-product space; scores are ``1 - distance``."""
+    """One Chroma collection with inner-product space; scores are ``1 - distance``.
+
+    Every generation of an ingested index shares the collection (``shared_store``): a run
+    upserts its new chunks before publishing and deletes what the published manifest no longer
+    names only afterwards (:meth:`reconcile`), so the live generation always finds its ids.
+    """
+
+    shared_store = True
+    _tmp: tempfile.TemporaryDirectory | None = None  # scratch(): removed with the object
 
     def __init__(
         self,
@@ -86,6 +98,57 @@ class ChromaIndex(VectorIndex):
             configuration={"hnsw": {"space": "ip", "ef_search": 200, "ef_construction": 200}},
         )
         self._max_batch = max(1, int(self._client.get_max_batch_size()))
+
+    # ------------------------------------------------------------------ generations
+
+    @classmethod
+    def _of_index(cls, root: Path, dim: int, options: dict[str, Any]) -> ChromaIndex:
+        return cls(
+            root / STORE_DIR,
+            dim,
+            chroma_url=options.get("chroma_url"),
+            collection=options.get("collection", DEFAULT_COLLECTION),
+        )
+
+    @classmethod
+    def open_for_generation(
+        cls, root: Path, live: Path | None, staging: Path, dim: int, **options: Any
+    ) -> ChromaIndex:
+        """The index's shared collection (embedded under ``root`` or on ``chroma_url``)."""
+        return cls._of_index(root, dim, options)
+
+    @classmethod
+    def load_generation(cls, root: Path, gen: Path, dim: int, **options: Any) -> ChromaIndex:
+        return cls._of_index(root, dim, options)
+
+    @classmethod
+    def scratch(cls, dim: int) -> ChromaIndex:
+        """An embedded collection in a temporary folder removed when the object goes."""
+        tmp = tempfile.TemporaryDirectory(prefix="rag-chroma-")
+        index = cls(Path(tmp.name), dim)
+        index._tmp = tmp
+        return index
+
+    def missing(self, ids: Iterable[str]) -> set[str]:
+        """Chunk ids the manifest names but the collection lacks (a crash or a lost server)."""
+        return set(ids) - set(self.ids())
+
+    def stage_changes(
+        self,
+        dropped: Iterable[str],
+        ids: list[str],
+        vectors: np.ndarray,
+        metadatas: list[dict] | None = None,
+    ) -> None:
+        """Upsert only (harmless if repeated): deleting ``dropped`` now would take chunks from
+        the generation still live; :meth:`reconcile` deletes them once it is replaced."""
+        self.add(ids, vectors, metadatas)
+
+    def reconcile(self, live_ids: Iterable[str]) -> None:
+        """Delete the ids the live manifest does not name: dropped chunks, a crashed run's."""
+        self.delete(sorted(set(self.ids()) - set(live_ids)))
+
+    # ------------------------------------------------------------------ vectors
 
     def add(self, ids: list[str], vectors: np.ndarray, metadatas: list[dict] | None = None) -> None:
         vectors = self._check(ids, vectors)
@@ -133,3 +196,6 @@ class ChromaIndex(VectorIndex):
     def close(self) -> None:
         self._col = None
         self._client = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None

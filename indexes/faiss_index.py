@@ -15,7 +15,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -23,6 +25,7 @@ import numpy as np
 from indexes.base import VectorIndex, VectorIndexError
 
 FILE = "faiss.npz"
+GENERATION_DIR = "vectors"  # gen-NNNNNN/vectors/faiss.npz: each generation holds its own copy
 HNSW_AUTO_THRESHOLD = 200_000  # flat search of 200k x 384 takes ~40 ms per query on 2 cores
 
 
@@ -61,6 +64,27 @@ class FaissIndex(VectorIndex):
         self._index = None  # the FAISS structure; None when stale
         if self.path is not None and (self.path / FILE).exists():
             self._load()
+
+    # ------------------------------------------------------------------ generations
+
+    @classmethod
+    def open_for_generation(
+        cls, root: Path, live: Path | None, staging: Path, dim: int, **options: Any
+    ) -> FaissIndex:
+        """A copy of the live generation's vectors inside the staged one: the live file is never
+        written, so a crash at any moment leaves it whole. Uses ``kind``."""
+        if live is not None and (live / GENERATION_DIR).is_dir():
+            shutil.copytree(live / GENERATION_DIR, staging / GENERATION_DIR)
+        return cls(staging / GENERATION_DIR, dim, kind=options.get("kind", "auto"))
+
+    @classmethod
+    def load_generation(cls, root: Path, gen: Path, dim: int, **options: Any) -> FaissIndex:
+        return cls(gen / GENERATION_DIR, dim)
+
+    @classmethod
+    def scratch(cls, dim: int) -> FaissIndex:
+        """In memory only (``path`` None): nothing to remove."""
+        return cls(None, dim)
 
     # ------------------------------------------------------------------ persistence
 
