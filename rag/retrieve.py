@@ -11,13 +11,12 @@ Two faces over the same engine (:class:`rag.search_engine.SearchEngine`):
 
 from __future__ import annotations
 
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from indexes import open_index
+from indexes import load_generation, scratch_index
 from rag.bm25 import BM25Index
 from rag.defaults import MODES
 from rag.encoding import Encoder
@@ -74,18 +73,13 @@ class CorpusRetriever:
         self.timings: dict[str, float] = {}
         enc = Encoder.wrap(encoder, device=device) if encoder is not None else None
         vectors = bm25 = None
-        self._tmp = None
         if mode in ("dense", "hybrid"):
             if enc is None:
                 raise ValueError(f"mode {mode!r} needs an encoder")
             t0 = time.perf_counter()
             vecs = enc.encode(list(texts), kind="document", progress=progress)
             t1 = time.perf_counter()
-            path = None
-            if backend == "chroma":
-                self._tmp = tempfile.TemporaryDirectory(prefix="rag-chroma-")
-                path = Path(self._tmp.name)
-            vectors = open_index(backend, path, enc.dim)
+            vectors = scratch_index(backend, enc.dim)  # its storage goes with the retriever
             vectors.add(self.ids, vecs)
             self.timings.update(corpus_encode_s=t1 - t0, index_build_s=time.perf_counter() - t1)
         if mode in ("bm25", "hybrid"):
@@ -184,18 +178,17 @@ class Retriever:
         self.chunks: dict[str, Chunk] = read_chunks(self.gen)
         self._paths: dict[str, str] = {}  # source -> display path, for this generation's roots
         m = self.manifest
-        if m.backend == "faiss":
-            vectors = open_index("faiss", self.gen / "vectors", m.encoder["dim"])
-        else:
-            vectors = open_index(
-                "chroma",
-                self.root / "chroma",
-                m.encoder["dim"],
-                chroma_url=m.chroma_url,
-                collection=m.collection,
-            )
+        vectors = load_generation(
+            m.backend,
+            self.root,
+            self.gen,
+            m.encoder["dim"],
+            chroma_url=m.chroma_url,
+            collection=m.collection,
+        )
         bm25 = BM25Index.load(self.gen / "bm25")
-        keep = self.chunks.__contains__ if m.backend != "faiss" else None
+        # a store every generation shares may hold ids this generation does not name
+        keep = self.chunks.__contains__ if vectors.shared_store else None
         self.engine = SearchEngine(
             self._get_encoder,
             vectors,

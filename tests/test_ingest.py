@@ -89,7 +89,7 @@ def test_bad_inputs_reported_and_rest_ingested(tmp_path, tiny_mlm_dir, monkeypat
     os.symlink("loop.md", docs / "loop.md")  # a link to itself
     os.symlink("missing.md", docs / "dangling.md")
     if os.geteuid() == 0:  # root reads chmod-000 files: simulate the EACCES a user would get
-        import rag.ingest_plan as plan_mod
+        import rag.ingest.plan as plan_mod
 
         real = plan_mod.file_hash
 

@@ -11,7 +11,7 @@ import pytest
 from ingest_support import write_docs
 
 from rag.ingest import ingest, main
-from rag.ingest_config import effective_chunking, same_chunking
+from rag.ingest.config import effective_chunking, same_chunking
 from rag.manifest import open_generation, read_manifest
 from rag.paths import indexes_dir, rag_home
 from rag.retrieve import Retriever
@@ -118,7 +118,7 @@ def test_refused_ingest_leaves_no_index_folder(flags, says, tmp_path, capsys):
 
 
 def test_failure_after_creation_removes_only_a_new_index(tmp_path, tiny_mlm_dir, monkeypatch):
-    import rag.ingest as ingest_mod
+    import rag.ingest.apply as ingest_mod
 
     docs = write_docs(tmp_path / "docs")
 

@@ -1,27 +1,23 @@
-"""Ingest documents into a named index: load, chunk, embed, store; incremental and atomic.
-
-``python -m rag.ingest DOCS [DOCS ...] [--index NAME | --index-dir PATH] [--encoder ALIAS|DIR]
-[--backend faiss|chroma] [--chroma-url URL] [--chunk-tokens N] [--overlap N] [--follow-links]
-[--encoder-backend torch|onnx] [--precision fp32|int8] [--engine local|ray [--ray-address ADDR]
-[--workers N]] [--json]``
+"""Applying an ingest plan: embed what changed, write the next generation, publish it.
 
 A file whose size and mtime match the manifest is unchanged without being read; otherwise its
-bytes are hashed and only a new hash re-chunks and re-embeds it. Files that disappeared (or lie
-under a folder given now and were not found) lose their chunks. Every run that changes anything
-writes a complete new generation (see :mod:`rag.manifest`) and publishes it in one rename, so a
-crash or ``kill -9`` leaves the previous index loadable and the next run redoes the work.
-Settings are checked before anything is written, and a run that fails before its first
-generation is published removes the index folder it created (docs/security.md).
+bytes are hashed and only a new hash re-chunks and re-embeds it (:mod:`rag.ingest.plan`). Files
+that disappeared (or lie under a folder given now and were not found) lose their chunks. Every
+run that changes anything writes a complete new generation (see :mod:`rag.manifest`) and
+publishes it in one rename, so a crash or ``kill -9`` leaves the previous index loadable and the
+next run redoes the work. Where the vectors of a generation live and how they are written
+without disturbing the live one is the vector index's business (:mod:`indexes`), so nothing
+here depends on the backend. Settings are checked before anything is written, and a run that
+fails before its first generation is published removes the index folder it created
+(docs/security.md).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import signal
-import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -29,21 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from indexes import BACKENDS, open_index
+from indexes import VectorIndex, open_for_generation, resolve_backend
 from rag.bm25 import BM25Index
-from rag.cli import OneLineParser, add_index_args, run_cli
-from rag.dataclass_cli import add_dataclass_args, config_from_args
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
-from rag.encoding import ENCODER_BACKENDS, PRECISIONS
-from rag.ingest_config import (
-    ENGINES,
-    FAISS_KINDS,
-    IngestConfig,
-    IngestReport,
-    effective_chunking,
-    validate_config,
-)
-from rag.ingest_plan import EncoderHandle, plan_changes
+from rag.ingest.config import IngestConfig, IngestReport, effective_chunking, validate_config
+from rag.ingest.plan import EncoderHandle, plan_changes
 from rag.manifest import (
     Manifest,
     clean_stale,
@@ -59,7 +45,6 @@ from rag.manifest import (
 )
 from rag.types import Chunk
 
-PROG = "rag.ingest"
 CRASH_ENV = "RAG_INGEST_CRASH_AT"  # test hook: SIGKILL ourselves at the named checkpoint
 
 
@@ -70,13 +55,13 @@ def _checkpoint(name: str) -> None:
 
 
 def _resolve_backend(cfg: IngestConfig, old: Manifest | None) -> None:
-    """Fill in the backend and Chroma URL from the index (or the defaults) and validate them."""
-    if cfg.backend is None:
-        cfg.backend = old.backend if old else ("chroma" if cfg.chroma_url else "faiss")
-    if cfg.chroma_url is None and old is not None and cfg.backend == "chroma":
-        cfg.chroma_url = old.chroma_url
-    if cfg.chroma_url and cfg.backend != "chroma":
-        raise ValueError("--chroma-url needs --backend chroma")
+    """Fill in the backend and server URL from the index (or the defaults) and validate them."""
+    cfg.backend, cfg.chroma_url = resolve_backend(
+        cfg.backend,
+        cfg.chroma_url,
+        old.backend if old else None,
+        old.chroma_url if old else None,
+    )
 
 
 def _created_by_us(root: Path) -> Path | None:
@@ -146,7 +131,7 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
         )
     engine = None
     if cfg.engine == "ray":  # chunking and embedding on Ray; everything else as below
-        from rag.ingest_ray import RayEngine
+        from rag.ingest.ray_engine import RayEngine
 
         engine = RayEngine(cfg, encoder, on_batch=lambda n: _checkpoint("mid-encode"))
     try:
@@ -204,8 +189,7 @@ def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine) -> Ingest
     else:
         report.generation = gen.name if gen else ""
         shutil.rmtree(tmp, ignore_errors=True)
-    if cfg.backend == "chroma":  # ids the published manifest does not name: a crashed run's
-        vindex.delete(sorted(set(vindex.ids()) - set(chunks)))
+    vindex.reconcile(chunks)  # e.g. ids only a crashed run added, in a store shared by all
     vindex.close()
     report.chunks = len(chunks)
     report.seconds = time.perf_counter() - t0
@@ -214,33 +198,28 @@ def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine) -> Ingest
 
 def _open_vectors(
     cfg: IngestConfig, root: Path, gen: Path | None, manifest: Manifest, chunks: dict[str, Chunk]
-):
-    """(vector store, chunk ids it lacks, temporary folder of the next generation).
-
-    FAISS: a copy of the live vectors inside the next generation's folder. Chroma: the shared
-    collection, plus the chunk ids the manifest has but the collection lacks (after a crash);
-    those are re-embedded."""
-    dim = manifest.encoder["dim"]
+) -> tuple[VectorIndex, set[str], Path]:
+    """(vector index of the next generation, chunk ids it lacks, that generation's temporary
+    folder). The chunk ids lacking (after a crash, in a store every generation shares) are
+    re-embedded."""
     tmp = new_generation(root)
-    if cfg.backend == "faiss":
-        if gen is not None and (gen / "vectors").is_dir():
-            shutil.copytree(gen / "vectors", tmp / "vectors")
-        return open_index("faiss", tmp / "vectors", dim, kind=cfg.faiss_kind), set(), tmp
-    vindex = open_index(
-        "chroma", root / "chroma", dim, chroma_url=cfg.chroma_url, collection=manifest.collection
+    vindex = open_for_generation(
+        manifest.backend,
+        root,
+        gen,
+        tmp,
+        manifest.encoder["dim"],
+        kind=cfg.faiss_kind,
+        chroma_url=cfg.chroma_url,
+        collection=manifest.collection,
     )
-    return vindex, set(chunks) - set(vindex.ids()), tmp
+    return vindex, vindex.missing(chunks), tmp
 
 
 def _write_generation(cfg, root, tmp, manifest, chunks, vindex, todo, vectors, dropped) -> str:
     """Apply the changes to the vector store, write BM25, chunks and manifest aside, publish."""
     metas = [{"source": c.source, "start": c.start, "end": c.end} for c in todo]
-    if cfg.backend == "faiss":
-        vindex.delete(sorted(dropped))
-        vindex.add([c.id for c in todo], vectors, metas)
-        vindex.commit()
-    else:
-        vindex.add([c.id for c in todo], vectors, metas)  # upsert: harmless if repeated
+    vindex.stage_changes(dropped, [c.id for c in todo], vectors, metas)
     _checkpoint("after-vectors")
     ids = sorted(chunks)
     BM25Index(ids, [chunks[i].text for i in ids]).save(tmp / "bm25")
@@ -283,81 +262,3 @@ def ingest(
         **kwargs,
     )
     return ingest_config(cfg)
-
-
-# --help text where IngestConfig's comment is written for the code, not the command line
-INGEST_HELP = {
-    "paths": "files or folders to ingest",
-    "encoder": "alias or folder (default: the index's encoder, else minilm)",
-    "backend": "where the vectors live (default: the index's, else faiss)",
-    "chroma_url": "Chroma server, e.g. http://127.0.0.1:8000 (default: the index's, else embedded)",
-    "chunk_tokens": f"chunk size in encoder tokens (default: {DEFAULT_CHUNK_TOKENS}; capped at "
-    "the encoder's limit)",
-    "faiss_kind": "FAISS index: exact flat, HNSW, or auto (HNSW from 200k vectors)",
-    "precision": "int8: quantised CPU encoder",
-    "encoder_backend": "encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
-    "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
-    "max_bytes": "skip larger files",
-    "engine": "local: this process; ray: Ray Data chunks, --workers encoder actors embed "
-    "(the `ray` extra)",
-    "ray_address": "Ray cluster (default: start a local one)",
-    "progress": "progress bars on stderr",
-}
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """Flags from :class:`IngestConfig` (rag.dataclass_cli), ``--index``/``--index-dir`` as one
-    choice (rag.cli), and ``--json``."""
-    p = OneLineParser(prog="python -m rag.ingest", description=__doc__.split("\n")[0])
-    add_index_args(p)
-    add_dataclass_args(
-        p,
-        IngestConfig,
-        exclude=("index", "index_dir"),
-        help=INGEST_HELP,
-        choices={
-            "backend": BACKENDS,
-            "precision": PRECISIONS,
-            "encoder_backend": ENCODER_BACKENDS,
-            "faiss_kind": FAISS_KINDS,
-            "engine": ENGINES,
-        },
-        kwargs={"paths": {"metavar": "DOCS"}},
-    )
-    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
-    return p
-
-
-MAX_SKIPPED_LINES = 20  # a folder of images should not bury the summary; --json lists all
-
-
-def print_report(report: IngestReport) -> None:
-    """The per-file lines and the summary on stderr (stdout stays for --json)."""
-    for note in report.notes:
-        print(f"note: {note}", file=sys.stderr)
-    for path, reason in report.failures:
-        print(f"failed: {path}: {reason}", file=sys.stderr)
-    for path, reason in report.skipped[:MAX_SKIPPED_LINES]:
-        print(f"skipped: {path}: {reason}", file=sys.stderr)
-    if len(report.skipped) > MAX_SKIPPED_LINES:
-        more = len(report.skipped) - MAX_SKIPPED_LINES
-        print(f"skipped: ... and {more} more (--json lists them all)", file=sys.stderr)
-    print(report.summary(), file=sys.stderr)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Exit 0 when every file was ingested, 1 when some failed (the rest is published)."""
-    report = ingest_config(config_from_args(IngestConfig, args))
-    print_report(report)
-    if args.json:
-        print(json.dumps(report.to_dict(), indent=1))
-    return 0 if report.ok else 1
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Exit 0 when every file was ingested, 1 when some failed, 2 when the run was refused."""
-    return run_cli(build_parser(), run, argv, quiet=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

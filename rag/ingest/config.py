@@ -4,9 +4,10 @@ run.json beside the generation it writes), the checks made before anything is wr
 (:func:`effective_chunking`, compared across runs by :func:`same_chunking`), and
 :class:`IngestReport`.
 
-Apart from :mod:`rag.ingest_plan` (which files change, their chunks) and :mod:`rag.ingest`
-(applying the plan, publishing, the CLI): the planning, the local apply and the Ray engine
-(``rag.ingest_ray``) all read these settings.
+Apart from :mod:`rag.ingest.plan` (which files change, their chunks), :mod:`rag.ingest.apply`
+(applying the plan, publishing) and :mod:`rag.ingest.cli`: the planning, the local apply and
+the Ray engine (:mod:`rag.ingest.ray_engine`) all read these settings, and import nothing else
+of the package.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from indexes import BACKENDS
+from indexes import BACKENDS, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
 from rag.documents import DEFAULT_MAX_BYTES
 from rag.encoding import ENCODER_BACKENDS, PRECISIONS, check_backend
@@ -25,7 +26,7 @@ from rag.models import resolve_model
 
 DEFAULT_ENCODER = "minilm"
 FAISS_KINDS = ("auto", "flat", "hnsw")
-ENGINES = ("local", "ray")  # ray: rag.ingest_ray, the optional `ray` extra
+ENGINES = ("local", "ray")  # ray: rag.ingest.ray_engine, the optional `ray` extra
 MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
 
 
@@ -180,8 +181,7 @@ def validate_config(cfg: IngestConfig) -> Path:
         if value not in allowed:
             choices = ", ".join(a for a in allowed if a)
             raise ValueError(f"{flag} must be one of {choices}, not {value!r}")
-    if cfg.chroma_url and cfg.backend not in (None, "chroma"):
-        raise ValueError("--chroma-url needs --backend chroma")
+    resolve_backend(cfg.backend, cfg.chroma_url)  # a --chroma-url the backend cannot take
     check_backend(cfg.encoder_backend, cfg.device)
     if cfg.engine not in ENGINES:
         raise ValueError(f"--engine must be one of {', '.join(ENGINES)}, not {cfg.engine!r}")

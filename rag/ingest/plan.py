@@ -1,8 +1,8 @@
 """Deciding what an ingest run must do: which files are new, changed, unchanged, removed,
 failed or skipped, their chunks, and the encoder (loaded only when something must be embedded).
 
-Split from :mod:`rag.ingest`, which applies the plan and publishes the generation; the run's
-settings, their checks and its report are :mod:`rag.ingest_config`.
+Split from :mod:`rag.ingest.apply`, which applies the plan and publishes the generation; the
+run's settings, their checks and its report are :mod:`rag.ingest.config`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from rag.chunking import chunk_document
 from rag.documents import DocumentError, iter_files, load_document
 from rag.encoding import Encoder, weights_fingerprint
-from rag.ingest_config import DEFAULT_ENCODER, IngestConfig, IngestReport, same_chunking
+from rag.ingest.config import DEFAULT_ENCODER, IngestConfig, IngestReport, same_chunking
 from rag.manifest import Manifest, SourceEntry
 from rag.models import ModelNotFoundError, resolve_model
 from rag.types import Chunk
@@ -67,7 +67,7 @@ class Plan:
 
 
 class ChunkEngine(Protocol):
-    """Chunks new/changed files elsewhere (rag.ingest_ray); results in any order, each a list
+    """Chunks new/changed files elsewhere (rag.ingest.ray_engine); results in any order, each a list
     of chunks or a failure reason, as :func:`chunk_file` would give or raise."""
 
     def chunk(self, files: list[PendingFile], chunking: dict) -> dict[str, list[Chunk] | str]: ...

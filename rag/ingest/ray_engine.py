@@ -1,6 +1,6 @@
 """``rag.ingest --engine ray``: Ray Data reads and chunks the new/changed files, ``map_batches``
 embeds the chunks in N encoder actors, and the driver publishes the result through the same
-path as the local engine (:mod:`rag.ingest`: manifest, one atomic generation, incremental
+path as the local engine (:mod:`rag.ingest.apply`: manifest, one atomic generation, incremental
 re-ingest, delete propagation, bad-file report).
 
 Why only these two steps move: the encoder pass is most of an ingest, and chunking needs the
@@ -26,13 +26,13 @@ from typing import Any
 
 import numpy as np
 
-from rag.ingest_config import IngestConfig
-from rag.ingest_plan import EncoderHandle, PendingFile, chunk_file, os_reason
+from rag.ingest.config import IngestConfig
+from rag.ingest.plan import EncoderHandle, PendingFile, chunk_file, os_reason
 from rag.paths import rag_home
 from rag.types import Chunk
 
 BATCH_SIZE = 256  # chunks per map_batches call; the encoder re-batches them by token length
-_PROJECT_ROOT = str(Path(__file__).resolve().parents[1])
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, max_bytes: int) -> list[dict]:

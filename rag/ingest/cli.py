@@ -1,0 +1,99 @@
+"""Ingest documents into a named index: load, chunk, embed, store; incremental and atomic.
+
+``python -m rag.ingest DOCS [DOCS ...] [--index NAME | --index-dir PATH] [--encoder ALIAS|DIR]
+[--backend faiss|chroma] [--chroma-url URL] [--chunk-tokens N] [--overlap N] [--follow-links]
+[--encoder-backend torch|onnx] [--precision fp32|int8] [--engine local|ray [--ray-address ADDR]
+[--workers N]] [--json]``
+
+The command line of :mod:`rag.ingest`: flags from :class:`~rag.ingest.config.IngestConfig`, the
+run itself is :func:`rag.ingest.apply.ingest_config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from indexes import BACKENDS
+from rag.cli import OneLineParser, add_index_args, run_cli
+from rag.dataclass_cli import add_dataclass_args, config_from_args
+from rag.defaults import DEFAULT_CHUNK_TOKENS
+from rag.encoding import ENCODER_BACKENDS, PRECISIONS
+from rag.ingest.apply import ingest_config
+from rag.ingest.config import ENGINES, FAISS_KINDS, IngestConfig, IngestReport
+
+PROG = "rag.ingest"
+
+# --help text where IngestConfig's comment is written for the code, not the command line
+INGEST_HELP = {
+    "paths": "files or folders to ingest",
+    "encoder": "alias or folder (default: the index's encoder, else minilm)",
+    "backend": "where the vectors live (default: the index's, else faiss)",
+    "chroma_url": "Chroma server, e.g. http://127.0.0.1:8000 (default: the index's, else embedded)",
+    "chunk_tokens": f"chunk size in encoder tokens (default: {DEFAULT_CHUNK_TOKENS}; capped at "
+    "the encoder's limit)",
+    "faiss_kind": "FAISS index: exact flat, HNSW, or auto (HNSW from 200k vectors)",
+    "precision": "int8: quantised CPU encoder",
+    "encoder_backend": "encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
+    "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
+    "max_bytes": "skip larger files",
+    "engine": "local: this process; ray: Ray Data chunks, --workers encoder actors embed "
+    "(the `ray` extra)",
+    "ray_address": "Ray cluster (default: start a local one)",
+    "progress": "progress bars on stderr",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Flags from :class:`IngestConfig` (rag.dataclass_cli), ``--index``/``--index-dir`` as one
+    choice (rag.cli), and ``--json``."""
+    p = OneLineParser(prog="python -m rag.ingest", description=__doc__.split("\n")[0])
+    add_index_args(p)
+    add_dataclass_args(
+        p,
+        IngestConfig,
+        exclude=("index", "index_dir"),
+        help=INGEST_HELP,
+        choices={
+            "backend": BACKENDS,
+            "precision": PRECISIONS,
+            "encoder_backend": ENCODER_BACKENDS,
+            "faiss_kind": FAISS_KINDS,
+            "engine": ENGINES,
+        },
+        kwargs={"paths": {"metavar": "DOCS"}},
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    return p
+
+
+MAX_SKIPPED_LINES = 20  # a folder of images should not bury the summary; --json lists all
+
+
+def print_report(report: IngestReport) -> None:
+    """The per-file lines and the summary on stderr (stdout stays for --json)."""
+    for note in report.notes:
+        print(f"note: {note}", file=sys.stderr)
+    for path, reason in report.failures:
+        print(f"failed: {path}: {reason}", file=sys.stderr)
+    for path, reason in report.skipped[:MAX_SKIPPED_LINES]:
+        print(f"skipped: {path}: {reason}", file=sys.stderr)
+    if len(report.skipped) > MAX_SKIPPED_LINES:
+        more = len(report.skipped) - MAX_SKIPPED_LINES
+        print(f"skipped: ... and {more} more (--json lists them all)", file=sys.stderr)
+    print(report.summary(), file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Exit 0 when every file was ingested, 1 when some failed (the rest is published)."""
+    report = ingest_config(config_from_args(IngestConfig, args))
+    print_report(report)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=1))
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit 0 when every file was ingested, 1 when some failed, 2 when the run was refused."""
+    return run_cli(build_parser(), run, argv, quiet=True)
