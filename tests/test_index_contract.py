@@ -3,6 +3,7 @@ started on 127.0.0.1 for the session (``chroma run``), stopped at the end."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import socket
 import subprocess
@@ -14,7 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from indexes import BACKENDS, VectorIndexError, open_index
+from indexes import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    VectorIndexError,
+    load_generation,
+    open_for_generation,
+    open_index,
+    resolve_backend,
+    scratch_index,
+)
 
 DIM = 16
 
@@ -171,3 +181,141 @@ def test_faiss_hnsw_and_atomic_commit(tmp_path):
     with pytest.raises(VectorIndexError, match="16-d"):
         open_index("faiss", tmp_path / "hnsw", 8)
     shutil.rmtree(tmp_path / "hnsw")
+
+
+# ---------------------------------------------------------------------- generations (rag.ingest)
+
+
+@pytest.fixture(params=["faiss", "chroma", pytest.param("chroma-server", marks=pytest.mark.server)])
+def generation_backend(request):
+    """(backend, options) for the generation methods: one set of options for every backend."""
+    url = request.getfixturevalue("chroma_server") if request.param == "chroma-server" else None
+    backend = "faiss" if request.param == "faiss" else "chroma"
+    return backend, {"kind": "flat", "chroma_url": url, "collection": f"gen-{next(_counter)}"}
+
+
+def _publish(staging: Path) -> Path:
+    """What rag.manifest.publish_generation does to the folder, minus CURRENT."""
+    final = staging.with_name(staging.name.lstrip(".").split(".tmp")[0])
+    staging.rename(final)
+    return final
+
+
+def test_generation_lifecycle(generation_backend, tmp_path):
+    """Open for the next generation, stage, publish, reconcile, load: the live generation stays
+    whole until the next is published, and a crashed run's writes never reach a reader."""
+    backend, opts = generation_backend
+    rng = np.random.default_rng(3)
+    vecs = unit(rng, 12)
+    ids = [f"g{i}" for i in range(12)]
+    root = tmp_path / "index"
+    (staging := root / ".gen-000001.tmp-1").mkdir(parents=True)
+    ix = open_for_generation(backend, root, None, staging, DIM, **opts)
+    assert ix.missing(ids[:8]) == (set(ids[:8]) if ix.shared_store else set())
+    ix.stage_changes([], ids[:8], vecs[:8], [{"source": "a"}] * 8)
+    gen1 = _publish(staging)
+    ix.reconcile(ids[:8])
+    ix.close()
+    with load_generation(backend, root, gen1, DIM, **opts) as live:
+        assert sorted(live.ids()) == sorted(ids[:8])
+        assert live.search(vecs[3:4], 1)[0][0][0] == "g3"
+
+    # the next run drops g0, g1 and adds g8..g11; before publication gen1 still answers
+    (staging := root / ".gen-000002.tmp-1").mkdir()
+    ix = open_for_generation(backend, root, gen1, staging, DIM, **opts)
+    assert ix.missing(ids[:8]) == set()
+    ix.stage_changes({"g0", "g1"}, ids[8:], vecs[8:])
+    with load_generation(backend, root, gen1, DIM, **opts) as live:
+        assert set(ids[:8]) <= set(live.ids())
+        assert set(live.ids()) == (set(ids) if live.shared_store else set(ids[:8]))
+    gen2 = _publish(staging)
+    ix.reconcile(ids[2:])
+    ix.close()
+    with load_generation(backend, root, gen2, DIM, **opts) as live:
+        assert sorted(live.ids()) == sorted(ids[2:])
+        assert live.search(vecs[10:11], 1)[0][0][0] == "g10"
+
+    # a run that crashes after staging: the next one finds the live ids and cleans the rest
+    (staging := root / ".gen-000003.tmp-1").mkdir()
+    crashed = open_for_generation(backend, root, gen2, staging, DIM, **opts)
+    crashed.stage_changes({"g2"}, ["ghost"], unit(rng, 1))
+    crashed.close()
+    shutil.rmtree(staging)  # what rag.manifest.clean_stale does to it
+    (staging := root / ".gen-000003.tmp-2").mkdir()
+    ix = open_for_generation(backend, root, gen2, staging, DIM, **opts)
+    assert ix.missing(ids[2:]) == set()
+    ix.reconcile(ids[2:])
+    assert sorted(ix.ids()) == sorted(ids[2:])
+    ix.close()
+
+
+def test_missing_ids_are_found_in_a_shared_store(generation_backend, tmp_path):
+    """Ids the manifest names but a shared store lost are reported, to be re-embedded."""
+    backend, opts = generation_backend
+    (staging := tmp_path / "index" / ".gen-000001.tmp-1").mkdir(parents=True)
+    with open_for_generation(backend, tmp_path / "index", None, staging, DIM, **opts) as ix:
+        ix.stage_changes([], ["a", "b"], unit(np.random.default_rng(4), 2))
+        ix.delete(["b"])
+        assert ix.missing(["a", "b"]) == ({"b"} if ix.shared_store else set())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_scratch_index_leaves_nothing(backend):
+    vecs = unit(np.random.default_rng(5), 5)
+    ix = scratch_index(backend, DIM)
+    ix.add([str(i) for i in range(5)], vecs)
+    assert ix.search(vecs[2:3], 1)[0][0][0] == "2"
+    where = getattr(ix, "_tmp", None)
+    ix.close()
+    assert where is None or not Path(where.name).exists()
+
+
+def test_resolve_backend():
+    assert resolve_backend(None, None) == (DEFAULT_BACKEND, None)
+    assert resolve_backend(None, "http://h:1") == ("chroma", "http://h:1")
+    assert resolve_backend(None, None, "chroma", "http://h:1") == ("chroma", "http://h:1")
+    assert resolve_backend("chroma", "http://x:2", "chroma", "http://h:1") == (
+        "chroma",
+        "http://x:2",
+    )
+    assert resolve_backend(None, None, "faiss") == ("faiss", None)
+    with pytest.raises(ValueError, match="--chroma-url needs --backend chroma"):
+        resolve_backend("faiss", "http://h:1")
+    with pytest.raises(VectorIndexError, match="unknown index backend"):
+        resolve_backend("sqlite", None)
+
+
+# ---------------------------------------------------------------------- rag/ never names a backend
+
+
+def _backend_comparisons(path: Path) -> list[str]:
+    """``path:line`` of every comparison (==, !=, in, not in, match) with a backend name."""
+    names = set(BACKENDS)
+
+    def names_backend(node: ast.AST) -> bool:
+        return any(isinstance(n, ast.Constant) and n.value in names for n in ast.walk(node))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Compare) and names_backend(node):
+            found.append(f"{path}:{node.lineno}")
+        elif isinstance(node, ast.match_case) and names_backend(node.pattern):
+            found.append(f"{path}:{node.pattern.lineno}")
+    return found
+
+
+def test_rag_never_branches_on_a_backend_name():
+    """Storage decisions belong to indexes/ (VectorIndex): rag/ may pass a backend name along,
+    never compare with one."""
+    rag = Path(__file__).resolve().parents[1] / "rag"
+    files = sorted(rag.rglob("*.py"))
+    assert any(f.parent.name == "ingest" for f in files)  # the scan reaches the package
+    assert [hit for f in files for hit in _backend_comparisons(f)] == []
+
+
+def test_backend_scan_finds_a_comparison(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        'def f(b):\n    if b == "faiss":\n        return 1\n    return b in ("x", "chroma")\n'
+    )
+    assert _backend_comparisons(probe) == [f"{probe}:2", f"{probe}:4"]
