@@ -1,5 +1,5 @@
 #!/bin/bash
-# The grounded-answer table of docs/answering.md, as run for it (2 CPU cores, alone, ~1 h 50 min):
+# The grounded-answer table of docs/answering.md, as run for it (2 CPU cores, alone, ~3 h):
 # the LoRA recipe for the default decoder, SQuAD dev articles in RAG mode (hybrid retrieval, k=5,
 # 2 articles removed from the index so their questions must be refused) and the held-out
 # Python-docs questions (evals/data/pydocs_qa.jsonl) over the whole python-docs index.
@@ -29,6 +29,12 @@ stamp "ingest pydocs"
 $PY -m rag.ingest $DATA/python-docs --index pydocs
 stamp "docqa $Q + LoRA"
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-lora --out $O/docqa-qwen05-lora.json
+stamp "refusal gate: sweep on SQuAD train articles, then the gated rows"
+$PY -m evals.qa $QA --split train --limit 150 --unanswerable-limit 60 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold 1.0 --out $O/sweep-qwen05-lora-train.json
+$PY -m evals.refusal_sweep $O/sweep-qwen05-lora-train.json --out $O/sweep-qwen05-lora-train-table.json
+T=$($PY -c "import json;print(json.load(open('$O/sweep-qwen05-lora-train-table.json'))['chosen']['threshold'])")
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/qa-qwen05-lora-gated.json
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/docqa-qwen05-lora-gated.json
 stamp "qa $Q zero-shot"
 $PY -m evals.qa $QA --limit 150 --unanswerable-limit 50 --generator $Q --out $O/qa-qwen05.json
 stamp "docqa $Q zero-shot"
@@ -37,5 +43,12 @@ stamp "qa smollm2 zero-shot"
 $PY -m evals.qa $QA --limit 150 --unanswerable-limit 50 --generator smollm2 --out $O/qa-smollm2.json
 stamp "docqa smollm2 zero-shot"
 $PY -m evals.docqa $DOCQA --decoder smollm2 --adapter none --out $O/docqa-smollm2.json
+stamp "LoRA smollm2 (240 examples, lr 1e-3, every layer)"
+$PY -m training.lora --model smollm2 --out artifacts/models/smollm2-lora --data $S \
+  --docs $DATA/corpus/linux-doc --doc-fraction 0.2 --doc-passage-words 80 --k-passages 5 \
+  --passage-words 50 --refusal-fraction 0.2 --max-examples 240 --batch-size 1 --grad-accum 4 \
+  --no-eval --merge --lr 1e-3 --r 16 --alpha 32
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator smollm2 --adapter artifacts/models/smollm2-lora --out $O/qa-smollm2-lora.json
+$PY -m evals.docqa $DOCQA --decoder smollm2 --adapter artifacts/models/smollm2-lora --out $O/docqa-smollm2-lora.json
 stamp done
 $PY -m evals.answers_report "$O"
