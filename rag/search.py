@@ -39,7 +39,7 @@ def build_parser() -> OneLineParser:
     add_dataclass_args(
         p,
         RAGConfig,
-        only=("k", "mode", "encoder", "rerank", "device", "encoder_backend"),
+        only=("k", "mode", "fusion", "alpha", "encoder", "rerank", "device", "encoder_backend"),
         defaults={"k": 10},
         help={
             "k": "number of hits",
@@ -65,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         reranker=args.rerank,
         encoder_backend=args.encoder_backend,
+        fusion=args.fusion,
+        alpha=args.alpha,
     )
     hits = retriever.search(args.query, k=args.k, mode=args.mode)
     seconds = time.perf_counter() - t0
