@@ -42,7 +42,9 @@ class AppConfig:
     host: str = "127.0.0.1"  # bind address; loopback unless told otherwise
     port: int = 7860  # TCP port (0 = any free port)
     max_upload_mb: float = DEFAULT_MAX_UPLOAD_BYTES / 2**20  # per-file upload limit in MiB
-    concurrency: int = 4  # chat requests processed at once (decoding itself is serialised)
+    concurrency: int = (
+        16  # chat requests in flight at once (the batched decoder steps them together)
+    )
     queue_size: int = 64  # requests waiting beyond that; more are refused with a message
     preload: bool = True  # load the starting pipeline before serving (fail fast)
 
