@@ -28,6 +28,7 @@ from rag.models import is_sentence_transformer, resolve_model
 from rag.paths import shared_data_dir
 from training import pairs as P
 from training.cli import run_training_cli
+from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
 
 log = logging.getLogger("training.contrastive")
@@ -220,6 +221,7 @@ def evaluate(model: Any, evaluators: list) -> dict[str, dict[str, float]]:
 
 def train_contrastive(cfg: ContrastiveConfig) -> dict[str, Any]:
     """Mine pairs, evaluate, train, save, evaluate again; returns the run summary (run.json)."""
+    default_docs_if_no_data(cfg, ("docs", "pairs", "scifact", "squad"), "training.contrastive")
     return fit(cfg)[1]
 
 

@@ -210,3 +210,15 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
     return p
+
+
+def default_docs_if_no_data(cfg: object, sources: tuple[str, ...], prog: str) -> bool:
+    """When none of the config's data ``sources`` is set, train on the demo document set
+    (``docs/``) and say so on stderr, so ``python -m training.contrastive`` or
+    ``python -m training.lora`` bare works as typed. Returns whether it chose."""
+    if any(getattr(cfg, name) for name in sources):
+        return False
+    cfg.docs = default_corpus()  # type: ignore[attr-defined]
+    flags = ", ".join("--" + name.replace("_", "-") for name in sources)
+    print(f"{prog}: no training data given ({flags}): using {cfg.docs[0]}", file=sys.stderr)  # type: ignore[attr-defined]
+    return True

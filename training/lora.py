@@ -30,6 +30,7 @@ from typing import Any
 from rag.models import pick_dtype, resolve_model
 from rag.prompt import build_messages
 from training.cli import run_training_cli
+from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
 from training.lora_data import QAExample, squad_examples, training_examples
 from training.lora_eval import evaluate
@@ -171,6 +172,7 @@ def lora_targets(model: Any, target_modules: list[str], top_layers: int) -> str 
 
 def train_lora(cfg: LoraTrainConfig) -> dict[str, Any]:
     """Build examples, score zero-shot, tune LoRA, save (and merge), score again; the summary."""
+    default_docs_if_no_data(cfg, ("data", "docs"), "training.lora")
     return fit(cfg)[2]
 
 
