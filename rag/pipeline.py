@@ -143,13 +143,6 @@ def refusal(prep: Prepared) -> Answer:
     return Answer(text=REFUSAL, refused=True, query=prep.query, timings=prep.timings)
 
 
-def gated_refusal(prep: Prepared, gate: RefusalDecision) -> Answer:
-    """The refusal the gate chose: the passages were retrieved and shown, nothing was decoded."""
-    answer = make_answer(REFUSAL, prep)
-    answer.refusal_probability = gate.probability
-    return answer
-
-
 class RAGPipeline:
     """Answers questions from an index with citations; share one instance across threads.
 
@@ -267,12 +260,19 @@ class RAGPipeline:
         )
         return Prepared(question, query, hits, messages, timings)
 
-    def _decode_args(self, temperature: float | None, max_new_tokens: int | None) -> dict[str, Any]:
+    def _decode_args(
+        self,
+        temperature: float | None,
+        max_new_tokens: int | None,
+        gate: RefusalDecision | None = None,
+    ) -> dict[str, Any]:
+        """``generate``/``stream`` keywords: sampling settings, plus the gate's cache and ban."""
         cfg = self.config
         return {
             "max_new_tokens": max_new_tokens or cfg.max_new_tokens,
             "temperature": cfg.temperature if temperature is None else temperature,
             "top_p": cfg.top_p,
+            **(gate.generate_kwargs if gate else {}),
         }
 
     # ---- public API --------------------------------------------------------------------------
@@ -292,19 +292,14 @@ class RAGPipeline:
         prep = self.prepare(
             question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens
         )
-        if not prep.hits:
-            prep.timings["total_s"] = time.perf_counter() - t0
-            return refusal(prep)
-        gate = self._gate(prep)
-        if gate is not None and gate.refuse:
-            prep.timings["total_s"] = time.perf_counter() - t0
-            return gated_refusal(prep, gate)
+        early, gate = self._refuse_early(prep, t0)
+        if early is not None:
+            return early
         stats: dict[str, float] = {}
         raw = self.generator.generate(
             prep.messages,
-            **self._decode_args(temperature, max_new_tokens),
+            **self._decode_args(temperature, max_new_tokens, gate),
             stats=stats,
-            **(gate.generate_kwargs if gate else {}),
         )
         answer = self._finish(raw, prep, gate)
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
@@ -329,24 +324,17 @@ class RAGPipeline:
         prep = self.prepare(
             question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens
         )
-        if not prep.hits:
-            prep.timings["total_s"] = time.perf_counter() - t0
+        early, gate = self._refuse_early(prep, t0)
+        if early is not None:
             yield REFUSAL
-            yield refusal(prep)
-            return
-        gate = self._gate(prep)
-        if gate is not None and gate.refuse:
-            prep.timings["total_s"] = time.perf_counter() - t0
-            yield REFUSAL
-            yield gated_refusal(prep, gate)
+            yield early
             return
         stats: dict[str, float] = {}
         parts: list[str] = []
         for delta in self.generator.stream(
             prep.messages,
-            **self._decode_args(temperature, max_new_tokens),
+            **self._decode_args(temperature, max_new_tokens, gate),
             stats=stats,
-            **(gate.generate_kwargs if gate else {}),
         ):
             parts.append(delta)
             yield delta
@@ -356,10 +344,24 @@ class RAGPipeline:
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
         yield answer
 
-    def _gate(self, prep: Prepared) -> RefusalDecision | None:
-        """The refusal gate's decision (rag.refusal), or None when it is off or unsupported.
+    def _refuse_early(
+        self, prep: Prepared, t0: float
+    ) -> tuple[Answer | None, RefusalDecision | None]:
+        """(the refusal, when nothing relevant was retrieved or the gate refuses, else None;
+        the gate's decision). Either refusal decodes nothing."""
+        gate = self._gate(prep) if prep.hits else None
+        if prep.hits and not (gate is not None and gate.refuse):
+            return None, gate
+        prep.timings["total_s"] = time.perf_counter() - t0
+        if gate is None:
+            return refusal(prep), None
+        answer = make_answer(REFUSAL, prep)  # the gate's refusal still shows the passages
+        answer.refusal_probability = gate.probability
+        return answer, gate
 
-        The threshold is the config's, else the one the decoder's adapter was tuned with."""
+    def _gate(self, prep: Prepared) -> RefusalDecision | None:
+        """The refusal gate's decision (rag.refusal), or None when it is off or unsupported;
+        the threshold is the config's, else the one the decoder's adapter was tuned with."""
         threshold = self.config.refusal_threshold
         if threshold is None:  # the adapter's own tuned threshold, when it has one
             threshold = getattr(self.generator, "refusal_threshold", None)
