@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -77,27 +76,32 @@ def format_table(table: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m evals.refusal_sweep", description=__doc__.split("\n\n")[0]
-    )
-    p.add_argument("run", help="evals.qa JSON made with --refusal-threshold 1.0")
-    p.add_argument("--thresholds", type=float, nargs="+", default=list(DEFAULT_THRESHOLDS))
-    p.add_argument("--max-false-refusal", type=float, default=0.05)
-    p.add_argument("--out", default=None, help="write the table and the pick as JSON here")
-    args = p.parse_args(argv)
+def read_run(path: str | Path) -> list[dict]:
+    """The per-question rows of an evals.qa JSON; a missing or foreign file names itself."""
     try:
-        rows = json.loads(Path(args.run).read_text())["predictions"]
-        table = sweep(rows, args.thresholds)
+        return json.loads(Path(path).read_text())["predictions"]
     except (OSError, KeyError, ValueError) as e:
-        print(f"python -m evals.refusal_sweep: {args.run}: {e}", file=sys.stderr)
-        return 2
+        raise ValueError(f"{path}: not a readable evals.qa result ({e})") from e
+
+
+def run(args: argparse.Namespace) -> None:
+    table = sweep(read_run(args.run), args.thresholds)
     best = pick_threshold(table, args.max_false_refusal)
     print(format_table(table))
     print(f"\nchosen threshold: {best['threshold']:g}")
     if args.out:
         Path(args.out).write_text(json.dumps({"table": table, "chosen": best}, indent=2))
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from rag.cli import OneLineParser, run_cli
+
+    p = OneLineParser(prog="python -m evals.refusal_sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", help="evals.qa JSON made with --refusal-threshold 1.0")
+    p.add_argument("--thresholds", type=float, nargs="+", default=list(DEFAULT_THRESHOLDS))
+    p.add_argument("--max-false-refusal", type=float, default=0.05)
+    p.add_argument("--out", default=None, help="write the table and the pick as JSON here")
+    return run_cli(p, run, argv)
 
 
 if __name__ == "__main__":

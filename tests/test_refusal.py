@@ -4,6 +4,7 @@ exactly when p >= threshold, and the threshold sweep over one recorded run."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -179,3 +180,16 @@ def test_pipeline_uses_the_adapters_threshold_unless_configured(
         generator=gen,
     )
     assert pipe.answer("q?").refused is refused
+
+
+def test_sweep_cli_writes_the_pick_and_names_a_bad_file(tmp_path, capsys):
+    from evals.refusal_sweep import main
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"predictions": [row(0.1), row(0.9, answerable=False, gold=False)]}))
+    out = tmp_path / "table.json"
+    assert main([str(run), "--thresholds", "0.5", "0.95", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["chosen"]["threshold"] == 0.5
+    assert main([str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "missing.json" in err and len(err.splitlines()) == 1
