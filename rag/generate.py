@@ -60,12 +60,13 @@ class Generator:
         rules: DecodingRules | None = None,
         batching: bool = False,
         max_batch: int = 8,
+        refusal_threshold: float | None = None,
     ) -> None:
         self.model = model
         self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.decoding)
         self.profile = profile  # prompt profile of rag.prompt.build_messages
         # the refusal gate threshold its adapter was tuned with (rag.refusal); None = greedy
-        self.refusal_threshold: float | None = None
+        self.refusal_threshold = refusal_threshold
         self.tokenizer = tokenizer
         self.device = device
         self.prefix_cache = prefix_cache
@@ -103,9 +104,8 @@ class Generator:
         adapter = resolve_adapter(name, adapter)
         model, tokenizer = load_generator(name, adapter=adapter, device=dev, dtype=dtype)
         profile = pick_profile(name, adapter) if profile == "auto" else profile
-        gen = cls(model, tokenizer, dev, profile=profile, **kwargs)
-        gen.refusal_threshold = pick_refusal_threshold(adapter)
-        return gen
+        threshold = pick_refusal_threshold(adapter)
+        return cls(model, tokenizer, dev, profile=profile, refusal_threshold=threshold, **kwargs)
 
     # ---- prompt and budget -------------------------------------------------------------------
 
