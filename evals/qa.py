@@ -65,6 +65,10 @@ class QAEvalConfig:
     # rag mode, rag.refusal gate: 1.0 decodes every answer with the refusal barred and records
     # p(refusal), which evals.refusal_sweep turns into every threshold's metrics
     refusal_threshold: float | None = None  # refuse only when p(refusal) >= this (rag.refusal)
+    # decoder speed options (rag.decode_speed), to measure their quality cost
+    decoder_quantize: str = "none"  # none | int8 (decode steps through int8 linear layers)
+    decoder_compile: bool = False  # torch.compile the decoder
+    cache_implementation: str = "dynamic"  # dynamic | static KV cache
 
 
 @dataclass
@@ -273,6 +277,7 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     questions = select_questions(paragraphs, asked, cfg.limit, cfg.seed)
     unanswerable = select_questions(paragraphs, removed, cfg.unanswerable_limit, cfg.seed)
     if generator is None:
+        from rag.decode_speed import DecodeSpeed
         from rag.generate import Generator
 
         generator = Generator.load(
@@ -281,6 +286,7 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             device=cfg.device,
             dtype=cfg.dtype,
             profile=cfg.profile,
+            speed=DecodeSpeed.from_config(cfg),
         )
     bar = tqdm(questions + unanswerable, desc=f"qa {cfg.mode}", disable=not progress or None)
     if cfg.mode == "oracle":

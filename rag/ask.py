@@ -44,6 +44,10 @@ CLI_FIELDS = (
     "refusal_threshold",
     "device",
     "encoder_backend",
+    "batching",
+    "decoder_quantize",
+    "decoder_compile",
+    "cache_implementation",
 )
 
 

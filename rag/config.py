@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import tomllib
 
 from rag.dataclass_cli import add_dataclass_args, field_type
+from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE, DecodeSpeed, DecodeSpeedError
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, DTYPES, MODES
 from rag.encoding import ENCODER_BACKENDS
 from rag.fusion import FUSIONS
@@ -86,6 +87,13 @@ class RAGConfig:
     dtype: str = "auto"
     # prompt format (rag.prompt.PROFILES): auto = the decoder's measured best (rag.models)
     profile: str = "auto"
+    # decoder speed (rag.decode_speed; measured by benchmarks.decode_variants), all off by default:
+    # int8 = decode steps through int8 copies of the linear layers (CPU; prefill stays float)
+    decoder_quantize: str = "none"
+    # torch.compile the decoder's forward (dynamic cache) or generate's decode step (static cache)
+    decoder_compile: bool = False
+    # KV cache: dynamic (grows per token) | static (preallocated; needs --no-batching)
+    cache_implementation: str = "dynamic"
     # Hook (not from TOML/CLI): turns (question, history) into a standalone retrieval query.
     rewrite_query: Callable[[str, list[tuple[str, str]]], str] | None = field(
         default=None, repr=False, compare=False
@@ -100,6 +108,8 @@ class RAGConfig:
         "encoder_backend": ENCODER_BACKENDS,
         "dtype": DTYPES,
         "profile": ("auto", *PROFILES),
+        "decoder_quantize": QUANTIZE,
+        "cache_implementation": CACHE_IMPLEMENTATIONS,
     }
 
     def __post_init__(self) -> None:
@@ -132,6 +142,10 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(f"temperature must be >= 0, not {cfg.temperature}")
     if not 0 < cfg.top_p <= 1:
         raise ConfigError(f"top_p must be in (0, 1], not {cfg.top_p}")
+    try:
+        DecodeSpeed.from_config(cfg).check(device=cfg.device, batching=cfg.batching)
+    except DecodeSpeedError as e:
+        raise ConfigError(str(e)) from e
 
 
 def settings() -> dict[str, tuple[type, bool]]:

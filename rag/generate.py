@@ -26,6 +26,7 @@ import torch
 
 from rag import context_budget, scoring
 from rag.batching import BatchedDecoder
+from rag.decode_speed import DecodeSpeed
 from rag.decoding import DecodingRules, trim_repetition
 from rag.prompt import build_messages
 from rag.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
@@ -61,7 +62,11 @@ class Generator:
         batching: bool = False,
         max_batch: int = 8,
         refusal_threshold: float | None = None,
+        speed: DecodeSpeed | None = None,
     ) -> None:
+        # decoder speed options (rag.decode_speed); the model comes with them already applied
+        self.speed = speed or DecodeSpeed()
+        self.speed.check(batching=batching)
         self.model = model
         self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.decoding)
         self.profile = profile  # prompt profile of rag.prompt.build_messages
@@ -87,11 +92,13 @@ class Generator:
         *,
         dtype: str = "float32",
         profile: str = "auto",
+        speed: DecodeSpeed | None = None,
         **kwargs: Any,
     ) -> Generator:
         """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
         ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
-        ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default)."""
+        ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default);
+        ``speed``: int8 / compile / static cache (:mod:`rag.decode_speed`, off by default)."""
         from rag.models import (
             load_generator,
             pick_device,
@@ -102,10 +109,12 @@ class Generator:
 
         dev = pick_device(device)
         adapter = resolve_adapter(name, adapter)
-        model, tokenizer = load_generator(name, adapter=adapter, device=dev, dtype=dtype)
+        speed = speed or DecodeSpeed()
+        speed.check(batching=kwargs.get("batching", False))  # before minutes of loading
+        model, tokenizer = load_generator(name, adapter, dev, dtype, speed)
         profile = pick_profile(name, adapter) if profile == "auto" else profile
-        threshold = pick_refusal_threshold(adapter)
-        return cls(model, tokenizer, dev, profile=profile, refusal_threshold=threshold, **kwargs)
+        kwargs.update(profile=profile, refusal_threshold=pick_refusal_threshold(adapter))
+        return cls(model, tokenizer, dev, speed=speed, **kwargs)
 
     # ---- prompt and budget -------------------------------------------------------------------
 
@@ -215,10 +224,13 @@ class Generator:
         if ban:
             kw["bad_words_ids"] = [list(b) for b in ban]
         use_prefix = self.prefix_cache if use_prefix_cache is None else use_prefix_cache
+        cache = None
         if use_cache and prompt_cache is not None:
-            kw["cache"] = prompt_cache  # e.g. rag.scoring.refusal_logprob's, all ids but the last
+            cache = prompt_cache  # e.g. rag.scoring.refusal_logprob's, all ids but the last
         elif use_cache and use_prefix and 0 < prefix_len < len(ids):
-            kw["cache"] = self._prefix_cache_for(ids[:prefix_len])
+            cache = self._prefix_cache_for(ids[:prefix_len])
+        if use_cache:  # the dynamic cache as is, or a static one holding it (rag.decode_speed)
+            kw.update(self.speed.generate_kwargs(self.model, cache, len(ids) + max_new_tokens))
         return kw
 
     def _run_generate(self, kw: dict[str, Any], streamer: Any) -> torch.Tensor:
@@ -266,7 +278,7 @@ class Generator:
             prompt_cache=prompt_cache,
             ban=ban,
         )
-        cached = kw["cache"].get_seq_length() if "cache" in kw else 0
+        cached = int(kw["cache"].get_seq_length()) if "cache" in kw else 0
         new = self._run_generate(kw, clock)[0, len(ids) :].tolist()
         if stats is not None:
             total = time.perf_counter() - t0

@@ -21,6 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rag.decode_speed import DecodeSpeed
 from rag.defaults import DEVICES, DTYPES
 from rag.gguf import (
     GGUF_PACKAGES,
@@ -251,15 +252,23 @@ def pick_dtype(dtype: str, device: str) -> Any:
 
 
 def load_generator(
-    name: str | Path, adapter: str | Path | None = None, device: str = "auto", dtype: Any = None
+    name: str | Path,
+    adapter: str | Path | None = None,
+    device: str = "auto",
+    dtype: Any = None,
+    speed: DecodeSpeed | None = None,
 ):
     """(model, tokenizer) for a causal LM folder or alias, with an optional peft LoRA adapter.
-    ``dtype``: a torch dtype, or ``auto`` / ``float32`` / ``bfloat16`` (None = float32)."""
+    ``dtype``: a torch dtype, or ``auto`` / ``float32`` / ``bfloat16`` (None = float32).
+    ``speed``: int8 decode layers / compiled forward, applied after the adapter is merged
+    (:mod:`rag.decode_speed`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(name)
     dev = pick_device(device)
+    speed = speed or DecodeSpeed()
+    speed.check(device=dev)
     if isinstance(dtype, str):
         dtype = pick_dtype(dtype, dev)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -273,6 +282,7 @@ def load_generator(
         # Qwen2.5-0.5B in bf16 on 2 cores); the merged model answers the same.
         model = model.merge_and_unload()
     model.to(dev).eval()
+    model = speed.prepare(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer

@@ -197,6 +197,7 @@ class RAGPipeline:
         if self._generator is None:
             with self._generator_lock:
                 if self._generator is None:
+                    from rag.decode_speed import DecodeSpeed
                     from rag.generate import Generator
 
                     cfg = self.config
@@ -210,6 +211,7 @@ class RAGPipeline:
                         profile=cfg.profile,
                         batching=cfg.batching,
                         max_batch=cfg.max_batch,
+                        speed=DecodeSpeed.from_config(cfg),
                     )
         return self._generator
 

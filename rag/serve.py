@@ -296,7 +296,8 @@ def create_app(
 CLI_FIELDS = (
     "index", "encoder", "decoder", "adapter", "k", "mode", "temperature", "top_p",
     "max_new_tokens", "max_context_tokens", "min_score", "prefix_cache", "complete_citations",
-    "device", "dtype", "profile",
+    "device", "dtype", "profile", "batching", "decoder_quantize", "decoder_compile",
+    "cache_implementation",
 )  # fmt: skip
 
 

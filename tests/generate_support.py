@@ -67,11 +67,17 @@ def model_config(arch: str, tokenizer, max_positions: int = 512) -> Any:
     return ModernBertDecoderConfig(cls_token_id=0, sep_token_id=0, **common)
 
 
-def build_model(arch: str, tokenizer, max_positions: int = 512, seed: int = 0):
+def build_model(
+    arch: str, tokenizer, max_positions: int = 512, seed: int = 0, init: float | None = None
+):
+    """A tiny random ``arch``; ``init`` (e.g. 0.2, 10x the default) sets the weights' init std
+    so attention is peaked enough that a wrong position or cache column changes greedy tokens."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     cfg = model_config(arch, tokenizer, max_positions)
+    if init is not None:
+        cfg.initializer_range = init
     return AutoModelForCausalLM.from_config(cfg).eval()
 
 
