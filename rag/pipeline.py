@@ -213,6 +213,12 @@ class RAGPipeline:
                     )
         return self._generator
 
+    @property
+    def generation(self) -> str | None:
+        """The index generation the retriever has loaded, or None before it is loaded (read
+        by ``rag.serve``'s ``/health``; never loads anything)."""
+        return getattr(self._retriever, "generation", None) if self._retriever else None
+
     # ---- steps -------------------------------------------------------------------------------
 
     def retrieve(self, query: str, k: int | None = None, mode: str | None = None) -> list[Hit]:

@@ -133,9 +133,18 @@ class Answer:
             for c in self.citations
         ]
 
+    @property
+    def generation(self) -> str:
+        """The index generation the passages came from (``gen-000007``; "" when none was
+        retrieved or the retriever names none). One search takes all its hits from one
+        generation (:class:`rag.retrieve.Snapshot`); were they ever mixed, every name would
+        show here, comma-separated, rather than one hiding the other."""
+        return ",".join(sorted({g for h in self.passages if (g := getattr(h, "generation", ""))}))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
+            "generation": self.generation,
             "citations": [c.to_dict() for c in self.citations],
             "raw_text": self.raw_text,
             "refused": self.refused,
