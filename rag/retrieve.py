@@ -12,6 +12,7 @@ Two faces over the same engine (:class:`rag.search_engine.SearchEngine`):
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,10 @@ class CorpusRetriever:
         self, query: str, k: int = 10, mode: str | None = None, **options: Any
     ) -> list[tuple[str, float]]:
         return self.search_many([query], k, mode, **options)[0]
+
+    def coverage(self, query: str, ids: Sequence[str]) -> float | None:
+        """Share of the query's IDF weight the best of ``ids`` holds (rag.answerability)."""
+        return self.engine.coverage(query, ids)
 
 
 class Retriever:
@@ -259,6 +264,10 @@ class Retriever:
             ]
             for row in rows
         ]
+
+    def coverage(self, query: str, hits: Sequence[Hit]) -> float | None:
+        """Share of the query's IDF weight the best of ``hits`` holds (rag.answerability)."""
+        return self.engine.coverage(query, [h.chunk.id for h in hits])
 
     def _shown(self, chunk: Chunk) -> Chunk:
         """``chunk`` with its display path: relative to the folder it was ingested from (the
