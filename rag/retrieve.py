@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,10 @@ class CorpusRetriever:
         self, query: str, k: int = 10, mode: str | None = None, **options: Any
     ) -> list[tuple[str, float]]:
         return self.search_many([query], k, mode, **options)[0]
+
+    def coverage(self, query: str, ids: Sequence[str]) -> float | None:
+        """Share of the query's IDF weight the best of ``ids`` holds (rag.answerability)."""
+        return self.engine.coverage(query, [self._text[i] for i in ids])
 
 
 RELOAD_TRIES = 5  # reads of CURRENT before a generation that keeps vanishing is an error
@@ -362,6 +367,11 @@ class Retriever:
             ]
             for row in rows
         ]
+
+    def coverage(self, query: str, hits: Sequence[Hit]) -> float | None:
+        """Share of the query's IDF weight the best of ``hits`` holds (rag.answerability); the
+        hits' own texts, so a generation swapped in since the search cannot lose them."""
+        return self.engine.coverage(query, [h.chunk.text for h in hits])
 
     def __len__(self) -> int:
         return len(self._state.chunks)
