@@ -25,16 +25,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from benchmarks.decode import hardware, source_passages
+from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
 from rag.paths import rag_home
 
 QUESTIONS = [
@@ -86,62 +85,38 @@ def build_prompts(gen: Any, cfg: LoadConfig) -> list[list[list[dict[str, str]]]]
     return out
 
 
+class DecoderSession:
+    """A session of :func:`benchmarks.loadgen.run_sessions` that streams its prompts straight
+    from ``gen``, keeping each prompt's first answer for the agreement check."""
+
+    def __init__(
+        self, gen: Any, prompts: list[Any], cfg: LoadConfig, s: int, answers: dict
+    ) -> None:
+        self.gen, self.prompts, self.cfg, self.s, self.answers = gen, prompts, cfg, s, answers
+
+    def ask(self, j: int) -> float | None:
+        j %= len(self.prompts)
+        stats: dict[str, float] = {}
+        text = "".join(
+            self.gen.stream(self.prompts[j], max_new_tokens=self.cfg.max_new_tokens, stats=stats)
+        )
+        self.answers.setdefault(f"{self.s}/{j}", text)  # one writer per key: no lock needed
+        return stats.get("ttft_s")
+
+    def close(self) -> None:
+        pass
+
+
 def run_mode(gen: Any, prompts: list[list[Any]], cfg: LoadConfig) -> dict[str, Any]:
-    """All sessions against ``gen`` for ``cfg.duration`` seconds; per-request records."""
-    records: list[dict[str, Any]] = []
+    """All sessions against ``gen`` for ``cfg.duration`` seconds (benchmarks.loadgen)."""
     answers: dict[str, str] = {}
-    lock = threading.Lock()
-    start = threading.Barrier(cfg.sessions + 1)
-    deadline = [0.0]
-
-    def session(s: int) -> None:
-        start.wait()
-        j = 0
-        while time.perf_counter() < deadline[0]:
-            msgs = prompts[s][j % len(prompts[s])]
-            key = f"{s}/{j % len(prompts[s])}"
-            j += 1
-            stats: dict[str, float] = {}
-            t0 = time.perf_counter()
-            try:
-                text = "".join(gen.stream(msgs, max_new_tokens=cfg.max_new_tokens, stats=stats))
-                rec = {"ok": True, "latency_s": time.perf_counter() - t0}
-                rec["ttft_s"] = stats.get("ttft_s", rec["latency_s"])
-            except Exception as e:  # counted, not fatal: the load goes on
-                text, rec = "", {"ok": False, "error": repr(e)}
-            with lock:
-                records.append(rec)
-                if rec["ok"]:
-                    answers.setdefault(key, text)
-
-    threads = [threading.Thread(target=session, args=(s,)) for s in range(cfg.sessions)]
-    for t in threads:
-        t.start()
     batcher = getattr(gen, "batcher", None)
     steps0 = (batcher.steps, batcher.row_steps) if batcher else (0, 0)
-    load0, cpu0 = os.getloadavg()[0], time.process_time()
-    t0 = time.perf_counter()
-    deadline[0] = t0 + cfg.duration
-    start.wait()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    ok = [r for r in records if r["ok"]]
-    lat = sorted(r["latency_s"] for r in ok)
-    out: dict[str, Any] = {
-        "requests": len(ok),
-        "errors": len(records) - len(ok),
-        "wall_s": wall,
-        "throughput_req_s": len(ok) / wall,
-        "p50_latency_s": statistics.median(lat) if lat else None,
-        "p95_latency_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))] if lat else None,
-        "max_latency_s": lat[-1] if lat else None,
-        "p50_ttft_s": statistics.median(r["ttft_s"] for r in ok) if ok else None,
-        "cpu_s": time.process_time() - cpu0,
-        "load_avg_1m_start": load0,
-        "load_avg_1m_end": os.getloadavg()[0],
-        "error_examples": sorted({r["error"] for r in records if not r["ok"]})[:3],
-    }
+    with machine_counters() as machine:
+        samples, wall = run_sessions(
+            cfg.sessions, cfg.duration, lambda s: DecoderSession(gen, prompts[s], cfg, s, answers)
+        )
+    out: dict[str, Any] = {**summarise(samples, wall), **machine}
     if batcher:
         steps, rows = batcher.steps - steps0[0], batcher.row_steps - steps0[1]
         out.update(steps=steps, mean_batch=rows / steps if steps else 0.0)
@@ -221,15 +196,12 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
-    def s(v: float | None) -> str:
-        return "–" if v is None else f"{v:.2f} s"
-
     for r in result["runs"]:
         mean = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "1"
         lines.append(
             f"| {r['mode']} | {r['round']} | {r['requests']} | {r['errors']} | "
-            f"{r['throughput_req_s']:.3f} | {s(r['p50_latency_s'])} | {s(r['p95_latency_s'])} | "
-            f"{s(r['p50_ttft_s'])} | {mean} | "
+            f"{r['throughput_req_s']:.3f} | {fmt_s(r['p50_latency_s'])} | {fmt_s(r['p95_latency_s'])} | "
+            f"{fmt_s(r['p50_ttft_s'])} | {mean} | "
             f"{r['load_avg_1m_start']:.1f} → {r['load_avg_1m_end']:.1f} |"
         )
     if agree := result.get("agreement"):

@@ -35,13 +35,16 @@ DOCQA_COLUMNS = (
 
 
 def row_name(config: Mapping[str, Any]) -> str:
-    """``decoder`` or ``decoder + LoRA`` (and the refusal gate's threshold when one was set)
-    from an eval's saved config."""
+    """``decoder`` or ``decoder + LoRA`` (and the refusal gate's and the answerability check's
+    thresholds when set) from an eval's saved config."""
     decoder = config.get("generator") or config.get("decoder") or "?"
     adapter = config.get("adapter")
     name = f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"
     gate = config.get("refusal_threshold")
-    return f"{name}, refusal gate {gate:g}" if gate is not None else name
+    name = f"{name}, refusal gate {gate:g}" if gate is not None else name
+    # runs before the answerability check existed have no key: the check was off
+    check = config.get("answerability_threshold")
+    return f"{name}, answerability check {check:g}" if check is not None else name
 
 
 def cell(value: Any, scale: float) -> str:

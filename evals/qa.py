@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from evals.cli import run_eval_cli
+from rag.answerability import DEFAULT_MODEL
 from rag.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
 from rag.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.prompt import build_messages, parse_citations
@@ -69,6 +70,8 @@ class QAEvalConfig:
     decoder_quantize: str = "none"  # none | int8 (decode steps through int8 linear layers)
     decoder_compile: bool = False  # torch.compile the decoder
     cache_implementation: str = "dynamic"  # dynamic | static KV cache
+    # rag mode, rag.answerability: refuse before decoding when p(unanswerable) >= this; none = off
+    answerability_threshold: float | None = DEFAULT_MODEL.threshold
 
 
 @dataclass
@@ -143,13 +146,25 @@ class ParagraphRetriever:
         self.mode = retriever
 
     def search(self, query: str, k: int = 5, mode: str | None = None) -> list:
-        from rag.types import Chunk, Hit
+        from rag.retrieve import FusedHit
+        from rag.types import Chunk
 
-        hits = self.index.search_many([query], k)[0]
+        rows = self.index.engine.search_many([query], k, self.mode)[0]
         return [
-            Hit(Chunk(d, self.by_id[d].context, self.by_id[d].title), s, rank, self.mode)
-            for rank, (d, s) in enumerate(hits, start=1)
+            FusedHit(
+                Chunk(r.id, self.by_id[r.id].context, self.by_id[r.id].title),
+                r.score,
+                rank,
+                r.mode,
+                dense_score=r.dense,
+                bm25_score=r.bm25,
+            )
+            for rank, r in enumerate(rows, start=1)
         ]
+
+    def coverage(self, query: str, hits: list) -> float | None:
+        """rag.answerability's IDF coverage over the indexed texts (title + paragraph)."""
+        return self.index.coverage(query, [h.chunk.id for h in hits])
 
 
 def answer_one(
@@ -219,6 +234,7 @@ def answer_rag(pipeline, q: Question, k: int, mode: str, max_new_tokens: int) ->
         "citation_correct": citation_correct(cited, gold) if gold else None,
         "citations_completed": ans.citations_completed,
         "refusal_probability": ans.refusal_probability,
+        "unanswerable_probability": ans.unanswerable_probability,
         "new_tokens": int(ans.timings.get("new_tokens", 0)),
         "generate_s": round(ans.timings.get("generate_s", 0.0), 3),
         "seconds": round(seconds, 3),
@@ -305,7 +321,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
         # By default citation accuracy measures the markers the model writes itself, so the
         # pipeline's likelihood-based citation completion (a UI fallback) is off here.
         config = RAGConfig(
-            complete_citations=cfg.complete_citations, refusal_threshold=cfg.refusal_threshold
+            complete_citations=cfg.complete_citations,
+            refusal_threshold=cfg.refusal_threshold,
+            answerability_threshold=cfg.answerability_threshold,
         )
         pipeline = RAGPipeline(config, retriever=retriever, generator=generator)
         rows = []

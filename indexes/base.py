@@ -76,9 +76,11 @@ class VectorIndex(ABC):
         self.add(ids, vectors, metadatas)
         self.commit()
 
-    def reconcile(self, live_ids: Iterable[str]) -> None:  # noqa: B027
-        """Called after each run, once the generation naming ``live_ids`` is live: drop what
-        the store holds beyond them. A generation's own store holds nothing else."""
+    def reconcile(self, keep_ids: Iterable[str]) -> None:  # noqa: B027
+        """Called after each run, once its generation is live: drop what the store holds
+        beyond ``keep_ids``, the ids of every generation a reader may still search (the live
+        one and the one before it, ``rag.manifest``). A generation's own store holds nothing
+        else."""
         return None
 
     @abstractmethod

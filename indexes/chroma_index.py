@@ -76,8 +76,9 @@ class ChromaIndex(VectorIndex):
     """One Chroma collection with inner-product space; scores are ``1 - distance``.
 
     Every generation of an ingested index shares the collection (``shared_store``): a run
-    upserts its new chunks before publishing and deletes what the published manifest no longer
-    names only afterwards (:meth:`reconcile`), so the live generation always finds its ids.
+    upserts its new chunks before publishing and deletes only afterwards (:meth:`reconcile`)
+    what neither the live generation nor the one before it names, so the live generation always
+    finds its ids, and so does a reader (another replica) still searching the previous one.
     """
 
     shared_store = True
@@ -141,12 +142,14 @@ class ChromaIndex(VectorIndex):
         metadatas: list[dict] | None = None,
     ) -> None:
         """Upsert only (harmless if repeated): deleting ``dropped`` now would take chunks from
-        the generation still live; :meth:`reconcile` deletes them once it is replaced."""
+        the generation still live; :meth:`reconcile` deletes them once no kept generation
+        names them."""
         self.add(ids, vectors, metadatas)
 
-    def reconcile(self, live_ids: Iterable[str]) -> None:
-        """Delete the ids the live manifest does not name: dropped chunks, a crashed run's."""
-        self.delete(sorted(set(self.ids()) - set(live_ids)))
+    def reconcile(self, keep_ids: Iterable[str]) -> None:
+        """Delete the ids no kept generation names: chunks dropped two publications ago, ids
+        only a crashed run added."""
+        self.delete(sorted(set(self.ids()) - set(keep_ids)))
 
     # ------------------------------------------------------------------ vectors
 

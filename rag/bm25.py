@@ -8,7 +8,8 @@ BEIR corpus, LoRA data mining uses it for distractors, contrastive training for 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import bm25s
@@ -19,6 +20,15 @@ _STEMMER = Stemmer.Stemmer("english")
 
 def tokenize(texts: Sequence[str]) -> bm25s.tokenization.Tokenized:
     return bm25s.tokenize(list(texts), stopwords="en", stemmer=_STEMMER, show_progress=False)
+
+
+def terms(texts: Sequence[str]) -> list[list[str]]:
+    """The index terms of each text (lower-cased, stop words out, stemmed), as BM25 sees them."""
+    if not texts:
+        return []
+    return bm25s.tokenize(
+        list(texts), stopwords="en", stemmer=_STEMMER, show_progress=False, return_ids=False
+    )
 
 
 class BM25Index:
@@ -52,6 +62,20 @@ class BM25Index:
             out.append(
                 [(self.ids[int(d)], float(s)) for d, s in zip(row_docs, row_scores) if s > 0]
             )
+        return out
+
+    def idf(self, words: Iterable[str]) -> dict[str, float]:
+        """Lucene IDF, log(1 + (N - df + 0.5) / (df + 0.5)), of each term (from :func:`terms`)
+        in this corpus. A term no document holds gets the largest IDF: a query about something
+        the corpus never mentions is exactly what the answerability check must notice."""
+        n = len(self.ids)
+        vocab = getattr(self._model, "vocab_dict", None) or {}
+        indptr = self._model.scores["indptr"] if self.ids else None
+        out = {}
+        for w in words:
+            i = vocab.get(w)
+            df = int(indptr[i + 1] - indptr[i]) if i is not None and indptr is not None else 0
+            out[w] = math.log(1 + (n - df + 0.5) / (df + 0.5))
         return out
 
     def save(self, folder: str | Path) -> None:

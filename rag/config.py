@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import tomllib
 
+from rag.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import add_dataclass_args, field_type
 from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE, DecodeSpeed, DecodeSpeedError
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, DTYPES, MODES
@@ -80,6 +81,9 @@ class RAGConfig:
     # answer with the refusal barred; None = the adapter's tuned threshold (its run.json), and
     # without one the decoder's greedy choice stands
     refusal_threshold: float | None = None
+    # answerability check (rag.answerability): refuse without decoding when p(unanswerable),
+    # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
+    answerability_threshold: float | None = DEFAULT_MODEL.threshold
     device: str = "auto"  # where the models run; auto = cuda when a GPU is visible
     # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.encoding)
     encoder_backend: str = "torch"
@@ -138,6 +142,9 @@ def validate(cfg: RAGConfig) -> None:
     t = cfg.refusal_threshold
     if t is not None and not 0 < t <= 1:
         raise ConfigError(f"refusal_threshold must be in (0, 1] or none, not {t}")
+    t = cfg.answerability_threshold
+    if t is not None and not 0 < t <= 1:
+        raise ConfigError(f"answerability_threshold must be in (0, 1] or none, not {t}")
     if cfg.temperature < 0:
         raise ConfigError(f"temperature must be >= 0, not {cfg.temperature}")
     if not 0 < cfg.top_p <= 1:

@@ -18,6 +18,13 @@
 An ingest builds the next generation in a hidden temporary folder, renames it into place and
 then replaces ``CURRENT``: a crash at any moment leaves the previous generation live and whole.
 For Chroma the manifest is the source of truth; ingest reconciles the collection with it.
+
+Garbage collection (the rule readers rely on): after a publication the live generation and the
+one before it stay on disk (:data:`KEEP_GENERATIONS`), and a vector store every generation
+shares keeps every id either one names (:func:`kept_chunk_ids`). So a long-lived reader (a
+``rag.serve`` replica, the UI) still searching the previous generation finds it whole, on disk
+and in the store, until the *next* publication; it switches at its next query
+(:class:`rag.retrieve.Retriever`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from rag.types import Chunk
 
 MANIFEST_VERSION = 1
 CURRENT = "CURRENT"
+KEEP_GENERATIONS = 2  # the live generation and the one before it (readers may still use it)
 
 
 class IndexNotFoundError(FileNotFoundError):
@@ -127,7 +135,8 @@ def new_generation(root: Path) -> Path:
 
 def publish_generation(root: Path, tmp: Path, checkpoint=lambda name: None) -> Path:
     """Rename ``tmp`` into place and point CURRENT at it (the commit point), then drop all but
-    the previous generation (kept so a reader that has just read CURRENT can still open it)."""
+    the previous generation (kept so a reader that has just read CURRENT, or is still searching
+    the generation it loaded, can go on using it)."""
     final = root / tmp.name.split(".tmp-")[0].lstrip(".")
     if final.exists():  # left by a run that crashed before updating CURRENT
         shutil.rmtree(final)
@@ -146,11 +155,11 @@ def publish_generation(root: Path, tmp: Path, checkpoint=lambda name: None) -> P
     os.replace(pointer, root / CURRENT)
     _fsync_dir(root)
     checkpoint("after-pointer")
-    clean_stale(root, keep=2)
+    clean_stale(root)
     return final
 
 
-def clean_stale(root: Path, keep: int = 2) -> None:
+def clean_stale(root: Path, keep: int = KEEP_GENERATIONS) -> None:
     """Remove temporary folders of crashed runs and generations older than the last ``keep``."""
     current = current_generation(root)
     for p in root.glob(".*.tmp-*"):
@@ -164,6 +173,22 @@ def clean_stale(root: Path, keep: int = 2) -> None:
     for g in gens:
         if g.name > current.name:  # renamed into place but never made current
             shutil.rmtree(g, ignore_errors=True)
+
+
+def kept_chunk_ids(root: Path) -> set[str]:
+    """Chunk ids named by any published generation still on disk (after :func:`clean_stale`:
+    the live one and the one before it). A store all generations share must keep these, so a
+    reader still on the previous generation never misses a vector it names."""
+    current = current_generation(root)
+    ids: set[str] = set()
+    for gen in sorted(root.glob("gen-*")):
+        if current is None or gen.name > current.name or not gen.is_dir():
+            continue  # never published: its ids are no reader's
+        try:
+            ids |= read_manifest(gen).chunk_ids()
+        except FileNotFoundError:  # removed meanwhile (no ingest runs beside us: the lock)
+            continue
+    return ids
 
 
 @contextmanager

@@ -6,8 +6,9 @@ concurrent sessions share one copy of each model.
 
 Grounding rules, in one place:
 
-- nothing relevant retrieved (no hits, or every hit under the relevance threshold) → the answer
-  is :data:`rag.prompt.REFUSAL` and the model is not called;
+- nothing relevant retrieved (no hits, or every hit under the relevance threshold), or the
+  answerability check (:mod:`rag.answerability`) judges the passages unable to hold the answer
+  → the answer is :data:`rag.prompt.REFUSAL` and the model is not called;
 - citation markers ``[n]`` are parsed with :func:`rag.prompt.parse_citations`; each valid number
   maps to the passage given at that position; a number that names no given passage is dropped
   from the text, never shown as a source, and listed in ``Answer.invalid_citations``;
@@ -30,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rag.answerability import AnswerabilityDecision, check
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, parse_citations
 from rag.refusal import RefusalDecision, decide, supports_gate
@@ -55,6 +57,7 @@ class Prepared:
     hits: list[Hit]  # passages given to the model, in prompt order ([1] first)
     messages: list[dict[str, str]]
     timings: dict[str, float]
+    answerable: AnswerabilityDecision | None = None  # rag.answerability; None = not checked
 
 
 def normalise_history(history: Any) -> list[tuple[str, str]]:
@@ -114,6 +117,7 @@ def make_answer(raw: str, prep: Prepared) -> Answer:
         passages=list(prep.hits),
         query=prep.query,
         timings=prep.timings,
+        unanswerable_probability=prep.answerable.probability if prep.answerable else None,
     )
 
 
@@ -215,6 +219,12 @@ class RAGPipeline:
                     )
         return self._generator
 
+    @property
+    def generation(self) -> str | None:
+        """The index generation the retriever has loaded, or None before it is loaded (read
+        by ``rag.serve``'s ``/health``; never loads anything)."""
+        return getattr(self._retriever, "generation", None) if self._retriever else None
+
     # ---- steps -------------------------------------------------------------------------------
 
     def retrieve(self, query: str, k: int | None = None, mode: str | None = None) -> list[Hit]:
@@ -260,7 +270,9 @@ class RAGPipeline:
         messages = (
             gen.messages(query, kept) if hasattr(gen, "messages") else build_messages(query, kept)
         )
-        return Prepared(question, query, hits, messages, timings)
+        threshold = self.config.answerability_threshold
+        answerable = check(self.retriever, query, hits, threshold)
+        return Prepared(question, query, hits, messages, timings, answerable)
 
     def _decode_args(
         self,
@@ -351,14 +363,15 @@ class RAGPipeline:
     ) -> tuple[Answer | None, RefusalDecision | None]:
         """(the refusal, when nothing relevant was retrieved or the gate refuses, else None;
         the gate's decision). Either refusal decodes nothing."""
-        gate = self._gate(prep) if prep.hits else None
-        if prep.hits and not (gate is not None and gate.refuse):
+        unanswerable = prep.answerable is not None and prep.answerable.refuse
+        gate = self._gate(prep) if prep.hits and not unanswerable else None
+        if prep.hits and not unanswerable and not (gate is not None and gate.refuse):
             return None, gate
         prep.timings["total_s"] = time.perf_counter() - t0
-        if gate is None:
+        if not prep.hits:
             return refusal(prep), None
-        answer = make_answer(REFUSAL, prep)  # the gate's refusal still shows the passages
-        answer.refusal_probability = gate.probability
+        answer = make_answer(REFUSAL, prep)  # these refusals still show the passages
+        answer.refusal_probability = gate.probability if gate is not None else None
         return answer, gate
 
     def _gate(self, prep: Prepared) -> RefusalDecision | None:

@@ -4,24 +4,27 @@ convex fusion of normalised scores, :mod:`rag.fusion`), with an optional cross-e
 Two faces over the same engine (:class:`rag.search_engine.SearchEngine`):
 
 - :class:`Retriever` opens an index written by ``rag.ingest`` and returns :class:`Hit` objects
-  with their chunks (what ``rag.search``, the answer pipeline and the UI use);
+  with their chunks (what ``rag.search``, the answer pipeline, the UI and ``rag.serve`` use); it
+  follows the index's published generation (see :class:`Retriever`);
 - :class:`CorpusRetriever` indexes ``ids``/``texts`` in memory and returns (id, score) lists
   (what the retrieval and QA evals use), so evals measure the code the system runs.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from indexes import load_generation, scratch_index
 from rag.bm25 import BM25Index
 from rag.defaults import MODES
-from rag.encoding import Encoder
+from rag.encoding import Encoder, EncoderMismatchError
 from rag.fusion import check_fusion
-from rag.manifest import current_generation, open_generation, read_chunks
+from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
 from rag.rerank import CrossEncoderReranker, Reranker
 from rag.search_engine import SearchEngine
@@ -31,13 +34,21 @@ from rag.types import Chunk, Hit
 @dataclass(frozen=True)
 class FusedHit(Hit):
     """A hit with its component scores (None where that retriever did not return it), so the
-    answer pipeline can judge relevance of a fused list by the dense or BM25 score."""
+    answer pipeline can judge relevance of a fused list by the dense or BM25 score, and the
+    index generation it was found in (``gen-000007``; "" outside an ingested index), so an
+    answer can say which published index it came from (replicas switch generations live)."""
 
     dense_score: float | None = None
     bm25_score: float | None = None
+    generation: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "dense_score": self.dense_score, "bm25_score": self.bm25_score}
+        return {
+            **super().to_dict(),
+            "dense_score": self.dense_score,
+            "bm25_score": self.bm25_score,
+            "generation": self.generation,
+        }
 
 
 class CorpusRetriever:
@@ -116,13 +127,49 @@ class CorpusRetriever:
     ) -> list[tuple[str, float]]:
         return self.search_many([query], k, mode, **options)[0]
 
+    def coverage(self, query: str, ids: Sequence[str]) -> float | None:
+        """Share of the query's IDF weight the best of ``ids`` holds (rag.answerability)."""
+        return self.engine.coverage(query, [self._text[i] for i in ids])
+
+
+RELOAD_TRIES = 5  # reads of CURRENT before a generation that keeps vanishing is an error
+
+
+@dataclass
+class Snapshot:
+    """One published generation as loaded for search. A query takes the retriever's snapshot
+    once and uses nothing else, so its chunks, BM25 index, vector filter and display paths all
+    come from one generation even when a new one is swapped in meanwhile."""
+
+    root: Path
+    gen: Path
+    manifest: Manifest
+    chunks: dict[str, Chunk]
+    engine: SearchEngine
+    paths: dict[str, str] = field(default_factory=dict)  # source -> display path (a cache)
+
+    def shown(self, chunk: Chunk) -> Chunk:
+        """``chunk`` with its display path: relative to the folder it was ingested from (the
+        manifest's roots), so results and citations never show the machine's absolute path."""
+        path = self.paths.get(chunk.source)
+        if path is None:
+            path = self.paths[chunk.source] = display_source(chunk.source, self.manifest.roots)
+        return replace(chunk, path=path)
+
 
 class Retriever:
     """Search an index written by ``rag.ingest``; returns :class:`Hit` objects with chunks.
 
-    Re-reads the index when an ingest publishes a new generation, so a long-lived retriever (the
-    UI) sees uploads without a restart. ``fusion``/``alpha``/``norm``/``rerank_depth``: as
-    :class:`~rag.search_engine.SearchEngine` (defaults: plain RRF, every candidate reranked).
+    Follows the published generation without a restart, for a long-lived process (the UI, each
+    ``rag.serve`` replica): before every search it reads the index's ``CURRENT`` pointer (one
+    small file read), and when an ingest has published a new generation one thread loads it
+    while the others keep searching the old one, then the new :class:`Snapshot` replaces the
+    old in one assignment. Queries already running finish on the snapshot they took. The old
+    generation stays searchable meanwhile because ingest keeps the previous generation's
+    folder and its vectors (``rag.manifest.publish_generation``, ``VectorIndex.reconcile``);
+    a snapshot whose folder is gone is never used for a new query.
+    ``fusion``/``alpha``/``norm``/``rerank_depth``: as :class:`~rag.search_engine.SearchEngine`
+    (defaults: plain RRF, every candidate reranked).
     """
 
     def __init__(
@@ -149,7 +196,8 @@ class Retriever:
         }
         self._given = encoder
         self._encoder: Encoder | None = None
-        self._load()
+        self._reload = threading.Lock()  # one thread loads a new generation at a time
+        self._state = self._read()
         if encoder is not None:  # an explicit encoder is checked now, not at the first query
             self._get_encoder()
 
@@ -173,32 +221,92 @@ class Retriever:
             reranker = CrossEncoderReranker(reranker, device=device, max_length=max_length)
         return cls(index, encoder=encoder, device=device, reranker=reranker, **kw)
 
-    def _load(self) -> None:
-        self.root, self.gen, self.manifest = open_generation(self.index)
-        self.chunks: dict[str, Chunk] = read_chunks(self.gen)
-        self._paths: dict[str, str] = {}  # source -> display path, for this generation's roots
-        m = self.manifest
+    # ---- the loaded generation ---------------------------------------------------------------
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The generation loaded now (a new query may replace it: take it once and keep it)."""
+        return self._state
+
+    root = property(lambda self: self._state.root, doc="The index folder.")
+    gen = property(lambda self: self._state.gen, doc="The loaded generation's folder.")
+    manifest = property(lambda self: self._state.manifest, doc="The loaded generation's manifest.")
+    chunks = property(lambda self: self._state.chunks, doc="The loaded generation's chunks by id.")
+    engine = property(lambda self: self._state.engine, doc="The loaded generation's engine.")
+
+    @property
+    def generation(self) -> str:
+        """Name of the loaded generation (``gen-000007``)."""
+        return self._state.gen.name
+
+    def _read(self) -> Snapshot:
+        """Load the generation ``CURRENT`` names. A generation removed between reading the
+        pointer and reading its files (two ingests published meanwhile) is retried with the
+        pointer read again."""
+        for _ in range(RELOAD_TRIES - 1):
+            try:
+                return self._read_once()
+            except FileNotFoundError:
+                continue
+        return self._read_once()
+
+    def _read_once(self) -> Snapshot:
+        root, gen, m = open_generation(self.index)
+        chunks: dict[str, Chunk] = read_chunks(gen)
         vectors = load_generation(
             m.backend,
-            self.root,
-            self.gen,
+            root,
+            gen,
             m.encoder["dim"],
             chroma_url=m.chroma_url,
             collection=m.collection,
         )
-        bm25 = BM25Index.load(self.gen / "bm25")
+        bm25 = BM25Index.load(gen / "bm25")
         # a store every generation shares may hold ids this generation does not name
-        keep = self.chunks.__contains__ if vectors.shared_store else None
-        self.engine = SearchEngine(
+        keep = chunks.__contains__ if vectors.shared_store else None
+        engine = SearchEngine(
             self._get_encoder,
             vectors,
             bm25,
-            lambda i: self.chunks[i].text,
+            lambda i: chunks[i].text,
             self.reranker,
             self.depth,
             keep,
             **self.options,
         )
+        return Snapshot(root, gen, m, chunks, engine)
+
+    def _swap(self, new: Snapshot) -> None:
+        """Make ``new`` the loaded generation. A loaded encoder is kept if the new manifest
+        records the same one (ingest refuses another on an existing index); an index rebuilt
+        with another encoder gets its own recorded encoder on the next dense query, while an
+        encoder given explicitly is checked and refused as at start-up."""
+        if self._encoder is not None:
+            try:
+                self._encoder.check_matches(new.manifest.encoder, str(self.index))
+            except EncoderMismatchError:
+                if self._given is not None:
+                    raise
+                self._encoder = None
+        self._state = new
+
+    def _current(self) -> Snapshot:
+        """The snapshot a new query should use: the loaded one while ``CURRENT`` still names
+        it, else the newly published generation (loaded here, or by the thread already loading
+        it while this query uses the old one if its folder, and so its vectors, still exist)."""
+        state = self._state
+        if current_generation(state.root) == state.gen:
+            return state
+        if not self._reload.acquire(blocking=False):
+            if state.gen.is_dir():
+                return state
+            self._reload.acquire()  # the old generation is gone: wait for the new one
+        try:
+            if self._state is state or not self._state.gen.is_dir():
+                self._swap(self._read())
+            return self._state
+        finally:
+            self._reload.release()
 
     def _get_encoder(self) -> Encoder:
         if self._encoder is None:
@@ -229,11 +337,9 @@ class Retriever:
         return self._get_encoder()
 
     def refresh(self) -> bool:
-        """Reload if an ingest published a new generation since; True when it did."""
-        if current_generation(self.root) == self.gen:
-            return False
-        self._load()
-        return True
+        """Load the published generation if it is not the loaded one; True when it was not."""
+        before = self._state
+        return self._current() is not before
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid", **options: Any) -> list[Hit]:
         """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid;
@@ -243,30 +349,29 @@ class Retriever:
     def search_many(
         self, queries: list[str], k: int = 10, mode: str = "hybrid", **options: Any
     ) -> list[list[Hit]]:
-        self.refresh()
-        rows = self.engine.search_many(queries, k, mode, **options)
+        """Hits per query, all from one generation (the one published when the call began)."""
+        state = self._current()
+        rows = state.engine.search_many(queries, k, mode, **options)
         return [
             [
                 FusedHit(
-                    self._shown(self.chunks[r.id]),
+                    state.shown(state.chunks[r.id]),
                     r.score,
                     rank=rank,
                     mode=r.mode,
                     dense_score=r.dense,
                     bm25_score=r.bm25,
+                    generation=state.gen.name,
                 )
-                for rank, r in enumerate((r for r in row if r.id in self.chunks), start=1)
+                for rank, r in enumerate((r for r in row if r.id in state.chunks), start=1)
             ]
             for row in rows
         ]
 
-    def _shown(self, chunk: Chunk) -> Chunk:
-        """``chunk`` with its display path: relative to the folder it was ingested from (the
-        manifest's roots), so results and citations never show the machine's absolute path."""
-        path = self._paths.get(chunk.source)
-        if path is None:
-            path = self._paths[chunk.source] = display_source(chunk.source, self.manifest.roots)
-        return replace(chunk, path=path)
+    def coverage(self, query: str, hits: Sequence[Hit]) -> float | None:
+        """Share of the query's IDF weight the best of ``hits`` holds (rag.answerability); the
+        hits' own texts, so a generation swapped in since the search cannot lose them."""
+        return self.engine.coverage(query, [h.chunk.text for h in hits])
 
     def __len__(self) -> int:
-        return len(self.chunks)
+        return len(self._state.chunks)

@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from indexes import VectorIndex
-from rag.bm25 import BM25Index
+from rag.answerability import coverage
+from rag.bm25 import BM25Index, terms
 from rag.defaults import MODES
 from rag.encoding import Encoder
 from rag.fusion import check_fusion, fuse
@@ -95,6 +96,14 @@ class SearchEngine:
         if self._encoder is None:
             raise ValueError("dense and hybrid search need an encoder (this retriever has none)")
         return self._encoder
+
+    def coverage(self, query: str, texts: Sequence[str]) -> float | None:
+        """The answerability signal :func:`rag.answerability.coverage` of ``query`` over
+        ``texts``, weighted by this corpus's BM25 IDF; None without a BM25 index."""
+        if self.bm25 is None:
+            return None
+        words = terms([query])[0]
+        return coverage(words, terms(list(texts)), self.bm25.idf(set(words)))
 
     def _dense(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
         if self.vectors is None:

@@ -205,7 +205,12 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, Any]:
         s = service.slots
-        return {"status": "ok", "in_flight": s.used, "max_concurrent": s.size}
+        return {
+            "status": "ok",
+            "in_flight": s.used,
+            "max_concurrent": s.size,
+            "generations": service.pipelines.generations(),
+        }
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -76,6 +76,7 @@ class Pipelines:
     def __init__(self, base: RAGConfig, factory: PipelineFactory, size: int = 4) -> None:
         self.base, self.factory, self.size = base, factory, size
         self._items: OrderedDict[str, Any] = OrderedDict()
+        self._view: dict[str, Any] = {}  # a copy for readers that must not wait on a load
         self._lock = threading.Lock()
 
     def get(self, index: str) -> Any:
@@ -88,7 +89,14 @@ class Pipelines:
             self._items[index] = pipe
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
+            self._view = dict(self._items)
             return pipe
+
+    def generations(self) -> dict[str, str]:
+        """The index generation each built pipeline has loaded (``/health``), without taking
+        the lock a pipeline load holds: a probe must answer while an index loads."""
+        found = {name: getattr(pipe, "generation", None) for name, pipe in self._view.items()}
+        return {name: gen for name, gen in found.items() if isinstance(gen, str) and gen}
 
 
 class Slots:

@@ -114,6 +114,8 @@ class Answer:
     citation_logprobs: list[float] = field(default_factory=list)
     # p(REFUSAL | prompt) when the refusal gate is on (rag.refusal); None when it is off
     refusal_probability: float | None = None
+    # p(the passages cannot answer) from retrieval signals (rag.answerability); None = unchecked
+    unanswerable_probability: float | None = None
     # Citation verification (rag.verify), when ``verified``: numbers of citations flagged as
     # unsupported by their passage (kept, Citation.supported False); (from, to) pairs of
     # citations moved to the passage that supports the sentence; whether the answer looks like
@@ -133,9 +135,18 @@ class Answer:
             for c in self.citations
         ]
 
+    @property
+    def generation(self) -> str:
+        """The index generation the passages came from (``gen-000007``; "" when none was
+        retrieved or the retriever names none). One search takes all its hits from one
+        generation (:class:`rag.retrieve.Snapshot`); were they ever mixed, every name would
+        show here, comma-separated, rather than one hiding the other."""
+        return ",".join(sorted({g for h in self.passages if (g := getattr(h, "generation", ""))}))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "text": self.text,
+            "generation": self.generation,
             "citations": [c.to_dict() for c in self.citations],
             "raw_text": self.raw_text,
             "refused": self.refused,
@@ -146,6 +157,7 @@ class Answer:
             "citations_completed": self.citations_completed,
             "citation_logprobs": self.citation_logprobs,
             "refusal_probability": self.refusal_probability,
+            "unanswerable_probability": self.unanswerable_probability,
             "verified": self.verified,
             "unsupported_citations": self.unsupported_citations,
             "reattributed": [list(pair) for pair in self.reattributed],

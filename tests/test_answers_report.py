@@ -38,4 +38,8 @@ def test_no_adapter_means_the_base_model(adapter):
 def test_gated_rows_name_their_threshold():
     cfg = {"generator": "q", "adapter": "a/lora", "refusal_threshold": 0.6}
     assert row_name(cfg) == "q + LoRA, refusal gate 0.6"
-    assert row_name({**cfg, "refusal_threshold": None}) == "q + LoRA"
+    cfg["answerability_threshold"] = 0.356
+    assert row_name(cfg) == "q + LoRA, refusal gate 0.6, answerability check 0.356"
+    assert (
+        row_name({**cfg, "refusal_threshold": None, "answerability_threshold": None}) == "q + LoRA"
+    )

@@ -1,15 +1,11 @@
 """One contract for every vector index backend: FAISS, embedded Chroma, and a real Chroma server
-started on 127.0.0.1 for the session (``chroma run``), stopped at the end."""
+started on 127.0.0.1 for the session (``chroma run``, the ``chroma_server`` fixture of
+conftest.py), stopped at the end."""
 
 from __future__ import annotations
 
 import ast
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -27,48 +23,6 @@ from indexes import (
 )
 
 DIM = 16
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def chroma_server(tmp_path_factory):
-    """URL of a Chroma server running from this venv on a free loopback port."""
-    exe = Path(sys.executable).with_name("chroma")
-    if not exe.exists():
-        pytest.skip(f"{exe} not found (chromadb's CLI)")
-    port = free_port()
-    path = tmp_path_factory.mktemp("chroma_server")
-    log = open(path.parent / "chroma_server.log", "wb")  # noqa: SIM115 (closed in teardown)
-    proc = subprocess.Popen(
-        [str(exe), "run", "--path", str(path), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/api/v2/heartbeat", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"chroma server did not start (exit {proc.poll()}); see {log.name}")
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
 
 
 _counter = iter(range(10**6))

@@ -153,5 +153,6 @@ def test_load_benchmark_runs_against_the_app(client, tmp_path):
     cfg = LoadConfig(url=client.src, index=INDEX, sessions=2, duration=2.0, k=2, out=str(tmp_path))
     summary = run(cfg)
     assert summary["errors"] == 0 and summary["requests"] >= 2, summary
-    assert summary["p50_s"] <= summary["p95_s"]
+    assert summary["p50_latency_s"] <= summary["p95_latency_s"]
+    assert 0 < summary["p50_ttft_s"] <= summary["p95_latency_s"]
     assert (tmp_path / "results.json").exists() and (tmp_path / "latency.png").exists()

@@ -43,6 +43,10 @@ __all__ = ["AppConfig", "ChatApp", "build_app", "launch", "main", "parse_args", 
 log = logging.getLogger("ui")
 SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "sans-serif"]  # local fonts: no web-font fetch
 MONO_FONTS = ["ui-monospace", "monospace"]
+# Slider bounds of the per-request settings; Gradio refuses a request outside them, so clients
+# of the /chat endpoint (benchmarks.clients) check against these.
+K_RANGE = (1, 20)
+MAX_NEW_TOKENS_RANGE = (16, 512)
 
 
 def keep_orig_names(component: gr.File) -> gr.File:
@@ -108,12 +112,15 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
                 refresh = gr.Button("Refresh lists", size="sm")
             with gr.Row():
                 mode = gr.Radio(list(MODES), value=config.rag.mode, label="Retrieval mode")
-                k = gr.Slider(1, 20, value=config.rag.k, step=1, label="k (passages)")
+                k = gr.Slider(*K_RANGE, value=config.rag.k, step=1, label="k (passages)")
                 temperature = gr.Slider(
                     0.0, 1.5, value=config.rag.temperature, step=0.05, label="Temperature"
                 )
                 max_new = gr.Slider(
-                    16, 512, value=config.rag.max_new_tokens, step=16, label="Max new tokens"
+                    *MAX_NEW_TOKENS_RANGE,
+                    value=config.rag.max_new_tokens,
+                    step=16,
+                    label="Max new tokens",
                 )
         with gr.Accordion("Upload documents into the current index", open=False):
             gr.Markdown(

@@ -36,6 +36,7 @@ from rag.manifest import (
     collection_name,
     current_generation,
     ingest_lock,
+    kept_chunk_ids,
     new_generation,
     publish_generation,
     read_chunks,
@@ -189,7 +190,9 @@ def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine) -> Ingest
     else:
         report.generation = gen.name if gen else ""
         shutil.rmtree(tmp, ignore_errors=True)
-    vindex.reconcile(chunks)  # e.g. ids only a crashed run added, in a store shared by all
+    # a store shared by all generations drops what no kept generation names (e.g. ids only a
+    # crashed run added); the previous generation's ids stay for readers still on it
+    vindex.reconcile(set(chunks) | kept_chunk_ids(root) if vindex.shared_store else chunks)
     vindex.close()
     report.chunks = len(chunks)
     report.seconds = time.perf_counter() - t0

@@ -1,0 +1,192 @@
+"""Fit and measure the answerability check (rag.answerability) on SQuAD, by retrieval alone.
+
+Questions from the articles left in the index are answerable; questions from the articles taken
+out (``--removed-articles``) are not. For each question the retriever returns the ``k``
+passages the pipeline would give the decoder, and the two signals are recorded: the best
+query-passage cosine and the query's IDF coverage. No decoder runs, so a split costs seconds.
+
+- ``--split train --fit``: fit scikit-learn's LogisticRegression (p(unanswerable) from the two
+  signals) and pick the threshold that refuses most unanswerable questions while false
+  refusals (answerable questions whose passages hold the answer, refused) stay within
+  ``--max-false-refusal``; the result's ``model`` is what rag.answerability.DEFAULT_MODEL holds.
+- ``--split dev`` (the default): measure the shipped model (or ``--model FILE.json``, a fitted
+  result) on the held-out articles: refusal rate on unanswerable questions, false-refusal rate,
+  ROC AUC of each signal and of the model.
+
+CLI::
+
+    python -m evals.answerability --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
+        --split train --fit --out artifacts/evals/answerability-train.json
+    python -m evals.answerability --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
+        --model artifacts/evals/answerability-train.json
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from evals.cli import run_eval_cli
+from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
+from rag.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
+from rag.datasets import load_squad_paragraphs, squad_split
+
+
+@dataclass
+class AnswerabilityEvalConfig:
+    """One fit or measurement; every field is written to the output JSON."""
+
+    squad: str = ""  # SQuAD v1.1 JSON file
+    articles: list[str] = field(default_factory=list)  # article titles; empty = --split's
+    split: str = "dev"  # dev (held-out: report here) | train (fit here)
+    fit: bool = False  # fit the model and pick the threshold on these questions
+    model: str | None = None  # a fitted result JSON to measure; none = the shipped model
+    removed_articles: int = 2  # articles taken out of the index (their questions: unanswerable)
+    limit: int = 300  # answerable questions (seeded sample); 0 = all
+    unanswerable_limit: int = 100  # questions asked from the removed articles
+    retriever: str = "hybrid"  # dense | hybrid (the check needs a dense score)
+    encoder: str = "minilm"  # encoder alias or folder
+    k: int = 5  # passages per question, as the pipeline gives the decoder
+    seed: int = 0  # question sample and removed articles (as evals.qa)
+    max_false_refusal: float = 0.05  # --fit: the false-refusal limit the threshold keeps
+
+
+def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -> list[dict]:
+    """Per question: answerable, whether its passages hold the answer, dense, coverage."""
+    if cfg.retriever not in ("dense", "hybrid"):
+        raise ValueError(f"--retriever must be dense or hybrid, not {cfg.retriever!r}")
+    paragraphs = load_squad_paragraphs(cfg.squad)
+    articles = cfg.articles or squad_split(cfg.squad)[cfg.split == "dev"]
+    removed = removed_articles(articles, cfg.removed_articles, cfg.seed)
+    asked = select_questions(
+        paragraphs, [a for a in articles if a not in removed], cfg.limit, cfg.seed
+    )
+    unanswerable = select_questions(paragraphs, removed, cfg.unanswerable_limit, cfg.seed)
+    if encoder is None:
+        from rag.models import load_embedder
+
+        encoder = load_embedder(cfg.encoder)
+    kept = [p for p in paragraphs if p.title not in set(removed)]
+    retriever = ParagraphRetriever(kept, cfg.retriever, encoder)
+    rows = []
+    for q in tqdm(asked + unanswerable, desc="answerability", disable=not progress or None):
+        hits = retriever.search(q.text, cfg.k)
+        answerable = q.paragraph.rsplit("/", 1)[0] not in removed
+        rows.append(
+            {
+                "id": q.id,
+                "question": q.text,
+                "answerable": answerable,
+                "holds_answer": answerable
+                and any(
+                    h.chunk.id == q.paragraph or holds_answer(h.chunk.text, q.answers) for h in hits
+                ),
+                "dense": best_dense(hits),
+                "coverage": retriever.coverage(q.text, hits),
+            }
+        )
+    return rows
+
+
+def rates(rows: list[dict], probs: list[float], threshold: float) -> dict[str, float]:
+    """Refusal rate on unanswerable questions and false-refusal rate on answerable questions
+    whose passages hold the answer, at ``threshold``."""
+    una = [p >= threshold for r, p in zip(rows, probs) if not r["answerable"]]
+    ok = [p >= threshold for r, p in zip(rows, probs) if r["holds_answer"]]
+    return {
+        "refusal_rate_unanswerable": sum(una) / len(una) if una else 0.0,
+        "false_refusal_rate": sum(ok) / len(ok) if ok else 0.0,
+    }
+
+
+def pick_threshold(rows: list[dict], probs: list[float], max_false: float) -> float:
+    """The lowest threshold (most refusals) whose false-refusal rate is within ``max_false``."""
+    for t in sorted(set(probs)):
+        if rates(rows, probs, t)["false_refusal_rate"] <= max_false:
+            return float(t)
+    return 1.0
+
+
+def fit(rows: list[dict], max_false: float, fitted_on: str) -> AnswerabilityModel:
+    """Logistic regression of unanswerable on (dense, coverage), then the threshold."""
+    from sklearn.linear_model import LogisticRegression
+
+    x = [[r["dense"], r["coverage"]] for r in rows]
+    y = [not r["answerable"] for r in rows]
+    if len(set(y)) < 2:
+        raise ValueError("--fit needs answerable and unanswerable questions (--removed-articles)")
+    lr = LogisticRegression(max_iter=1000).fit(x, y)
+    (wd, wc), b = lr.coef_[0], lr.intercept_[0]
+    model = AnswerabilityModel(round(wd, 3), round(wc, 3), round(b, 3), 1.0, fitted_on)
+    probs = [model.probability(r["dense"], r["coverage"]) for r in rows]
+    t = pick_threshold(rows, probs, max_false)
+    return AnswerabilityModel(
+        model.dense_weight, model.coverage_weight, model.bias, round(t, 3), fitted_on
+    )
+
+
+def load_model(path: str | None) -> AnswerabilityModel:
+    """The model in a fitted result JSON (``--model``), or the shipped one."""
+    if not path:
+        return DEFAULT_MODEL
+    try:
+        return AnswerabilityModel(**json.loads(Path(path).read_text())["model"])
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"--model {path}: not an evals.answerability result ({e})") from e
+
+
+def auc(rows: list[dict], scores: list[float]) -> float:
+    """ROC AUC of ``scores`` for 'unanswerable' (scikit-learn)."""
+    from sklearn.metrics import roc_auc_score
+
+    y = [not r["answerable"] for r in rows]
+    return float(roc_auc_score(y, scores)) if len(set(y)) == 2 else float("nan")
+
+
+def evaluate_answerability(cfg: AnswerabilityEvalConfig, encoder=None) -> dict:
+    rows = [r for r in signals(cfg, encoder) if r["dense"] is not None]
+    where = f"SQuAD {cfg.split} articles, {cfg.encoder}, {cfg.retriever} k={cfg.k}"
+    model = fit(rows, cfg.max_false_refusal, where) if cfg.fit else load_model(cfg.model)
+    probs = [model.probability(r["dense"], r["coverage"]) for r in rows]
+    for r, p in zip(rows, probs):
+        r["probability"] = p
+    metrics = {
+        **rates(rows, probs, model.threshold),
+        "auc_model": auc(rows, probs),
+        "auc_dense": auc(rows, [-r["dense"] for r in rows]),
+        "auc_coverage": auc(rows, [-r["coverage"] for r in rows]),
+        "answerable": sum(r["answerable"] for r in rows),
+        "unanswerable": sum(not r["answerable"] for r in rows),
+    }
+    return {"config": asdict(cfg), "model": model.to_dict(), "metrics": metrics, "rows": rows}
+
+
+def _summary(cfg: AnswerabilityEvalConfig, result: dict) -> str:
+    m, mod = result["metrics"], result["model"]
+    return (
+        f"{cfg.split}: threshold {mod['threshold']:g}: unanswerable refused "
+        f"{100 * m['refusal_rate_unanswerable']:.1f}%, false refusals "
+        f"{100 * m['false_refusal_rate']:.1f}% ({m['answerable']} + {m['unanswerable']} questions); "
+        f"AUC model {m['auc_model']:.3f}, dense {m['auc_dense']:.3f}, coverage "
+        f"{m['auc_coverage']:.3f}; weights dense {mod['dense_weight']:g} coverage "
+        f"{mod['coverage_weight']:g} bias {mod['bias']:g}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_eval_cli(
+        "python -m evals.answerability",
+        __doc__,
+        AnswerabilityEvalConfig,
+        evaluate_answerability,
+        _summary,
+        argv,
+        required=("squad",),
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

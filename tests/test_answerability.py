@@ -1,0 +1,156 @@
+"""The answerability check (rag.answerability): IDF coverage, the dense signal, the decision, the
+pipeline refusing before decoding, and its fit/measure eval (evals.answerability)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_evals_qa import squad  # noqa: F401  (fixture: a two-article SQuAD file)
+from test_pipeline import FakeGenerator
+
+from evals.answerability import AnswerabilityEvalConfig, fit, pick_threshold, rates, signals
+from rag.answerability import (
+    DEFAULT_MODEL,
+    AnswerabilityModel,
+    best_dense,
+    check,
+    coverage,
+    decide,
+)
+from rag.bm25 import BM25Index, terms
+from rag.config import ConfigError, RAGConfig
+from rag.pipeline import RAGPipeline
+from rag.prompt import REFUSAL
+from rag.retrieve import CorpusRetriever, FusedHit
+from rag.types import Chunk, Hit
+
+TEXTS = [
+    "Python lists are mutable sequences of items.",
+    "A tuple is an immutable sequence; lists are not.",
+    "The with statement calls __enter__ and __exit__ of a context manager.",
+]
+
+
+def test_idf_gives_unknown_terms_the_largest_weight():
+    bm = BM25Index(["a", "b", "c"], TEXTS)
+    idf = bm.idf(terms(["lists tuple normans"])[0])
+    assert idf["norman"] > idf["tupl"] > idf["list"] > 0  # df 0 > df 1 > df 2
+
+
+def test_coverage_is_the_best_passage_share_of_query_idf():
+    idf = {"rare": 3.0, "common": 1.0}
+    assert coverage(["rare", "common"], [["common"], ["rare", "x"]], idf) == pytest.approx(0.75)
+    assert coverage(["rare", "common"], [["rare", "common"]], idf) == 1.0
+    assert coverage([], [["rare"]], idf) == 0.0 and coverage(["rare"], [], idf) == 0.0
+
+
+def test_best_dense_reads_fused_and_dense_hits_only():
+    c = Chunk("id", "t", "f.md", (), 0, 1)
+    assert (
+        best_dense([FusedHit(c, 0.1, 1, "hybrid", dense_score=0.4), Hit(c, 0.7, 2, "dense")]) == 0.7
+    )
+    assert best_dense([Hit(c, 5.0, 1, "bm25"), FusedHit(c, 0.2, 2, "hybrid")]) is None
+
+
+def test_probability_falls_as_either_signal_rises():
+    m = DEFAULT_MODEL
+    assert m.probability(0.2, 0.2) > m.probability(0.6, 0.2) > m.probability(0.6, 0.9)
+    assert decide(m, 0.2, 0.1).refuse and not decide(m, 0.7, 0.9).refuse
+    assert not decide(m, 0.2, 0.1, threshold=1.0).refuse  # a threshold override wins
+
+
+class CoverageRetriever:
+    """Fused hits with a fixed dense score; coverage computed over the hits' texts."""
+
+    def __init__(self, dense: float):
+        self.engine = CorpusRetriever(["a", "b", "c"], TEXTS, None, "bm25").engine
+        self.dense = dense
+
+    def search(self, query, k=5, mode="hybrid"):
+        return [
+            FusedHit(Chunk(i, t, f"{i}.md", (), 0, 1), 0.5, n, "hybrid", self.dense, 1.0)
+            for n, (i, t) in enumerate(zip("abc", TEXTS), start=1)
+        ][:k]
+
+    def coverage(self, query, hits):
+        return self.engine.coverage(query, [h.chunk.text for h in hits])
+
+
+def _ask(question: str, dense: float, **cfg) -> tuple:
+    gen = FakeGenerator("Lists are mutable [1].")
+    pipe = RAGPipeline(RAGConfig(**cfg), retriever=CoverageRetriever(dense), generator=gen)
+    return pipe.answer(question), gen
+
+
+def test_pipeline_refuses_unanswerable_questions_without_decoding():
+    answer, gen = _ask("Who ruled the Normans in 1066?", dense=0.15)
+    assert answer.refused and answer.text == REFUSAL and not gen.calls
+    assert len(answer.passages) == 3 and not answer.citations  # the passages are still shown
+    assert answer.unanswerable_probability > DEFAULT_MODEL.threshold
+
+
+def test_pipeline_answers_answerable_questions_and_records_the_probability():
+    answer, gen = _ask("Are Python lists mutable?", dense=0.7)
+    assert not answer.refused and len(gen.calls) == 1 and answer.citations[0].number == 1
+    assert answer.unanswerable_probability < DEFAULT_MODEL.threshold
+    off, gen = _ask("Who ruled the Normans in 1066?", dense=0.15, answerability_threshold=None)
+    assert not off.refused and off.unanswerable_probability is None and gen.calls
+    with pytest.raises(ConfigError, match="answerability_threshold"):
+        RAGConfig(answerability_threshold=1.5)
+
+
+def test_check_is_off_without_signals():
+    r = CoverageRetriever(0.5)
+    c = Chunk("a", TEXTS[0], "a.md", (), 0, 1)
+    assert check(r, "lists", [Hit(c, 3.0, 1, "bm25")], 0.5) is None  # no dense score
+    assert check(object(), "lists", r.search("lists"), 0.5) is None  # no coverage method
+    assert check(r, "lists", r.search("lists"), None) is None  # switched off
+
+
+def _rows(pairs):
+    """Rows of (answerable, dense=coverage) for the fit and the rates."""
+    return [{"answerable": a, "holds_answer": a, "dense": x, "coverage": x} for a, x in pairs]
+
+
+def test_threshold_keeps_false_refusals_within_the_limit():
+    rows = _rows([(True, 0.9)] * 18 + [(True, 0.2), (True, 0.3)] + [(False, 0.1)] * 10)
+    probs = [1 - r["dense"] for r in rows]
+    t = pick_threshold(rows, probs, 0.05)
+    assert rates(rows, probs, t) == {"refusal_rate_unanswerable": 1.0, "false_refusal_rate": 0.05}
+    model = fit(rows, 0.05, "synthetic")
+    assert model.dense_weight < 0 and model.coverage_weight < 0
+    got = rates(rows, [model.probability(r["dense"], r["coverage"]) for r in rows], model.threshold)
+    assert got["false_refusal_rate"] <= 0.05 and got["refusal_rate_unanswerable"] == 1.0
+
+
+def test_signals_label_removed_articles_and_their_coverage_is_lower(squad, tiny_mlm_dir):  # noqa: F811
+    cfg = AnswerabilityEvalConfig(
+        squad=str(squad), articles=["Paints", "Flags"], limit=0, removed_articles=1, k=3
+    )
+    rows = signals(cfg, encoder=str(tiny_mlm_dir), progress=False)
+    answerable = [r for r in rows if r["answerable"]]
+    unanswerable = [r for r in rows if not r["answerable"]]
+    # k = 3 passages: every paragraph left in the index, so each answerable one holds its answer
+    assert len(answerable) == len(unanswerable) == 3 and all(r["holds_answer"] for r in answerable)
+    assert not any(r["holds_answer"] for r in unanswerable)
+    # the removed article's name is in none of the indexed paragraphs
+    assert max(r["coverage"] for r in unanswerable) < min(r["coverage"] for r in answerable)
+    assert all(isinstance(r["dense"], float) for r in rows)
+
+
+def test_cli_measures_a_fitted_model_and_names_a_bad_one(squad, tiny_mlm_dir, tmp_path, capsys):  # noqa: F811
+    from evals.answerability import main
+
+    base = ["--squad", str(squad), "--articles", "Paints", "Flags", "--limit", "0", "--k", "3"]
+    base += ["--removed-articles", "1"]
+    base += ["--encoder", str(tiny_mlm_dir)]
+    out = tmp_path / "fit.json"
+    assert main([*base, "--fit", "--out", str(out)]) == 0
+    fitted = json.loads(out.read_text())
+    assert AnswerabilityModel(**fitted["model"]).threshold <= 1.0
+    assert fitted["metrics"]["false_refusal_rate"] <= 0.05
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main([*base, "--model", str(bad)]) == 2  # bad input: exit 2, one line naming it
+    assert "--model" in capsys.readouterr().err

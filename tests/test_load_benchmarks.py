@@ -1,0 +1,135 @@
+"""The load benchmarks in seconds. benchmarks.serve_load end to end on loopback: the real chat
+UI (gradio_client) and the real HTTP API (openai client, streamed) over the real pipeline,
+batching off and on, with a tiny random Llama as the decoder (tests/generate_support.py: real
+``Generator`` and real ``BatchedDecoder``) and a one-passage retriever (tests/serve_support.py).
+Failed requests (the pipeline raising: the UI's Error reply, the API's 500) are counted as
+errors, never as answers. benchmarks.concurrent_load's decoder-only loop on the same shared
+session loop (benchmarks.loadgen). benchmarks.ui_load is run in tests/test_ui_api.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from generate_support import build_model, build_tokenizer
+from serve_support import FakeRetriever
+
+from benchmarks.serve_load import ServeLoadConfig, SharedModels, main, markdown, run
+from rag.paths import indexes_dir
+
+pytestmark = pytest.mark.server
+
+INDEX = "bench"
+
+
+@pytest.fixture(scope="module")
+def generator():
+    from rag.generate import Generator
+
+    tok = build_tokenizer()
+    return Generator(build_model("llama", tok, max_positions=2048), tok, "cpu")
+
+
+@pytest.fixture
+def index():
+    (indexes_dir() / INDEX).mkdir(parents=True, exist_ok=True)  # both front ends list it
+    return INDEX
+
+
+def config(tmp_path, **kw) -> ServeLoadConfig:
+    settings = dict(
+        index=INDEX, sessions=2, duration=1.0, max_new_tokens=16, max_batch=4, device="cpu",
+        dtype="float32", out=str(tmp_path),
+    )  # fmt: skip
+    return ServeLoadConfig(**{**settings, **kw})
+
+
+def test_ui_and_api_batching_off_and_on_side_by_side(index, generator, tmp_path):
+    cfg = config(tmp_path, target="both", modes="off,on")
+    models = SharedModels(cfg.rag_config(), retriever=FakeRetriever(), generator=generator)
+    result = run(cfg, models=models)
+
+    runs = result["runs"]
+    assert [(r["target"], r["mode"]) for r in runs] == [
+        ("ui", "off"), ("ui", "on"), ("api", "off"), ("api", "on"),
+    ]  # fmt: skip
+    for r in runs:
+        assert r["errors"] == 0, r["error_examples"]
+        assert r["requests"] >= 2 and len(r["samples"]) == r["requests"]
+        assert r["throughput_req_s"] > 0
+        assert (
+            0 < r["p50_ttft_s"] <= r["p95_latency_s"] and r["p50_latency_s"] <= r["p95_latency_s"]
+        )
+        assert r["cpu_s"] > 0 and r["load_avg_1m_start"] >= 0
+        assert (r["mean_batch"] is None) == (r["mode"] == "off")
+    assert all(r["mean_batch"] >= 1 for r in runs if r["mode"] == "on")
+    assert set(result["speedup"]) == {"ui", "api"}
+
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["config"]["sessions"] == 2 and len(saved["runs"]) == 4
+    assert (tmp_path / "serve_load.png").stat().st_size > 0
+    table = markdown(result)
+    for target in ("ui", "api"):
+        assert f"| {target} | off | 1 |" in table and f"| {target} | on | 1 |" in table
+
+
+class BrokenModels(SharedModels):
+    """Every pipeline fails to build: each request must come back as an error."""
+
+    def pipeline(self, cfg):
+        raise RuntimeError("boom")
+
+
+def test_failed_requests_are_counted_as_errors(index, generator, tmp_path):
+    cfg = config(tmp_path, target="both", modes="on", duration=0.5)
+    models = BrokenModels(cfg.rag_config(), retriever=FakeRetriever(), generator=generator)
+    result = run(cfg, models=models)
+
+    assert [r["target"] for r in result["runs"]] == ["ui", "api"]
+    for r in result["runs"]:
+        assert r["requests"] == 0 and r["errors"] >= 2, r
+        assert r["p50_latency_s"] is None and r["error_examples"]
+    ui, api = (r["error_examples"][0] for r in result["runs"])
+    assert "RequestError" in ui and "internal error (RuntimeError)" in ui
+    assert "InternalServerError" in api
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--modes", "sideways"],
+        ["--modes", "on,on"],
+        ["--target", "cli"],
+        ["--sessions", "0"],
+        ["--target", "ui", "--max-new-tokens", "8"],  # under the UI slider's minimum
+    ],
+)
+def test_bad_flags_exit_2_before_loading_models(argv, capsys):
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse refuses a bad choice itself
+        status = e.code
+    assert status == 2
+    assert capsys.readouterr().err.startswith("benchmarks.serve_load: error:")
+
+
+def test_concurrent_load_modes_share_the_session_loop(generator):
+    from benchmarks.concurrent_load import LoadConfig, agreement, build_prompts, run_mode
+    from rag.generate import Generator
+
+    cfg = LoadConfig(sessions=2, duration=1.0, max_new_tokens=8, prompts_per_session=2)
+    batched = Generator(generator.model, generator.tokenizer, "cpu", batching=True, max_batch=4)
+    prompts = build_prompts(generator, cfg)
+    runs = []
+    try:
+        for mode, gen in (("off", generator), ("on", batched)):
+            res = run_mode(gen, prompts, cfg)
+            assert res["errors"] == 0 and res["requests"] >= 2, res["error_examples"]
+            assert res["p50_ttft_s"] <= res["p95_latency_s"]
+            runs.append({"mode": mode, **res})
+    finally:
+        batched.batcher.close()
+    assert "mean_batch" not in runs[0] and runs[1]["mean_batch"] >= 1
+    agree = agreement(runs)  # float32 greedy: the same answers batched or not
+    assert agree["prompts"] >= 1 and agree["same"] == agree["prompts"]
