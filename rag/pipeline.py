@@ -35,17 +35,12 @@ from rag.answerability import AnswerabilityDecision, check
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, parse_citations
 from rag.refusal import RefusalDecision, decide, supports_gate
+from rag.relevance import hybrid_is_relevant, relevant_hits  # noqa: F401  (re-exported)
 from rag.types import Answer, Citation, Hit
 from rag.verify import verify_answer
 
 History = Sequence[tuple[str, str]]
 RewriteFn = Callable[[str, list[tuple[str, str]]], str]
-
-# Relevance thresholds on Hit.score when RAGConfig.min_score is None. Dense scores are cosine
-# similarities (unrelated text scores ~0.0-0.15 with MiniLM); a BM25 score is > 0 as soon as
-# one query term matches; hybrid (RRF) scores carry no absolute relevance, so a hybrid list
-# passes when any of its hits passes the dense or BM25 rule (see `hybrid_is_relevant`).
-DEFAULT_MIN_SCORE = {"dense": 0.2, "bm25": 1e-6, "hybrid": 0.0}
 
 
 @dataclass
@@ -70,34 +65,6 @@ def normalise_history(history: Any) -> list[tuple[str, str]]:
             role, text = turn
             turns.append((str(role), str(text)))
     return turns
-
-
-def relevant_hits(hits: Sequence[Hit], mode: str, min_score: float | None = None) -> list[Hit]:
-    """The hits that pass the relevance threshold for ``mode`` (in their original order)."""
-    # Reranked hits carry cross-encoder logits, not cosine/BM25 scores: judge them like a fused
-    # list, by the dense/BM25 component scores they keep.
-    if min_score is None and (mode == "hybrid" or any(h.mode == "rerank" for h in hits)):
-        return list(hits) if hybrid_is_relevant(hits) else []
-    threshold = DEFAULT_MIN_SCORE.get(mode, 0.0) if min_score is None else min_score
-    return [h for h in hits if h.score >= threshold]
-
-
-def hybrid_is_relevant(hits: Sequence[Hit]) -> bool:
-    """A fused list is relevant when any hit carries a passing dense or BM25 component score.
-
-    Retrievers may attach the component scores of a fused hit as ``dense_score`` /
-    ``bm25_score`` attributes; without them any non-empty list counts as relevant.
-    """
-    if not hits:
-        return False
-    parts = [(getattr(h, "dense_score", None), getattr(h, "bm25_score", None)) for h in hits]
-    if all(d is None and b is None for d, b in parts):
-        return True
-    return any(
-        (d is not None and d >= DEFAULT_MIN_SCORE["dense"])
-        or (b is not None and b >= DEFAULT_MIN_SCORE["bm25"])
-        for d, b in parts
-    )
 
 
 def make_answer(raw: str, prep: Prepared) -> Answer:
