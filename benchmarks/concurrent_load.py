@@ -23,7 +23,6 @@ run it alone (``nice`` only lowers its priority; it does not stop others slowing
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -34,8 +33,12 @@ from typing import Any
 
 from benchmarks.decode import hardware, source_passages
 from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.paths import rag_home
 
+PROG = "benchmarks.concurrent_load"
+MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.batching)
 QUESTIONS = [
     "How do I read a file line by line?",
     "What does the with statement do?",
@@ -56,7 +59,7 @@ class LoadConfig:
     duration: float = 60.0  # seconds during which sessions start new requests, per mode
     max_new_tokens: int = 16  # answer length cap per request (as benchmarks.ui_load)
     max_batch: int = 8  # rows per step with batching on
-    modes: str = "off,on"  # comma-separated subset of off,on
+    modes: str = "off,on"  # batching modes to run: comma-separated subset of off,on
     rounds: int = 1  # times each mode runs, alternating
     prompts_per_session: int = 3  # distinct prompts a session cycles through
     threads: int = 2  # torch CPU threads
@@ -67,6 +70,23 @@ class LoadConfig:
 
 def log(msg: str) -> None:
     print(f"[concurrent_load] {msg}", file=sys.stderr, flush=True)
+
+
+def mode_list(cfg: LoadConfig) -> list[str]:
+    return [m.strip() for m in cfg.modes.split(",") if m.strip()]
+
+
+def check(cfg: LoadConfig) -> None:
+    """Refuse a run that could not measure anything (exit 2, rag.cli), before loading."""
+    modes = mode_list(cfg)
+    if not modes or set(modes) - set(MODES) or len(set(modes)) < len(modes):
+        raise ValueError(f"--modes takes off and/or on, comma-separated, not {cfg.modes!r}")
+    for name in ("sessions", "max_new_tokens", "max_batch", "rounds", "prompts_per_session",
+                 "threads"):  # fmt: skip
+        if getattr(cfg, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, not {getattr(cfg, name)}")
+    if cfg.duration <= 0:
+        raise ValueError(f"--duration must be > 0, not {cfg.duration}")
 
 
 def build_prompts(gen: Any, cfg: LoadConfig) -> list[list[list[dict[str, str]]]]:
@@ -143,9 +163,7 @@ def run(cfg: LoadConfig) -> dict[str, Any]:
         max_batch=cfg.max_batch,
     )
     gens = {"off": plain, "on": batched}
-    modes = [m for m in cfg.modes.split(",") if m]
-    if set(modes) - set(gens):
-        raise ValueError(f"--modes takes off and/or on, not {cfg.modes!r}")
+    modes = mode_list(cfg)
     if "on" in modes and batched.batcher is None:
         raise ValueError(f"{cfg.decoder}: its cache layers do not support batched decoding")
     prompts = build_prompts(plain, cfg)
@@ -209,41 +227,27 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> tuple[LoadConfig, bool]:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.concurrent_load", description=__doc__.split("\n\n")[0]
-    )
-    for name, default in asdict(LoadConfig()).items():
-        conv = type(default) if default is not None else str
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=conv, default=default)
-    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    args = vars(p.parse_args(argv))
-    as_json = args.pop("json")
-    return LoadConfig(**args), as_json
+def build_parser() -> Any:
+    parser = dataclass_parser(f"python -m {PROG}", __doc__, LoadConfig)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, as_json = parse_args(argv)
-    if cfg.sessions < 1 or cfg.duration <= 0 or cfg.rounds < 1 or cfg.max_new_tokens < 1:
-        print(
-            "benchmarks.concurrent_load: error: need --sessions >= 1, --duration > 0, "
-            "--rounds >= 1, --max-new-tokens >= 1",
-            file=sys.stderr,
-        )
-        return 2
-    try:
+    def body(args: Any) -> int:
+        cfg = config_from_args(LoadConfig, args)
+        check(cfg)
         result = run(cfg)
-    except (LookupError, RuntimeError, ValueError) as e:
-        print(f"benchmarks.concurrent_load: error: {e}", file=sys.stderr)
-        return 1
-    out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "concurrent_load"
-    out.mkdir(parents=True, exist_ok=True)
-    argv_used = sys.argv[1:] if argv is None else argv
-    result["command"] = "python -m benchmarks.concurrent_load " + " ".join(argv_used)
-    (out / "results.json").write_text(json.dumps(result, indent=2))
-    log(f"wrote {out}/results.json")
-    print(json.dumps(result, indent=2) if as_json else markdown(result))
-    return 0
+        out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "concurrent_load"
+        out.mkdir(parents=True, exist_ok=True)
+        argv_used = sys.argv[1:] if argv is None else argv
+        result["command"] = f"python -m {PROG} " + " ".join(argv_used)
+        (out / "results.json").write_text(json.dumps(result, indent=2))
+        log(f"wrote {out}/results.json")
+        print(json.dumps(result, indent=2) if args.json else markdown(result))
+        return 0
+
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ reporting). Results, config and a bar plot go to ``$RAG_HOME/benchmarks/decode/`
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -25,8 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.paths import rag_home, shared_data_dir
 
+PROG = "benchmarks.decode"
+PARTS = ("kv", "nokv", "ttft")  # KV cache on, KV cache off, TTFT without/with the prefix cache
 QUESTION = "How do I read a file line by line?"
 
 
@@ -38,12 +41,13 @@ class DecodeBenchConfig:
     prompt_tokens: int = 512  # grounded prompt length (system + passages + question)
     short_prompt_tokens: int = 128  # a second, short prompt for the TTFT comparison
     new_tokens: int = 128  # tokens generated per run (forced)
-    no_cache_new_tokens: int | None = None  # tokens for the no-KV-cache run (None = new_tokens)
+    # tokens for the no-KV-cache run, fewer on a slow machine (default: none = --new-tokens)
+    no_cache_new_tokens: int | None = None
     repeats: int = 3  # runs per measurement; medians are reported
     threads: int = 2  # torch CPU threads
     device: str = "cpu"  # cpu | cuda | auto
     out: str | None = None  # output folder (default $RAG_HOME/benchmarks/decode)
-    parts: str = "kv,nokv,ttft"  # which measurements to run (comma-separated subset)
+    parts: str = "kv,nokv,ttft"  # which measurements to run: comma-separated subset of kv,nokv,ttft
 
 
 def log(msg: str) -> None:
@@ -250,49 +254,55 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> tuple[DecodeBenchConfig, bool]:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.decode", description=__doc__.split("\n\n")[0]
-    )
-    for name, default in asdict(DecodeBenchConfig()).items():
-        conv = int if isinstance(default, int) or name == "no_cache_new_tokens" else str
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=conv, default=default)
-    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    args = vars(p.parse_args(argv))
-    as_json = args.pop("json")
-    return DecodeBenchConfig(**args), as_json
+def check(cfg: DecodeBenchConfig) -> None:
+    """Refuse a run that cannot measure what it is asked (exit 2, rag.cli), before loading."""
+    for name, low in (("prompt_tokens", 64), ("short_prompt_tokens", 1), ("new_tokens", 2),
+                      ("repeats", 1), ("threads", 1)):  # fmt: skip
+        if getattr(cfg, name) < low:
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be >= {low}, not {getattr(cfg, name)}"
+            )
+    if cfg.no_cache_new_tokens is not None and cfg.no_cache_new_tokens < 1:
+        raise ValueError(
+            f"--no-cache-new-tokens must be >= 1 or none, not {cfg.no_cache_new_tokens}"
+        )
+    parts = cfg.parts.split(",")
+    if set(parts) - set(PARTS):
+        raise ValueError(
+            f"--parts takes a comma-separated subset of {','.join(PARTS)}, not {cfg.parts!r}"
+        )
+
+
+def build_parser() -> Any:
+    parser = dataclass_parser(f"python -m {PROG}", __doc__, DecodeBenchConfig)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, as_json = parse_args(argv)
-    if cfg.prompt_tokens < 64 or cfg.new_tokens < 2 or cfg.repeats < 1:
-        print(
-            "benchmarks.decode: error: need --prompt-tokens >= 64, --new-tokens >= 2, --repeats >= 1",
-            file=sys.stderr,
-        )
-        return 2
-    try:
+    def body(args: Any) -> int:
+        cfg = config_from_args(DecodeBenchConfig, args)
+        check(cfg)
         result = run(cfg)
-    except (LookupError, RuntimeError, ValueError) as e:
-        print(f"benchmarks.decode: error: {e}", file=sys.stderr)
-        return 1
-    out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "decode"
-    out.mkdir(parents=True, exist_ok=True)
-    argv_used = sys.argv[1:] if argv is None else argv
-    result["command"] = "python -m benchmarks.decode " + " ".join(argv_used)
-    name = (
-        "results.json"
-        if cfg.parts == "kv,nokv,ttft"
-        else f"results-{cfg.parts.replace(',', '-')}.json"
-    )
-    (out / name).write_text(json.dumps(result, indent=2))
-    (out / "run.json").write_text(
-        json.dumps({"config": asdict(cfg), "command": result["command"]}, indent=2)
-    )
-    plot(result, out / "decode.png")
-    log(f"wrote {out}/{name} and decode.png")
-    print(json.dumps(result, indent=2) if as_json else markdown(result))
-    return 0
+        out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "decode"
+        out.mkdir(parents=True, exist_ok=True)
+        argv_used = sys.argv[1:] if argv is None else argv
+        result["command"] = f"python -m {PROG} " + " ".join(argv_used)
+        name = (
+            "results.json"
+            if cfg.parts == "kv,nokv,ttft"
+            else f"results-{cfg.parts.replace(',', '-')}.json"
+        )
+        (out / name).write_text(json.dumps(result, indent=2))
+        (out / "run.json").write_text(
+            json.dumps({"config": asdict(cfg), "command": result["command"]}, indent=2)
+        )
+        plot(result, out / "decode.png")
+        log(f"wrote {out}/{name} and decode.png")
+        print(json.dumps(result, indent=2) if args.json else markdown(result))
+        return 0
+
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

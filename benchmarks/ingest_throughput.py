@@ -19,7 +19,6 @@ Results go to ``$RAG_HOME/benchmarks/ingest_throughput/`` (results.json, run.jso
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -29,23 +28,61 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
+from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.paths import rag_home, shared_data_dir
+
+PROG = "benchmarks.ingest_throughput"
 
 
 @dataclass
 class ThroughputConfig:
     """What to measure (defaults: a python-docs subset, minilm, both precisions)."""
 
-    docs: str = ""  # folder of documents; default ../shared/data/python-docs/tutorial
+    docs: str = ""  # folder of documents (default ../shared/data/python-docs/tutorial)
     max_bytes: int = 60_000  # use the first files (sorted) up to this many bytes
     encoder: str = "minilm"  # alias or folder, shared by every pipeline
-    precisions: str = "fp32,int8"  # our ingest's encoder precisions to run
+    precisions: str = "fp32,int8"  # our ingest's encoder precisions to run (comma-separated)
     encoder_backends: str = "torch"  # comma-separated: torch, onnx (rag.encoding.ENCODER_BACKENDS)
-    scifact: str = ""  # BEIR SciFact folder for the int8 quality check ('' = skip)
+    scifact: str = ""  # BEIR SciFact folder for the int8 quality check (default: none = skip)
     scifact_docs: int = 400  # distractor documents added to the dev-judged ones (0 = full corpus)
     threads: int = 0  # torch threads (0 = torch's default)
-    out: str = ""  # results folder; default $RAG_HOME/benchmarks/ingest_throughput
+    out: str = ""  # results folder (default $RAG_HOME/benchmarks/ingest_throughput)
+
+
+def docs_folder(cfg: ThroughputConfig) -> Path | None:
+    """``--docs``, or the python-docs tutorial of the shared data; None when neither is there."""
+    if cfg.docs:
+        return Path(cfg.docs)
+    data = shared_data_dir()
+    return data / "python-docs" / "tutorial" if data else None
+
+
+def check(cfg: ThroughputConfig) -> None:
+    """Refuse a run that cannot happen as given (exit 2, rag.cli), before loading any model."""
+    for flag, value, allowed in (
+        ("--precisions", cfg.precisions, PRECISIONS),
+        ("--encoder-backends", cfg.encoder_backends, ENCODER_BACKENDS),
+    ):
+        if set(value.split(",")) - set(allowed):
+            raise ValueError(
+                f"{flag} takes a comma-separated subset of {','.join(allowed)}, not {value!r}"
+            )
+    for name, low in (("max_bytes", 1), ("scifact_docs", 0), ("threads", 0)):
+        if getattr(cfg, name) < low:
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be >= {low}, not {getattr(cfg, name)}"
+            )
+    docs = docs_folder(cfg)
+    if docs is None or not docs.is_dir():
+        raise ValueError(
+            f"--docs {cfg.docs or '../shared/data/python-docs/tutorial'} is not a folder"
+        )
+    if cfg.scifact and not Path(cfg.scifact).is_dir():
+        raise ValueError(f"--scifact {cfg.scifact} is not a folder")
 
 
 def pick_files(folder: Path, max_bytes: int) -> list[Path]:
@@ -191,29 +228,16 @@ def plot(results: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.ingest_throughput", description=__doc__.split("\n")[0]
-    )
-    for f, v in asdict(ThroughputConfig()).items():
-        p.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
-    p.add_argument("--json", action="store_true")
-    cfg = ThroughputConfig(**{k: v for k, v in vars(p.parse_args(argv)).items() if k != "json"})
-    json_out = "--json" in (argv if argv is not None else sys.argv[1:])
+def run(cfg: ThroughputConfig) -> dict:
+    """Every pipeline on the same files (and the SciFact check); writes and returns the summary."""
     import torch
 
     from rag.models import resolve_model
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    data = shared_data_dir()
-    docs = Path(cfg.docs) if cfg.docs else (data / "python-docs" / "tutorial" if data else None)
-    if docs is None or not docs.is_dir():
-        print(
-            f"error: --docs {cfg.docs or '../shared/data/python-docs/tutorial'} is not a folder",
-            file=sys.stderr,
-        )
-        return 2
+    docs = docs_folder(cfg)
+    assert docs is not None  # check()
     files = pick_files(docs, cfg.max_bytes)
     nbytes = sum(f.stat().st_size for f in files)
     out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "ingest_throughput"
@@ -253,9 +277,25 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.json").write_text(json.dumps(summary, indent=1, default=str))
     (out / "run.json").write_text(json.dumps(asdict(cfg), indent=1))
     plot(results, out / "throughput.png")
-    if json_out:
-        print(json.dumps(summary, indent=1, default=str))
-    return 0
+    return summary
+
+
+def build_parser() -> Any:
+    parser = dataclass_parser(f"python -m {PROG}", __doc__, ThroughputConfig)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: Any) -> int:
+        cfg = config_from_args(ThroughputConfig, args)
+        check(cfg)
+        summary = run(cfg)
+        if args.json:
+            print(json.dumps(summary, indent=1, default=str))
+        return 0
+
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

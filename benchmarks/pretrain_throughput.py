@@ -18,21 +18,51 @@ loop is the figure to read.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from rag.defaults import DEVICES
-from training.config import get_preset
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
+from training.config import OBJECTIVES, PRESETS, get_preset
 from training.masking import make_spec
 from training.model import build_model, count_parameters
 from training.step import Stepper, autocast_for, make_optimizer, make_scheduler
 
+PROG = "benchmarks.pretrain_throughput"
 # bf16 dense tensor-core peaks (FLOP/s), from the vendors' datasheets
 PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+@dataclass
+class PretrainBenchConfig:
+    """What to measure; every field is a ``--kebab-case`` flag."""
+
+    presets: list[str] = field(default_factory=lambda: ["tiny", "small"])  # model sizes to time
+    objectives: list[str] = field(default_factory=lambda: ["mlm", "clm"])  # objectives to time
+    device: str = "auto"  # auto | cpu | cuda
+    batch_size: int = 0  # sequences per step (0 = the preset's)
+    seq_len: int = 0  # tokens per sequence (0 = the preset's)
+    vocab_size: int = 0  # vocabulary (0 = 8192 for tiny and small, 16384 for base)
+    steps: int = 5  # timed steps per round and path
+    rounds: int = 3  # alternating rounds (ours, plain)
+    warmup: int = 2  # untimed steps per path before the rounds
+    threads: int = 0  # torch CPU threads (0 = torch's default)
+    compile: bool = False  # torch.compile our model
+
+
+def check(cfg: PretrainBenchConfig) -> None:
+    """Refuse a run that cannot measure anything (exit 2, rag.cli), before building a model."""
+    for name, low in (("steps", 1), ("rounds", 1), ("warmup", 0), ("batch_size", 0),
+                      ("seq_len", 0), ("vocab_size", 0), ("threads", 0)):  # fmt: skip
+        if getattr(cfg, name) < low:
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be >= {low}, not {getattr(cfg, name)}"
+            )
 
 
 def peak_flops(device: str) -> float | None:
@@ -63,17 +93,18 @@ class PlainLoop:
         return loss
 
 
-def measure(objective, preset_name, tok_vocab, tokenizer, args, device) -> dict:
+def measure(objective, preset_name, tok_vocab, tokenizer, cfg, device) -> dict:
+    """Ours and plain on one (objective, preset); ``cfg`` is a :class:`PretrainBenchConfig`."""
     preset = get_preset(preset_name)
-    B = args.batch_size or preset.batch_size
-    T = args.seq_len or preset.seq_len
+    B = cfg.batch_size or preset.batch_size
+    T = cfg.seq_len or preset.seq_len
     torch.manual_seed(0)
     ours_model = build_model(objective, preset, tok_vocab, tokenizer).to(device).train()
     plain_model = build_model(objective, preset, tok_vocab, tokenizer).to(device).train()
     plain_model.load_state_dict(ours_model.state_dict())
     if objective == "mlm":
         ours_model.sparse_prediction = True
-    fwd = torch.compile(ours_model) if args.compile else ours_model
+    fwd = torch.compile(ours_model) if cfg.compile else ours_model
     spec = make_spec(tokenizer)
     ours = Stepper(fwd, objective, device, spec, mask_rate=0.3)
     opt = make_optimizer(ours_model, 1e-4, 0.01, device)
@@ -98,13 +129,13 @@ def measure(objective, preset_name, tok_vocab, tokenizer, args, device) -> dict:
             torch.cuda.synchronize()
         return time.perf_counter() - t
 
-    run_ours(args.warmup, 0)
-    run_plain(args.warmup, 0)
+    run_ours(cfg.warmup, 0)
+    run_plain(cfg.warmup, 0)
     t_ours = t_plain = 0.0
-    for r in range(args.rounds):
-        t_ours += timed(run_ours, args.steps, 100 + r * args.steps)
-        t_plain += timed(run_plain, args.steps, 100 + r * args.steps)
-    tokens = B * T * args.steps * args.rounds
+    for r in range(cfg.rounds):
+        t_ours += timed(run_ours, cfg.steps, 100 + r * cfg.steps)
+        t_plain += timed(run_plain, cfg.steps, 100 + r * cfg.steps)
+    tokens = B * T * cfg.steps * cfg.rounds
     fpt = flops_per_token(ours_model, preset, T)
     peak = peak_flops(device)
     row = {
@@ -116,7 +147,7 @@ def measure(objective, preset_name, tok_vocab, tokenizer, args, device) -> dict:
         "ours_tokens_per_s": tokens / t_ours,
         "plain_tokens_per_s": tokens / t_plain,
         "ratio": t_plain / t_ours,
-        "compile": args.compile,
+        "compile": cfg.compile,
     }
     if peak:
         row["ours_mfu"] = tokens / t_ours * fpt / peak
@@ -124,49 +155,55 @@ def measure(objective, preset_name, tok_vocab, tokenizer, args, device) -> dict:
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.pretrain_throughput", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--presets", nargs="+", default=["tiny", "small"])
-    p.add_argument("--objectives", nargs="+", default=["mlm", "clm"], choices=["mlm", "clm"])
-    p.add_argument("--device", default="auto", choices=DEVICES)
-    p.add_argument("--batch-size", type=int, default=0, help="0: preset default")
-    p.add_argument("--seq-len", type=int, default=0, help="0: preset default")
-    p.add_argument("--vocab-size", type=int, default=0, help="0: 8192 (tiny, small), 16384 (base)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps per round and path")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (ours, plain)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: default)")
-    p.add_argument("--compile", action="store_true", help="torch.compile our model")
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+def run(cfg: PretrainBenchConfig) -> dict[str, Any]:
+    """Every (preset, objective) pair; rows are also logged to stderr as they finish."""
     from rag.models import pick_device
 
-    device = pick_device(args.device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = pick_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     rows = []
-    for preset in args.presets:
-        vocab = args.vocab_size or (16384 if preset == "base" else 8192)
+    for preset in cfg.presets:
+        vocab = cfg.vocab_size or (16384 if preset == "base" else 8192)
         tokenizer = _vocab_only_tokenizer(vocab)
-        for objective in args.objectives:
-            row = measure(objective, preset, vocab, tokenizer, args, device)
+        for objective in cfg.objectives:
+            row = measure(objective, preset, vocab, tokenizer, cfg, device)
             rows.append(row)
+            mfu = (
+                f", MFU {row['ours_mfu']:.1%} vs {row['plain_mfu']:.1%}"
+                if "ours_mfu" in row
+                else ""
+            )
             print(
                 f"{objective} {preset:5s} B={row['batch']} T={row['seq_len']}: ours "
                 f"{row['ours_tokens_per_s']:,.0f} tok/s, plain {row['plain_tokens_per_s']:,.0f} tok/s "
-                f"(x{row['ratio']:.2f})"
-                + (
-                    f", MFU {row['ours_mfu']:.1%} vs {row['plain_mfu']:.1%}"
-                    if "ours_mfu" in row
-                    else ""
-                ),
+                f"(x{row['ratio']:.2f}){mfu}",
                 file=sys.stderr,
             )
-    if args.json:
-        print(json.dumps({"device": device, "threads": torch.get_num_threads(), "rows": rows}))
-    return 0
+    return {"device": device, "threads": torch.get_num_threads(), "rows": rows}
+
+
+def build_parser() -> Any:
+    parser = dataclass_parser(
+        f"python -m {PROG}",
+        __doc__,
+        PretrainBenchConfig,
+        choices={"presets": tuple(PRESETS), "objectives": OBJECTIVES},
+    )
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON on stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: Any) -> int:
+        cfg = config_from_args(PretrainBenchConfig, args)
+        check(cfg)
+        result = run(cfg)
+        if args.json:
+            print(json.dumps(result))
+        return 0
+
+    return run_cli(build_parser(), body, argv)
 
 
 class _vocab_only_tokenizer:

@@ -13,7 +13,6 @@ Results: ``$RAG_HOME/benchmarks/reingest/results.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -21,10 +20,34 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.manifest import index_dir
 from rag.paths import rag_home
+
+PROG = "benchmarks.reingest"
+
+
+@dataclass
+class ReingestConfig:
+    """What to measure; every field is a ``--kebab-case`` flag."""
+
+    docs: str = ""  # folder ingested into --index
+    index: str = "pydocs"  # index name under $RAG_HOME/indexes (its first ingest is reused)
+    encoder: str | None = None  # rag.ingest --encoder (default: none = the index's, else minilm)
+    edit_files: int = 3  # files copied for the touch/change/delete checks (0 = skip them)
+
+
+def check(cfg: ReingestConfig) -> None:
+    """Refuse a run that cannot happen as given (exit 2, rag.cli), before ingesting."""
+    if not Path(cfg.docs).is_dir():
+        raise ValueError(f"--docs {cfg.docs} is not a folder")
+    if cfg.edit_files != 0 and cfg.edit_files < 3:
+        raise ValueError(f"--edit-files must be 0 (skip) or >= 3, not {cfg.edit_files}")
 
 
 def first_ingest_seconds(index: str) -> float | None:
@@ -86,25 +109,16 @@ def edit_checks(docs: Path, n_files: int, encoder: str | None) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.reingest", description=__doc__.split("\n")[0]
-    )
-    p.add_argument("--docs", required=True, help="folder ingested into --index")
-    p.add_argument("--index", default="pydocs")
-    p.add_argument("--encoder", default=None, help="default: the index's (minilm for a new one)")
-    p.add_argument(
-        "--edit-files", type=int, default=3, help="files copied for the edit checks (0 = skip)"
-    )
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    first = first_ingest_seconds(args.index)
+def run(cfg: ReingestConfig) -> dict[str, Any]:
+    """The first ingest (read or measured), the unchanged re-run, the edit checks; writes and
+    returns the summary."""
+    first = first_ingest_seconds(cfg.index)
     if first is None:
-        first, _ = cli_ingest([args.docs], args.index, args.encoder)
-    wall, report = cli_ingest([args.docs], args.index, args.encoder)
+        first, _ = cli_ingest([cfg.docs], cfg.index, cfg.encoder)
+    wall, report = cli_ingest([cfg.docs], cfg.index, cfg.encoder)
     summary = {
-        "index": args.index,
-        "docs": args.docs,
+        "index": cfg.index,
+        "docs": cfg.docs,
         "first_ingest_s": first,
         "reingest_wall_s": wall,
         "reingest_in_process_s": report["seconds"],
@@ -118,15 +132,31 @@ def main(argv: list[str] | None = None) -> int:
         f"in process) = {100 * wall / first:.1f}%; {report['summary']}",
         file=sys.stderr,
     )
-    if args.edit_files >= 3:
-        summary["edits"] = edit_checks(Path(args.docs), args.edit_files, args.encoder)
+    if cfg.edit_files >= 3:
+        summary["edits"] = edit_checks(Path(cfg.docs), cfg.edit_files, cfg.encoder)
         print(f"edits: {json.dumps(summary['edits'])}", file=sys.stderr)
     out = rag_home() / "benchmarks" / "reingest"
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(summary, indent=1))
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    return 0
+    return summary
+
+
+def build_parser() -> Any:
+    parser = dataclass_parser(f"python -m {PROG}", __doc__, ReingestConfig, required=["docs"])
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: Any) -> int:
+        cfg = config_from_args(ReingestConfig, args)
+        check(cfg)
+        summary = run(cfg)
+        if args.json:
+            print(json.dumps(summary, indent=1))
+        return 0
+
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

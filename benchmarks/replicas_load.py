@@ -24,7 +24,6 @@ server's collection). Run it alone on the machine.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -51,6 +50,8 @@ from benchmarks.replicas import (
     summary,
     wait_ready,
 )
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.manifest import CURRENT, index_dir
 from rag.paths import rag_home
 
@@ -75,7 +76,7 @@ class ReplicasConfig:
     index: str = "replicas-bench"  # index name under $RAG_HOME/indexes
     encoder: str = "minilm"  # encoder of the new index
     decoder: str = "smollm2"  # decoder of every replica
-    adapter: str = "none"  # none | auto | folder
+    adapter: str = "none"  # LoRA adapter of the replicas: none | auto | folder
     replicas: int = 2  # rag.serve processes
     clients: int = 2  # client threads per replica
     max_new_tokens: int = 32  # answer length cap
@@ -92,6 +93,20 @@ class ReplicasConfig:
 
 def log(msg: str) -> None:
     print(f"[replicas_load] {msg}", file=sys.stderr, flush=True)
+
+
+def check(cfg: ReplicasConfig) -> None:
+    """Refuse a run that cannot happen as given (exit 2, rag.cli), before starting anything."""
+    for name, low in (("replicas", 1), ("clients", 1), ("max_files", 3), ("max_new_tokens", 1),
+                      ("k", 1), ("threads", 1), ("before", 0), ("after", 0)):  # fmt: skip
+        if getattr(cfg, name) < low:
+            raise ValueError(
+                f"--{name.replace('_', '-')} must be >= {low}, not {getattr(cfg, name)}"
+            )
+    if cfg.startup_timeout <= 0:
+        raise ValueError(f"--startup-timeout must be > 0, not {cfg.startup_timeout}")
+    if not Path(cfg.docs).is_dir():
+        raise ValueError(f"--docs {cfg.docs} is not a folder")
 
 
 def run(cfg: ReplicasConfig, out: Path) -> dict[str, Any]:
@@ -195,43 +210,27 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None) -> tuple[ReplicasConfig, bool]:
-    p = argparse.ArgumentParser(prog=f"python -m {PROG}", description=__doc__.split("\n\n")[0])
-    for name, default in asdict(ReplicasConfig()).items():
-        flag = "--" + name.replace("_", "-")
-        if isinstance(default, bool):
-            p.add_argument(flag, dest=name, action="store_true")
-        else:
-            conv = type(default) if default is not None else str
-            p.add_argument(flag, dest=name, type=conv, default=default)
-    p.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    args = vars(p.parse_args(argv))
-    as_json = args.pop("json")
-    return ReplicasConfig(**args), as_json
+def build_parser() -> Any:
+    parser = dataclass_parser(f"python -m {PROG}", __doc__, ReplicasConfig)
+    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg, as_json = parse_args(argv)
-    if cfg.replicas < 1 or cfg.clients < 1 or cfg.max_files < 3 or cfg.before < 0 or cfg.after < 0:
-        print(
-            f"{PROG}: error: need --replicas >= 1, --clients >= 1, --max-files >= 3, "
-            "--before >= 0, --after >= 0",
-            file=sys.stderr,
-        )
-        return 2
-    out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "replicas_load"
-    out.mkdir(parents=True, exist_ok=True)
-    try:
+    def body(args: Any) -> int:
+        cfg = config_from_args(ReplicasConfig, args)
+        check(cfg)
+        out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "replicas_load"
+        out.mkdir(parents=True, exist_ok=True)
         result = run(cfg, out)
-    except (OSError, RuntimeError, ValueError) as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 1
-    argv_used = sys.argv[1:] if argv is None else argv
-    result["command"] = f"python -m {PROG} " + " ".join(argv_used)
-    (out / "results.json").write_text(json.dumps(result, indent=2))
-    log(f"wrote {out}/results.json and records.jsonl")
-    print(json.dumps(result, indent=2) if as_json else markdown(result))
-    return 0
+        argv_used = sys.argv[1:] if argv is None else argv
+        result["command"] = f"python -m {PROG} " + " ".join(argv_used)
+        (out / "results.json").write_text(json.dumps(result, indent=2))
+        log(f"wrote {out}/results.json and records.jsonl")
+        print(json.dumps(result, indent=2) if args.json else markdown(result))
+        return 0
+
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

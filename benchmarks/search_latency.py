@@ -12,7 +12,6 @@ Results: ``$RAG_HOME/benchmarks/search_latency/`` (results.json, run.json).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -21,10 +20,15 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from rag.cli import run_cli
+from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.paths import rag_home
+
+PROG = "benchmarks.search_latency"
 
 WORDS = [
     "file",
@@ -88,12 +92,29 @@ WORDS = [
 class LatencyConfig:
     """What to measure."""
 
-    sizes: str = "10000,100000"  # index sizes (chunks)
+    sizes: str = "10000,100000"  # index sizes in chunks, comma-separated
     queries: int = 200  # timed queries per size (after 10 warm-up queries)
     k: int = 10  # hits per query
     encoder: str = "minilm"  # query encoder (alias or folder)
     threads: int = 0  # torch threads (0 = torch's default)
-    out: str = ""  # results folder; default $RAG_HOME/benchmarks/search_latency
+    out: str = ""  # results folder (default $RAG_HOME/benchmarks/search_latency)
+
+
+def size_list(cfg: LatencyConfig) -> list[int]:
+    return [int(s) for s in cfg.sizes.split(",")]
+
+
+def check(cfg: LatencyConfig) -> None:
+    """Refuse a run that cannot happen as given (exit 2, rag.cli), before loading the encoder."""
+    try:
+        sizes = size_list(cfg)
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < cfg.k:
+        raise ValueError(f"--sizes takes comma-separated chunk counts >= --k, not {cfg.sizes!r}")
+    for name, low in (("queries", 1), ("k", 1), ("threads", 0)):
+        if getattr(cfg, name) < low:
+            raise ValueError(f"--{name} must be >= {low}, not {getattr(cfg, name)}")
 
 
 def make_queries(n: int, seed: int = 0) -> list[str]:
@@ -158,15 +179,8 @@ def bench_size(n: int, cfg: LatencyConfig, encoder, queries: list[str]) -> dict:
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.search_latency", description=__doc__.split("\n")[0]
-    )
-    for f, v in asdict(LatencyConfig()).items():
-        p.add_argument(f"--{f.replace('_', '-')}", type=type(v), default=v)
-    p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
-    cfg = LatencyConfig(**{k: v for k, v in vars(args).items() if k != "json"})
+def run(cfg: LatencyConfig) -> dict:
+    """Every size; writes results.json and run.json and returns the summary."""
     import torch
 
     from rag.encoding import Encoder
@@ -176,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     encoder = Encoder.load(cfg.encoder, device="cpu")
     queries = make_queries(cfg.queries + 10)
     results = {}
-    for n in (int(s) for s in cfg.sizes.split(",")):
+    for n in size_list(cfg):
         r = bench_size(n, cfg, encoder, queries)
         results[str(n)] = r
         print(
@@ -195,9 +209,25 @@ def main(argv: list[str] | None = None) -> int:
     }
     (out / "results.json").write_text(json.dumps(summary, indent=1))
     (out / "run.json").write_text(json.dumps(asdict(cfg), indent=1))
-    if args.json:
-        print(json.dumps(summary, indent=1))
-    return 0
+    return summary
+
+
+def build_parser() -> Any:
+    parser = dataclass_parser(f"python -m {PROG}", __doc__, LatencyConfig)
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: Any) -> int:
+        cfg = config_from_args(LatencyConfig, args)
+        check(cfg)
+        summary = run(cfg)
+        if args.json:
+            print(json.dumps(summary, indent=1))
+        return 0
+
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

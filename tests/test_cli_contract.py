@@ -27,6 +27,16 @@ CLIS = [
     ("evals.qa", ["--squad", "x.json", "--k", "three"], "--k"),
     ("evals.retrieval", ["--dataset", "d", "--retriever", "sparse"], "--retriever"),
     ("evals.docqa", ["--device", "tpu"], "--device"),
+    ("benchmarks.decode", ["--parts", "kv,fast"], "--parts"),
+    ("benchmarks.decode_variants", ["--repeats", "many"], "--repeats"),
+    ("benchmarks.concurrent_load", ["--modes", "sideways"], "--modes"),
+    ("benchmarks.serve_load", ["--target", "cli"], "--target"),
+    ("benchmarks.ui_load", ["--mode", "fuzzy"], "--mode"),
+    ("benchmarks.replicas_load", ["--max-files", "2"], "--max-files"),
+    ("benchmarks.ingest_throughput", ["--precisions", "fp16"], "--precisions"),
+    ("benchmarks.search_latency", ["--sizes", "10k"], "--sizes"),
+    ("benchmarks.reingest", ["--docs", "d", "--edit-files", "two"], "--edit-files"),
+    ("benchmarks.pretrain_throughput", ["--objectives", "mlm", "glue"], "--objectives"),
 ]
 
 

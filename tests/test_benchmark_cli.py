@@ -1,0 +1,138 @@
+"""The benchmarks' command lines, built like every CLI's (rag.dataclass_cli + rag.cli.run_cli):
+every ``python -m benchmarks.X ...`` that README.md and docs/ write parses as typed with the
+benchmark's own parser and passes its ``check()``; every config field has the comment its
+``--help`` shows; ``check()`` refuses values that cannot run, exit 2 in one line naming the flag.
+(tests/test_cli_contract.py holds the shared contract: defaults in ``--help``, one bad value.)
+
+In-process: parsing and ``check()`` run before anything is loaded; the one run is
+``benchmarks.decode`` on a tiny random Llama folder (seconds), through ``main`` with ``--json``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from generate_support import build_model, build_tokenizer
+
+from rag.cli import EXIT_USAGE
+from rag.dataclass_cli import config_from_args, field_help
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# module -> its config dataclass (each has build_parser() and check(cfg))
+BENCHMARKS = {
+    "benchmarks.decode": "DecodeBenchConfig",
+    "benchmarks.concurrent_load": "LoadConfig",
+    "benchmarks.replicas_load": "ReplicasConfig",
+    "benchmarks.ingest_throughput": "ThroughputConfig",
+    "benchmarks.search_latency": "LatencyConfig",
+    "benchmarks.reingest": "ReingestConfig",
+    "benchmarks.pretrain_throughput": "PretrainBenchConfig",
+}
+COMMAND = re.compile(r"^(?:nice -n \d+ )?python -m (benchmarks\.\w+)(.*)$")
+
+
+def documented_commands() -> list[tuple[str, str, list[str]]]:
+    """(where, module, args) of each benchmark command in the docs' bash blocks (continuation
+    lines joined, comments dropped) and inline code spans (which may wrap over a line)."""
+    found = []
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        lines = [
+            line
+            for block in re.findall(r"^```(?:bash|sh|shell)\n(.*?)^```", text, re.M | re.S)
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines()
+        ]
+        lines += [" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", text)]
+        for line in lines:
+            if (m := COMMAND.match(line.strip())) and m.group(1) in BENCHMARKS:
+                args = shlex.split(m.group(2), comments=True)
+                found.append((f"{path.name}: {' '.join(line.split())}", m.group(1), args))
+    return found
+
+
+COMMANDS = documented_commands()
+
+
+def test_every_converted_benchmark_is_documented():
+    """The extraction finds commands at all (a regex gone wrong would pass the test below)."""
+    assert {module for _, module, _ in COMMANDS} == set(BENCHMARKS)
+
+
+@pytest.mark.parametrize(
+    "module,args", [(m, a) for _, m, a in COMMANDS], ids=[w for w, _, _ in COMMANDS]
+)
+def test_documented_command_parses_as_typed(module, args, monkeypatch):
+    mod = importlib.import_module(module)
+    ns = mod.build_parser().parse_args(args)  # a flag the parser lacks exits 2 here
+    cfg = config_from_args(getattr(mod, BENCHMARKS[module]), ns)
+    monkeypatch.chdir(REPO)  # the docs' relative paths are from the checkout
+    try:
+        mod.check(cfg)
+    except ValueError as e:  # only a folder the docs name and this machine lacks
+        missing = re.match(r"(--[\w-]+) (\S+) is not a folder", str(e))
+        if missing and not Path(missing.group(2)).is_dir():
+            pytest.skip(f"parsed; check() needs {missing.group(2)}, absent here")
+        raise
+
+
+@pytest.mark.parametrize("module,cls", BENCHMARKS.items())
+def test_every_config_field_has_help(module, cls):
+    config = getattr(importlib.import_module(module), cls)
+    fields = set(config.__dataclass_fields__)
+    assert fields and set(field_help(config)) == fields
+
+
+@pytest.mark.parametrize(
+    "module,argv,flag",
+    [
+        ("benchmarks.decode", ["--prompt-tokens", "10"], "--prompt-tokens"),
+        ("benchmarks.decode", ["--no-cache-new-tokens", "0"], "--no-cache-new-tokens"),
+        ("benchmarks.concurrent_load", ["--modes", "on,on"], "--modes"),
+        ("benchmarks.concurrent_load", ["--duration", "0"], "--duration"),
+        ("benchmarks.replicas_load", ["--docs", "no/such/folder"], "--docs"),
+        ("benchmarks.replicas_load", ["--before", "-1"], "--before"),
+        ("benchmarks.ingest_throughput", ["--docs", "no/such/folder"], "--docs"),
+        ("benchmarks.ingest_throughput", ["--encoder-backends", "tensorrt"], "--encoder-backends"),
+        ("benchmarks.search_latency", ["--sizes", "5"], "--sizes"),  # fewer chunks than --k
+        ("benchmarks.reingest", ["--docs", "no/such/folder"], "--docs"),
+        ("benchmarks.reingest", ["--docs", ".", "--edit-files", "2"], "--edit-files"),
+        ("benchmarks.reingest", [], "--docs"),  # required
+        ("benchmarks.pretrain_throughput", ["--steps", "0"], "--steps"),
+    ],
+)
+def test_check_refuses_in_one_line_naming_the_flag(module, argv, flag, capsys, monkeypatch):
+    monkeypatch.chdir(REPO)
+    try:
+        status = importlib.import_module(module).main(argv)
+    except SystemExit as e:  # argparse's own refusals
+        status = e.code
+    assert status == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"{module}: error: ") and flag in err[0], err
+
+
+def test_decode_main_runs_and_prints_json(tmp_path, capsys):
+    from benchmarks.decode import main
+
+    tok = build_tokenizer()
+    model_dir = tmp_path / "tiny"
+    build_model("llama", tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "out"
+    argv = [
+        "--decoder", str(model_dir), "--threads", "1", "--prompt-tokens", "400",
+        "--short-prompt-tokens", "250", "--new-tokens", "6", "--no-cache-new-tokens", "3",
+        "--repeats", "1", "--out", str(out), "--json",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["config"]["no_cache_new_tokens"] == 3 and printed["config"]["threads"] == 1
+    assert printed["no_kv_cache"]["new_tokens"] == 3 and printed["kv_cache"]["new_tokens"] == 6
+    assert json.loads((out / "results.json").read_text())["command"].endswith("--json")
+    assert (out / "decode.png").stat().st_size > 0
