@@ -13,6 +13,8 @@ S=$DATA/squad/squad-v1.1-dev-part.json
 O=${OUT:-artifacts/evals/answers}
 stamp() { echo "=== $(date +%T) $* | load $(cut -d' ' -f1-3 /proc/loadavg)"; }
 QA="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --complete-citations"
+# rows measured before the answerability check existed ran without it; they keep that setting
+OFF="--answerability-threshold none"
 DOCQA="--index pydocs --max-new-tokens 128"
 Q=qwen2.5-coder-0.5b
 mkdir -p "$O"
@@ -24,23 +26,23 @@ $PY -m training.lora --model $Q --out artifacts/models/$Q-lora --data $S \
   --no-eval --merge --lr 5e-4 --r 16 --alpha 32 --top-layers 12 \
   --target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
 stamp "qa $Q + LoRA"
-$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --out $O/qa-qwen05-lora.json
+$PY -m evals.qa $QA $OFF --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --out $O/qa-qwen05-lora.json
 stamp "ingest pydocs"
 $PY -m rag.ingest $DATA/python-docs --index pydocs
 stamp "docqa $Q + LoRA"
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-lora --out $O/docqa-qwen05-lora.json
 stamp "refusal gate: sweep on SQuAD train articles, then the gated rows"
-$PY -m evals.qa $QA --split train --limit 150 --unanswerable-limit 60 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold 1.0 --out $O/sweep-qwen05-lora-train.json
+$PY -m evals.qa $QA $OFF --split train --limit 150 --unanswerable-limit 60 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold 1.0 --out $O/sweep-qwen05-lora-train.json
 $PY -m evals.refusal_sweep $O/sweep-qwen05-lora-train.json --out $O/sweep-qwen05-lora-train-table.json
 T=$($PY -c "import json;print(json.load(open('$O/sweep-qwen05-lora-train-table.json'))['chosen']['threshold'])")
-$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/qa-qwen05-lora-gated.json
+$PY -m evals.qa $QA $OFF --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/qa-qwen05-lora-gated.json
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/docqa-qwen05-lora-gated.json
 stamp "qa $Q zero-shot"
-$PY -m evals.qa $QA --limit 150 --unanswerable-limit 50 --generator $Q --out $O/qa-qwen05.json
+$PY -m evals.qa $QA $OFF --limit 150 --unanswerable-limit 50 --generator $Q --out $O/qa-qwen05.json
 stamp "docqa $Q zero-shot"
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --out $O/docqa-qwen05.json
 stamp "qa smollm2 zero-shot"
-$PY -m evals.qa $QA --limit 150 --unanswerable-limit 50 --generator smollm2 --out $O/qa-smollm2.json
+$PY -m evals.qa $QA $OFF --limit 150 --unanswerable-limit 50 --generator smollm2 --out $O/qa-smollm2.json
 stamp "docqa smollm2 zero-shot"
 $PY -m evals.docqa $DOCQA --decoder smollm2 --adapter none --out $O/docqa-smollm2.json
 stamp "LoRA smollm2 (240 examples, lr 1e-3, every layer)"
@@ -48,7 +50,13 @@ $PY -m training.lora --model smollm2 --out artifacts/models/smollm2-lora --data 
   --docs $DATA/corpus/linux-doc --doc-fraction 0.2 --doc-passage-words 80 --k-passages 5 \
   --passage-words 50 --refusal-fraction 0.2 --max-examples 240 --batch-size 1 --grad-accum 4 \
   --no-eval --merge --lr 1e-3 --r 16 --alpha 32
-$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator smollm2 --adapter artifacts/models/smollm2-lora --out $O/qa-smollm2-lora.json
+$PY -m evals.qa $QA $OFF --limit 300 --unanswerable-limit 100 --generator smollm2 --adapter artifacts/models/smollm2-lora --out $O/qa-smollm2-lora.json
 $PY -m evals.docqa $DOCQA --decoder smollm2 --adapter artifacts/models/smollm2-lora --out $O/docqa-smollm2-lora.json
+stamp "answerability check (rag.answerability): fit on SQuAD train, measure on dev, then the rows with it on"
+A=artifacts/evals/answerability
+$PY -m evals.answerability --squad $S --split train --fit --limit 600 --unanswerable-limit 200 --removed-articles 4 --out $A/fit-train.json
+$PY -m evals.answerability --squad $S --model $A/fit-train.json --out $A/dev.json
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --out $O/qa-qwen05-ans.json
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/qa-qwen05-lora-gated-ans.json
 stamp done
 $PY -m evals.answers_report "$O"

@@ -118,6 +118,26 @@ def test_gate_off_by_default_and_threshold_validated(no_tokenizer_ban):
         decide(gen, [], 0.0)
 
 
+def test_adapter_threshold_gives_way_to_the_answerability_check(no_tokenizer_ban):
+    """With the answerability check deciding, the adapter's own threshold (0.6) is replaced by
+    1.0: the decoder answers with its refusal barred; without the check the adapter's holds."""
+    from test_answerability import CoverageRetriever
+
+    def ask(**cfg):
+        gen = GatedFake("Lists are mutable [1].", 0.9)
+        gen.refusal_threshold = 0.6  # as Generator.load sets it from the adapter's run.json
+        pipe = RAGPipeline(RAGConfig(k=2, **cfg), retriever=CoverageRetriever(0.7), generator=gen)
+        return pipe.answer("Are Python lists mutable?"), gen
+
+    ans, gen = ask()
+    assert not ans.refused and ans.refusal_probability == pytest.approx(0.9)
+    assert gen.kwargs[0]["ban"] == [[7, 8]]  # decoded with the refusal barred
+    ans, gen = ask(answerability_threshold=None)
+    assert ans.refused and not gen.calls  # the adapter's 0.6 decides alone
+    ans, gen = ask(refusal_threshold=0.95)
+    assert not ans.refused  # an explicit threshold always wins
+
+
 def row(p, answerable=True, em=1.0, gold=True):
     return {
         "id": str(p),
