@@ -41,7 +41,8 @@ def row_name(config: Mapping[str, Any]) -> str:
     adapter = config.get("adapter")
     name = f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"
     gate = config.get("refusal_threshold")
-    name = f"{name}, refusal gate {gate:g}" if gate is not None else name
+    if gate is not None:  # 1.0: decoded with the refusal barred, never refused by the decoder
+        name = f"{name}, refusal barred" if gate >= 1 else f"{name}, refusal gate {gate:g}"
     # runs before the answerability check existed have no key: the check was off
     check = config.get("answerability_threshold")
     return f"{name}, answerability check {check:g}" if check is not None else name

@@ -58,5 +58,10 @@ $PY -m evals.answerability --squad $S --split train --fit --limit 600 --unanswer
 $PY -m evals.answerability --squad $S --model $A/fit-train.json --out $A/dev.json
 $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --out $O/qa-qwen05-ans.json
 $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/qa-qwen05-lora-gated-ans.json
+# with the check on, the adapter's refusals only add false refusals: bar them (what --adapter auto now does)
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold 1.0 --out $O/qa-qwen05-lora-barred-ans.json
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator smollm2 --adapter none --out $O/qa-smollm2-ans.json
+stamp "the 1.5B decoder (make decoders-1.5b) on the docs questions"
+$PY -m evals.docqa $DOCQA --decoder qwen2.5-coder-1.5b --adapter none --out $O/docqa-qwen15.json
 stamp done
 $PY -m evals.answers_report "$O"

@@ -40,6 +40,7 @@ def test_gated_rows_name_their_threshold():
     assert row_name(cfg) == "q + LoRA, refusal gate 0.6"
     cfg["answerability_threshold"] = 0.356
     assert row_name(cfg) == "q + LoRA, refusal gate 0.6, answerability check 0.356"
+    assert row_name({**cfg, "refusal_threshold": 1.0}).startswith("q + LoRA, refusal barred,")
     assert (
         row_name({**cfg, "refusal_threshold": None, "answerability_threshold": None}) == "q + LoRA"
     )
