@@ -22,12 +22,13 @@ def tokenize(texts: Sequence[str]) -> bm25s.tokenization.Tokenized:
     return bm25s.tokenize(list(texts), stopwords="en", stemmer=_STEMMER, show_progress=False)
 
 
-def terms(texts: Sequence[str]) -> list[list[str]]:
-    """The index terms of each text (lower-cased, stop words out, stemmed), as BM25 sees them."""
+def terms(texts: Sequence[str], stopwords: str | Sequence[str] = "en") -> list[list[str]]:
+    """The index terms of each text (lower-cased, stop words out, stemmed), as BM25 sees them;
+    ``stopwords`` may be a longer list (rag.answerability drops question words too)."""
     if not texts:
         return []
     return bm25s.tokenize(
-        list(texts), stopwords="en", stemmer=_STEMMER, show_progress=False, return_ids=False
+        list(texts), stopwords=stopwords, stemmer=_STEMMER, show_progress=False, return_ids=False
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from indexes import VectorIndex
-from rag.answerability import coverage
+from rag.answerability import COVERAGE_STOPWORDS, coverage
 from rag.bm25 import BM25Index, terms
 from rag.defaults import MODES
 from rag.encoding import Encoder
@@ -102,7 +102,9 @@ class SearchEngine:
         ``texts``, weighted by this corpus's BM25 IDF; None without a BM25 index."""
         if self.bm25 is None:
             return None
-        words = terms([query])[0]
+        # The long stop-word list: BM25's short one keeps "how", "what", "do", and in a small
+        # corpus that never says "how" they would carry most of the query's IDF weight.
+        words = terms([query], COVERAGE_STOPWORDS)[0]
         return coverage(words, terms(list(texts)), self.bm25.idf(set(words)))
 
     def _dense(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
