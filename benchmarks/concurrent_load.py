@@ -31,10 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import bench_main, bench_parser, command
 from benchmarks.decode import hardware, source_passages
 from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.paths import rag_home
 
 PROG = "benchmarks.concurrent_load"
@@ -228,26 +227,21 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def build_parser() -> Any:
-    parser = dataclass_parser(f"python -m {PROG}", __doc__, LoadConfig)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    return parser
+    return bench_parser(PROG, __doc__, LoadConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(args: Any) -> int:
-        cfg = config_from_args(LoadConfig, args)
-        check(cfg)
+    def body(cfg: LoadConfig, args: Any) -> int:
         result = run(cfg)
         out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "concurrent_load"
         out.mkdir(parents=True, exist_ok=True)
-        argv_used = sys.argv[1:] if argv is None else argv
-        result["command"] = f"python -m {PROG} " + " ".join(argv_used)
+        result["command"] = command(PROG, argv)
         (out / "results.json").write_text(json.dumps(result, indent=2))
         log(f"wrote {out}/results.json")
         print(json.dumps(result, indent=2) if args.json else markdown(result))
         return 0
 
-    return run_cli(build_parser(), body, argv)
+    return bench_main(build_parser(), LoadConfig, check, body, argv)
 
 
 if __name__ == "__main__":

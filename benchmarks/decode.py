@@ -24,8 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
+from benchmarks.cli import bench_main, bench_parser, command
 from rag.paths import rag_home, shared_data_dir
 
 PROG = "benchmarks.decode"
@@ -274,20 +273,15 @@ def check(cfg: DecodeBenchConfig) -> None:
 
 
 def build_parser() -> Any:
-    parser = dataclass_parser(f"python -m {PROG}", __doc__, DecodeBenchConfig)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    return parser
+    return bench_parser(PROG, __doc__, DecodeBenchConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(args: Any) -> int:
-        cfg = config_from_args(DecodeBenchConfig, args)
-        check(cfg)
+    def body(cfg: DecodeBenchConfig, args: Any) -> int:
         result = run(cfg)
         out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "decode"
         out.mkdir(parents=True, exist_ok=True)
-        argv_used = sys.argv[1:] if argv is None else argv
-        result["command"] = f"python -m {PROG} " + " ".join(argv_used)
+        result["command"] = command(PROG, argv)
         name = (
             "results.json"
             if cfg.parts == "kv,nokv,ttft"
@@ -302,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result, indent=2) if args.json else markdown(result))
         return 0
 
-    return run_cli(build_parser(), body, argv)
+    return bench_main(build_parser(), DecodeBenchConfig, check, body, argv)
 
 
 if __name__ == "__main__":

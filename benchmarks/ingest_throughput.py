@@ -30,8 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
+from benchmarks.cli import bench_main, bench_parser
 from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.paths import rag_home, shared_data_dir
 
@@ -281,21 +280,16 @@ def run(cfg: ThroughputConfig) -> dict:
 
 
 def build_parser() -> Any:
-    parser = dataclass_parser(f"python -m {PROG}", __doc__, ThroughputConfig)
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    return parser
+    return bench_parser(PROG, __doc__, ThroughputConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(args: Any) -> int:
-        cfg = config_from_args(ThroughputConfig, args)
-        check(cfg)
+    def body(cfg: ThroughputConfig, args: Any) -> None:
         summary = run(cfg)
         if args.json:
             print(json.dumps(summary, indent=1, default=str))
-        return 0
 
-    return run_cli(build_parser(), body, argv)
+    return bench_main(build_parser(), ThroughputConfig, check, body, argv)
 
 
 if __name__ == "__main__":

@@ -26,8 +26,7 @@ from typing import Any
 
 import torch
 
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
+from benchmarks.cli import bench_main, bench_parser
 from training.config import OBJECTIVES, PRESETS, get_preset
 from training.masking import make_spec
 from training.model import build_model, count_parameters
@@ -184,26 +183,17 @@ def run(cfg: PretrainBenchConfig) -> dict[str, Any]:
 
 
 def build_parser() -> Any:
-    parser = dataclass_parser(
-        f"python -m {PROG}",
-        __doc__,
-        PretrainBenchConfig,
-        choices={"presets": tuple(PRESETS), "objectives": OBJECTIVES},
-    )
-    parser.add_argument("--json", action="store_true", help="print the rows as JSON on stdout")
-    return parser
+    choices = {"presets": tuple(PRESETS), "objectives": OBJECTIVES}
+    return bench_parser(PROG, __doc__, PretrainBenchConfig, choices=choices)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(args: Any) -> int:
-        cfg = config_from_args(PretrainBenchConfig, args)
-        check(cfg)
+    def body(cfg: PretrainBenchConfig, args: Any) -> None:
         result = run(cfg)
         if args.json:
             print(json.dumps(result))
-        return 0
 
-    return run_cli(build_parser(), body, argv)
+    return bench_main(build_parser(), PretrainBenchConfig, check, body, argv)
 
 
 class _vocab_only_tokenizer:

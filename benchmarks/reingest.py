@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
+from benchmarks.cli import bench_main, bench_parser
 from rag.manifest import index_dir
 from rag.paths import rag_home
 
@@ -142,21 +141,16 @@ def run(cfg: ReingestConfig) -> dict[str, Any]:
 
 
 def build_parser() -> Any:
-    parser = dataclass_parser(f"python -m {PROG}", __doc__, ReingestConfig, required=["docs"])
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    return parser
+    return bench_parser(PROG, __doc__, ReingestConfig, required=["docs"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(args: Any) -> int:
-        cfg = config_from_args(ReingestConfig, args)
-        check(cfg)
+    def body(cfg: ReingestConfig, args: Any) -> None:
         summary = run(cfg)
         if args.json:
             print(json.dumps(summary, indent=1))
-        return 0
 
-    return run_cli(build_parser(), body, argv)
+    return bench_main(build_parser(), ReingestConfig, check, body, argv)
 
 
 if __name__ == "__main__":

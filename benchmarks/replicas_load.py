@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.cli import bench_main, bench_parser, command
 from benchmarks.replicas import (
     PROBE_NAME,
     PROBE_QUESTION,
@@ -50,8 +51,6 @@ from benchmarks.replicas import (
     summary,
     wait_ready,
 )
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.manifest import CURRENT, index_dir
 from rag.paths import rag_home
 
@@ -211,26 +210,21 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def build_parser() -> Any:
-    parser = dataclass_parser(f"python -m {PROG}", __doc__, ReplicasConfig)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    return parser
+    return bench_parser(PROG, __doc__, ReplicasConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(args: Any) -> int:
-        cfg = config_from_args(ReplicasConfig, args)
-        check(cfg)
+    def body(cfg: ReplicasConfig, args: Any) -> int:
         out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "replicas_load"
         out.mkdir(parents=True, exist_ok=True)
         result = run(cfg, out)
-        argv_used = sys.argv[1:] if argv is None else argv
-        result["command"] = f"python -m {PROG} " + " ".join(argv_used)
+        result["command"] = command(PROG, argv)
         (out / "results.json").write_text(json.dumps(result, indent=2))
         log(f"wrote {out}/results.json and records.jsonl")
         print(json.dumps(result, indent=2) if args.json else markdown(result))
         return 0
 
-    return run_cli(build_parser(), body, argv)
+    return bench_main(build_parser(), ReplicasConfig, check, body, argv)
 
 
 if __name__ == "__main__":

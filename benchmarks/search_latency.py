@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
+from benchmarks.cli import bench_main, bench_parser
 from rag.paths import rag_home
 
 PROG = "benchmarks.search_latency"
@@ -213,21 +212,16 @@ def run(cfg: LatencyConfig) -> dict:
 
 
 def build_parser() -> Any:
-    parser = dataclass_parser(f"python -m {PROG}", __doc__, LatencyConfig)
-    parser.add_argument("--json", action="store_true", help="print the summary as JSON on stdout")
-    return parser
+    return bench_parser(PROG, __doc__, LatencyConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(args: Any) -> int:
-        cfg = config_from_args(LatencyConfig, args)
-        check(cfg)
+    def body(cfg: LatencyConfig, args: Any) -> None:
         summary = run(cfg)
         if args.json:
             print(json.dumps(summary, indent=1))
-        return 0
 
-    return run_cli(build_parser(), body, argv)
+    return bench_main(build_parser(), LatencyConfig, check, body, argv)
 
 
 if __name__ == "__main__":
