@@ -83,3 +83,12 @@ def build_model(
 
 def messages(question: str = "how do I read a file?") -> list[dict[str, str]]:
     return build_messages(question, ["Use open() and iterate.", "The with statement closes it."])
+
+
+def save_tiny_llama(folder):
+    """A tiny random Llama with its chat tokenizer saved as a plain model folder (benchmarks
+    take a decoder folder); returns the folder."""
+    tok = build_tokenizer()
+    build_model("llama", tok).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder

@@ -17,7 +17,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from generate_support import build_model, build_tokenizer
+from generate_support import save_tiny_llama
 
 from rag.cli import EXIT_USAGE
 from rag.dataclass_cli import config_from_args, field_help
@@ -120,10 +120,7 @@ def test_check_refuses_in_one_line_naming_the_flag(module, argv, flag, capsys, m
 def test_decode_main_runs_and_prints_json(tmp_path, capsys):
     from benchmarks.decode import main
 
-    tok = build_tokenizer()
-    model_dir = tmp_path / "tiny"
-    build_model("llama", tok).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = save_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "out"
     argv = [
         "--decoder", str(model_dir), "--threads", "1", "--prompt-tokens", "400",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from generate_support import build_model, build_tokenizer
+from generate_support import save_tiny_llama
 
 from benchmarks.decode_variants import first_difference, main, parse_variant
 from rag.decode_speed import DecodeSpeed
@@ -29,10 +29,7 @@ def test_first_difference():
 
 
 def test_tiny_run_writes_results_and_table(tmp_path, capsys):
-    tok = build_tokenizer()
-    model_dir = tmp_path / "tiny"
-    build_model("llama", tok).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = save_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "out"
     argv = [
         "--decoder", str(model_dir), "--variants", "fp32,fp32+int8,fp32+static", "--threads", "1",
