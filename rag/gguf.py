@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rag.loading import MODEL_LOAD_LOCK
 from rag.paths import models_dir
 
 _CHUNK = 1 << 20
@@ -194,8 +195,9 @@ def convert_gguf(gguf: Path, out: Path, info: dict | None = None) -> Path:
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        with MODEL_LOAD_LOCK:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
         # The weights are dequantised already; drop the GGUF marker so save_pretrained writes a
         # plain checkpoint that AutoModelForCausalLM loads without the gguf package.
         model.hf_quantizer = None

@@ -30,6 +30,7 @@ from rag.gguf import (
     is_converted,
     package_model_path,
 )
+from rag.loading import MODEL_LOAD_LOCK
 from rag.paths import models_dir
 
 if TYPE_CHECKING:
@@ -151,9 +152,10 @@ def load_embedder(name: str | Path, device: str = "auto", **kwargs: Any) -> Sent
     from sentence_transformers import SentenceTransformer
 
     path = resolve_model(name)
-    return SentenceTransformer(
-        str(path), device=pick_device(device), local_files_only=True, **kwargs
-    )
+    with MODEL_LOAD_LOCK:
+        return SentenceTransformer(
+            str(path), device=pick_device(device), local_files_only=True, **kwargs
+        )
 
 
 # Prompt profile (rag.prompt.PROFILES) per decoder alias, chosen by the grounded-QA measurements
@@ -271,16 +273,17 @@ def load_generator(
     speed.check(device=dev)
     if isinstance(dtype, str):
         dtype = pick_dtype(dtype, dev)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
-    if adapter is not None:
-        from peft import PeftModel
+    with MODEL_LOAD_LOCK:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+        if adapter is not None:
+            from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(resolve_model(adapter)))
-        # Fold the adapter into the weights for inference: an unmerged LoRA layer runs two extra
-        # matmuls and a dtype cast per linear layer per token (about half the decode time of
-        # Qwen2.5-0.5B in bf16 on 2 cores); the merged model answers the same.
-        model = model.merge_and_unload()
+            model = PeftModel.from_pretrained(model, str(resolve_model(adapter)))
+            # Fold the adapter into the weights for inference: an unmerged LoRA layer runs two
+            # extra matmuls and a dtype cast per linear layer per token (about half the decode
+            # time of Qwen2.5-0.5B in bf16 on 2 cores); the merged model answers the same.
+            model = model.merge_and_unload()
     model.to(dev).eval()
     model = speed.prepare(model)
     if tokenizer.pad_token is None:

@@ -13,6 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
+from rag.loading import MODEL_LOAD_LOCK
+
 
 class Reranker(Protocol):
     """Anything that scores (query, passage) pairs; higher is more relevant."""
@@ -45,9 +47,10 @@ class CrossEncoderReranker:
                 f"{e}; a reranker is trained with `python -m training.rerank`"
             ) from None
         check_cross_encoder(path)
-        self.model = CrossEncoder(
-            str(path), device=pick_device(device), local_files_only=True, max_length=max_length
-        )
+        with MODEL_LOAD_LOCK:
+            self.model = CrossEncoder(
+                str(path), device=pick_device(device), local_files_only=True, max_length=max_length
+            )
         self.name, self.batch_size = str(model), batch_size
 
     def score(self, query: str, texts: list[str]) -> list[float]:
