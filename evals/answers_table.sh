@@ -56,7 +56,8 @@ stamp "answerability check (rag.answerability): fit on SQuAD train, measure on d
 A=artifacts/evals/answerability
 $PY -m evals.answerability --squad $S --split train --fit --limit 600 --unanswerable-limit 200 --removed-articles 4 --out $A/fit-train.json
 $PY -m evals.answerability --squad $S --model $A/fit-train.json --out $A/dev.json
-$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --out $O/qa-qwen05-ans.json
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --answerability-threshold 0.356 --out $O/qa-qwen05-ans.json  # first fit (question words counted)
+$PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --out $O/qa-qwen05-ans338.json  # the shipped check
 $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold $T --out $O/qa-qwen05-lora-gated-ans.json
 # with the check on, the adapter's refusals only add false refusals: bar them (what --adapter auto now does)
 $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-lora --refusal-threshold 1.0 --out $O/qa-qwen05-lora-barred-ans.json
