@@ -9,12 +9,15 @@ that runs, writes and prints; ``--json`` is in ``args``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
+from rag.paths import rag_home
 
 
 def bench_parser(
@@ -54,3 +57,22 @@ def bench_main(
 def command(prog: str, argv: list[str] | None) -> str:
     """The command line as typed, for results.json."""
     return f"python -m {prog} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def results_dir(out: str | None, name: str) -> Path:
+    """``--out``, else ``$RAG_HOME/benchmarks/NAME``; created."""
+    folder = Path(out) if out else rag_home() / "benchmarks" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def save_and_show(
+    result: dict, folder: Path, cmd: str, as_json: bool, markdown: Callable[[dict], str]
+) -> Path:
+    """``result`` (with the command) as ``folder/results.json``, then printed: JSON with
+    ``--json``, else the markdown table."""
+    result["command"] = cmd
+    path = folder / "results.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2) if as_json else markdown(result))
+    return path

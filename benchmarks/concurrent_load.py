@@ -23,18 +23,15 @@ run it alone (``nice`` only lowers its priority; it does not stop others slowing
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import bench_main, bench_parser, command
+from benchmarks.cli import bench_main, bench_parser, command, results_dir, save_and_show
 from benchmarks.decode import hardware, source_passages
 from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
-from rag.paths import rag_home
 
 PROG = "benchmarks.concurrent_load"
 MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.batching)
@@ -233,12 +230,8 @@ def build_parser() -> Any:
 def main(argv: list[str] | None = None) -> int:
     def body(cfg: LoadConfig, args: Any) -> int:
         result = run(cfg)
-        out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "concurrent_load"
-        out.mkdir(parents=True, exist_ok=True)
-        result["command"] = command(PROG, argv)
-        (out / "results.json").write_text(json.dumps(result, indent=2))
-        log(f"wrote {out}/results.json")
-        print(json.dumps(result, indent=2) if args.json else markdown(result))
+        out = results_dir(cfg.out, "concurrent_load")
+        log(f"wrote {save_and_show(result, out, command(PROG, argv), args.json, markdown)}")
         return 0
 
     return bench_main(build_parser(), LoadConfig, check, body, argv)

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.cli import bench_main, bench_parser, command
+from benchmarks.cli import bench_main, bench_parser, command, results_dir, save_and_show
 from benchmarks.replicas import (
     PROBE_NAME,
     PROBE_QUESTION,
@@ -52,7 +52,6 @@ from benchmarks.replicas import (
     wait_ready,
 )
 from rag.manifest import CURRENT, index_dir
-from rag.paths import rag_home
 
 PROG = "benchmarks.replicas_load"
 QUESTIONS = [
@@ -215,13 +214,9 @@ def build_parser() -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     def body(cfg: ReplicasConfig, args: Any) -> int:
-        out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "replicas_load"
-        out.mkdir(parents=True, exist_ok=True)
+        out = results_dir(cfg.out, "replicas_load")
         result = run(cfg, out)
-        result["command"] = command(PROG, argv)
-        (out / "results.json").write_text(json.dumps(result, indent=2))
-        log(f"wrote {out}/results.json and records.jsonl")
-        print(json.dumps(result, indent=2) if args.json else markdown(result))
+        log(f"wrote {save_and_show(result, out, command(PROG, argv), args.json, markdown)}")
         return 0
 
     return bench_main(build_parser(), ReplicasConfig, check, body, argv)
