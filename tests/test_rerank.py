@@ -17,7 +17,7 @@ from training_support import (
 )
 
 from training.rerank import RerankConfig, build_model, collect_examples, fit, main
-from training.rerank_data import interleave, mine_hard_negatives
+from training.rerank_data import Pool, interleave, mine_hard_negatives, mine_pool
 
 # ---------------------------------------------------------------------------- mining (pure)
 
@@ -56,6 +56,24 @@ def test_mining_never_returns_a_positive_on_random_lists():
             if text_of:
                 assert not {texts[d] for d in neg} & {texts[p] for p in pos}
                 assert len({texts[d] for d in neg}) == len(neg)
+
+
+def test_random_negatives_are_extra_allowed_and_never_positive():
+    corpus = {f"d{i}": f"passage number {i}" for i in range(40)}
+    corpus["d39"] = corpus["d0"]  # a duplicate of a positive's text under another id
+    allowed = {f"d{i}" for i in range(40) if i != 7}
+    pool = Pool("t", corpus, ["q one", "q two"], [["d0"], ["d1", "d2"]], allowed)
+
+    def search(queries, k, mode):  # the same ranking for every query and miner
+        return [[(f"d{i}", 1.0 / (i + 1)) for i in range(k)] for _ in queries]
+
+    for seed in range(20):
+        out = mine_pool(pool, search, ["bm25"], n=2, depth=5, seed=seed, n_random=3)
+        for ex, pos in zip(out, pool.positives):
+            assert len(ex.negatives) == 5 and len(set(ex.negatives)) == 5
+            assert not set(ex.negatives) & {corpus[p] for p in pos}
+            assert corpus["d7"] not in ex.negatives  # outside the allowed ids
+        assert out[0].negatives[:2] == [corpus["d1"], corpus["d2"]]  # hard ones first
 
 
 def test_interleave_alternates_and_dedups():

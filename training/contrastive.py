@@ -52,7 +52,11 @@ class ContrastiveConfig(FinetuneConfig):
     lr: float = 3e-5  # peak learning rate (linear warmup then decay)
     loss: str = "mnrl"  # mnrl | cached-mnrl
     pooling: str = "auto"  # auto | mean | cls | last (auto: a ST folder's own, else mean)
-    hard_negatives: str = "none"  # none | bm25 | self (mined with the starting model)
+    hard_negatives: str = "none"  # none | bm25 | self | mined (see to_dataset / mined_dataset)
+    negatives: int = 1  # mined: hard negatives per query (BM25 and the starting model, interleaved)
+    max_queries: int = 0  # mined: cap on queries per source, sampled by seed (0 = all)
+    mine_depth: int = 30  # mined: candidates per miner that negatives are drawn from
+    mine_skip: int = 0  # mined: skip each miner's top N (they may be unlabelled positives)
     max_seq_length: int = 256  # tokens per text, training and evaluation
     scale: float = 20.0  # similarity scale (inverse temperature) of the ranking loss
     eval: bool = True  # evaluate before and after on SciFact dev + SQuAD dev articles
@@ -145,8 +149,39 @@ def to_dataset(pairs: list[P.Pair], hard_negatives: str, model: Any, seed: int):
             ds, model, range_min=2, range_max=30, num_negatives=1, verbose=False
         )
     elif hard_negatives not in ("none", "bm25"):
-        raise ValueError(f"--hard-negatives must be none, bm25 or self, not {hard_negatives!r}")
+        raise ValueError(
+            f"--hard-negatives must be none, bm25, self or mined, not {hard_negatives!r}"
+        )
     return ds
+
+
+def mined_dataset(cfg: ContrastiveConfig, model: Any) -> tuple[Any, dict[str, int]]:
+    """(query, positive, negative_1..n) rows with negatives mined over each source's *whole*
+    corpus (all 5,183 SciFact abstracts, every SQuAD train-article paragraph) by BM25 and by the
+    starting model, interleaved: the reranker's miner (:mod:`training.rerank_data`), so both
+    fine-tunes share one held-out guard (dev queries dropped, dev passages never candidates,
+    asserted). ``bm25``/``self`` mine only among the pairs' own positives."""
+    from training import rerank_data as R
+    from training.rerank import RerankConfig, collect_examples
+
+    rcfg = RerankConfig(
+        model=cfg.model,
+        scifact=cfg.scifact,
+        squad=cfg.squad,
+        docs=list(cfg.docs),
+        pairs=list(cfg.pairs),
+        max_doc_pairs=cfg.max_unsupervised,
+        max_queries=cfg.max_queries,
+        negatives=cfg.negatives,
+        mine_depth=cfg.mine_depth,
+        mine_skip=cfg.mine_skip,
+        seed=cfg.seed,
+    )
+    examples, _ = collect_examples(rcfg, encoder=model)
+    kinds: dict[str, int] = {}
+    for ex in examples:
+        kinds[ex.kind] = kinds.get(ex.kind, 0) + 1
+    return R.to_dataset(examples, "mnrl", cfg.seed), kinds
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -239,12 +274,15 @@ def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
         raise ValueError(f"--loss must be mnrl or cached-mnrl, not {cfg.loss!r}")
     with finetune_run(cfg, "contrastive") as run:
         model = build_model(cfg.model, cfg.pooling, cfg.max_seq_length, run.device)
-        pairs = collect_pairs(cfg)
-        kinds: dict[str, int] = {}
-        for p in pairs:
-            kinds[p.kind] = kinds.get(p.kind, 0) + 1
-        log.info("%d training pairs %s", len(pairs), kinds)
-        train_ds = to_dataset(pairs, cfg.hard_negatives, model, cfg.seed)
+        if cfg.hard_negatives == "mined":
+            train_ds, kinds = mined_dataset(cfg, model)
+        else:
+            pairs = collect_pairs(cfg)
+            kinds = {}
+            for p in pairs:
+                kinds[p.kind] = kinds.get(p.kind, 0) + 1
+            train_ds = to_dataset(pairs, cfg.hard_negatives, model, cfg.seed)
+        log.info("%d training rows %s", len(train_ds), kinds)
 
         evaluators = dev_evaluators(cfg) if cfg.eval else []
         before = evaluate(model, evaluators)
@@ -271,7 +309,7 @@ def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
         log.info("after: %s", after)
         summary = run.finish(
             f"contrastive {Path(cfg.model).name} ({cfg.loss})",
-            {"n_pairs": len(pairs), "pair_kinds": kinds, "before": before, "after": after},
+            {"n_pairs": len(train_ds), "pair_kinds": kinds, "before": before, "after": after},
         )
     return model, summary
 

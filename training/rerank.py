@@ -55,6 +55,7 @@ class RerankConfig(FinetuneConfig):
     max_doc_pairs: int = 2000  # cap on pairs mined from --docs
     max_queries: int = 0  # cap per source, sampled by seed (0 = all)
     negatives: int = 4  # hard negatives per query
+    random_negatives: int = 0  # extra random (easy) negatives per query, never a positive
     mine: list[str] = field(default_factory=lambda: list(MINERS))  # miners: bm25 and/or dense
     mine_encoder: str = "minilm"  # bi-encoder of the dense miner (and of the dev first stage)
     mine_depth: int = 30  # candidates per miner that negatives are drawn from
@@ -147,6 +148,7 @@ def collect_examples(
             cfg.mine_depth,
             cfg.mine_skip,
             cfg.seed,
+            cfg.random_negatives,
         )
     R.assert_no_heldout(examples, held)
     random.Random(cfg.seed).shuffle(examples)
@@ -274,7 +276,8 @@ def _loss(cfg: RerankConfig, model: Any) -> Any:
     from sentence_transformers.cross_encoder import losses
 
     if cfg.loss == "bce":  # one positive per `negatives` negatives: weigh positives up to match
-        return losses.BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(float(cfg.negatives)))
+        n_neg = cfg.negatives + cfg.random_negatives
+        return losses.BinaryCrossEntropyLoss(model, pos_weight=torch.tensor(float(n_neg)))
     if cfg.loss == "mnrl":
         return losses.MultipleNegativesRankingLoss(model)
     return losses.CachedMultipleNegativesRankingLoss(model, mini_batch_size=cfg.mini_batch_size)

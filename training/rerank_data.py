@@ -228,10 +228,13 @@ def mine_pool(
     depth: int = 30,
     skip: int = 0,
     seed: int = 0,
+    n_random: int = 0,
 ) -> list[RerankExample]:
     """Examples of ``pool`` with ``n`` hard negatives each, mined from ``search(queries, k,
     mode)`` for every mode in ``modes`` and interleaved; where they run short (tiny corpora),
-    random allowed passages fill up. Negatives given with a pair come first."""
+    random allowed passages fill up. Negatives given with a pair come first. ``n_random`` more
+    negatives per query are drawn at random from the allowed passages (never a positive): easy
+    contrasts that let a fresh scoring head learn topical relevance before the hard ones."""
     allowed = pool.allowed if pool.allowed is not None else set(pool.corpus)
     fetch = depth if pool.allowed is None else 2 * depth + n
     rankings = [
@@ -245,10 +248,23 @@ def mine_pool(
         fill = rng.sample(pool_ids, min(len(pool_ids), 3 * n + 10))
         ranked.append(interleave([r[qi] for r in rankings]) + fill)
     mined = mine_hard_negatives(pool.queries, pool.positives, ranked, n, pool.corpus, skip)
+    if n_random:
+        # hard ones first in each list, so the random ones never repeat their texts either
+        lists = [
+            [*hard, *rng.sample(pool_ids, min(len(pool_ids), 3 * n_random + 10))] for hard in mined
+        ]
+        both = [
+            mine_hard_negatives([q], [p], [row], len(hard) + n_random, pool.corpus)[0]
+            for q, p, row, hard in zip(pool.queries, pool.positives, lists, mined)
+        ]
+        easy = [row[len(hard) :] for row, hard in zip(both, mined)]
     out = []
     for qi, (query, pos, neg) in enumerate(zip(pool.queries, pool.positives, mined)):
         given = pool.given[qi] if pool.given else []
         negatives = [*given, *(pool.corpus[d] for d in neg)][:n] if n else list(given)
+        if n_random:
+            negatives += [pool.corpus[d] for d in easy[qi]]
+            neg = [*neg, *easy[qi]]
         out.append(
             RerankExample(query, [pool.corpus[p] for p in pos], negatives, pool.kind, [*pos, *neg])
         )
