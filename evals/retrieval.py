@@ -12,7 +12,9 @@ The corpus is always the whole corpus.
 Rows: each ``--retriever`` mode; ``hybrid`` once per ``--fusion`` (``rrf``: reciprocal rank
 fusion, plain at the default weight; ``convex``: normalised scores, weight chosen on the train
 queries); with ``--rerank`` each row (or those named by ``--rerank-on``) again with the
-cross-encoder on top. ``--latency`` searches one query at a time and reports p50/p90 latency.
+cross-encoder on top, once per ``--rerank-weight`` (the reranker's share of the interpolated
+score, :func:`rag.fusion.interpolate`; ``default``: chosen on the train queries, as ``alpha``).
+``--latency`` searches one query at a time and reports p50/p90 latency.
 
 CLI::
 
@@ -22,12 +24,14 @@ CLI::
         --queries dev --retriever bm25
     python -m evals.retrieval --dataset ../shared/data/scifact --split train --queries dev \\
         --retriever bm25 dense hybrid --fusion rrf convex --rerank minilm-rerank \\
-        --rerank-on hybrid --rerank-depth 50 --latency --out scifact-dev-table.json
+        --rerank-on hybrid --rerank-depth 50 --rerank-weight 1 default --latency \\
+        --out scifact-dev-table.json
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import random
@@ -39,7 +43,13 @@ from typing import ClassVar
 import numpy as np
 
 from evals.cli import add_output_args, write_result
-from evals.retrieval_rows import choose_alphas, parse_alpha, table_rows
+from evals.retrieval_rows import (
+    choose_alphas,
+    choose_rerank_weights,
+    parse_alpha,
+    parse_rerank_weight,
+    table_rows,
+)
 from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.datasets import (
@@ -78,6 +88,9 @@ class RetrievalEvalConfig:
     rerank_depth: int = 100  # candidates the cross-encoder re-scores (sets query latency)
     rerank_max_length: int | None = None  # tokens per query+passage pair (None: the model's)
     rerank_on: list[str] | None = None  # rows to rerank (bm25, dense, hybrid, hybrid-convex)
+    # reranker's share of a reranked row's score in [0, 1] (1 = reranker only, 0 = first stage)
+    # | default (chosen on --tune-queries, as alpha); the CLI takes several (one row each)
+    rerank_weight: str = "1.0"
     latency: bool = False  # search one query at a time and report p50/p90 latency
 
     # value sets (argparse choices, rag.dataclass_cli); the CLI takes several modes and fusions
@@ -187,12 +200,14 @@ def evaluate_modes(
     encoder=None,
     ds: RetrievalDataset | None = None,
     fusions: list[str] | None = None,
+    rerank_weights: list[str] | None = None,
 ) -> list[dict]:
     """Score several retrieval modes over ONE index build (the corpus is encoded once), one
     result dict per :class:`Row` (hybrid once per fusion, plus reranked rows when
-    ``cfg.rerank``); ``cfg.retriever`` and ``cfg.fusion`` are ignored."""
+    ``cfg.rerank``, once per rerank weight); ``cfg.retriever``, ``cfg.fusion`` and
+    ``cfg.rerank_weight`` stand for the first of ``modes``, ``fusions``, ``rerank_weights``."""
     fusions = fusions or [cfg.fusion]
-    rows = table_rows(cfg, modes, fusions)
+    rows = table_rows(cfg, modes, fusions, rerank_weights)
     if ds is None:
         ds = load_eval_dataset(cfg.dataset, cfg.split, cfg.queries)
     if cfg.limit:
@@ -203,14 +218,24 @@ def evaluate_modes(
     retriever = make_retriever(ds, cfg, encoder, _build_mode(modes))
     t_index = time.perf_counter() - t0
     hybrid_fusions = sorted({r.fusion for r in rows if r.fusion}, key=fusions.index)
+    load_tune = functools.cache(lambda: _tuning_set(cfg))  # loaded once, if any weight is tuned
     alphas = {}
     if hybrid_fusions:
-        alphas = choose_alphas(cfg, hybrid_fusions, retriever, ds, lambda: _tuning_set(cfg))
+        alphas = choose_alphas(cfg, hybrid_fusions, retriever, ds, load_tune)
+    tuned = choose_rerank_weights(cfg, rows, alphas, retriever, ds, load_tune)
+    weights = {
+        r: tuned[(r.mode, r.fusion)]["rerank_weight"] if r.weight == "default" else float(r.weight)
+        for r in rows
+        if r.rerank
+    }
+    names = [r.name(weights.get(r)) for r in rows]
     out = []
-    for row in rows:
+    for row, name in zip(rows, names):
         options = {"rerank": row.rerank}
         if row.fusion:
             options |= {"fusion": row.fusion, "alpha": alphas[row.fusion]["alpha"]}
+        if row.rerank:
+            options |= {"rerank_weight": weights[row]}
         t1, spent = time.perf_counter(), dict(retriever.engine.timings)
         run, lat = timed_retrieval(ds, retriever, cfg.k, row.mode, cfg.latency, **options)
         t_search = time.perf_counter() - t1
@@ -219,17 +244,19 @@ def evaluate_modes(
         config = {**asdict(cfg), "retriever": row.mode, "fusion": row.fusion}
         config |= {"alpha": alphas[row.fusion]["alpha"] if row.fusion else None}
         config |= {"rerank": cfg.rerank if row.rerank else None}
+        config |= {"rerank_weight": weights.get(row)}
         out.append(
             {
-                "row": row.label,
+                "row": name,
                 "config": config,
                 "fusion_tuning": alphas.get(row.fusion) if row.fusion else None,
+                "rerank_tuning": tuned[(row.mode, row.fusion)] if row.weight == "default" else None,
                 "dataset": ds.name,
                 "n_queries": len(ds.queries),
                 "n_docs": len(ds.corpus),
                 "metrics": {m: round(v, 4) for m, v in metrics.items()},
                 "corpus_encode_s": round(t_index, 2),
-                "index_shared_by": [r.label for r in rows] if len(rows) > 1 else None,
+                "index_shared_by": names if len(rows) > 1 else None,
                 "search_s": round(t_search, 2),
                 "search_ms_per_query": round(1000 * t_search / len(ds.queries), 2),
                 "latency_ms_p50": round(float(np.percentile(lat, 50)), 1) if lat else None,
@@ -247,7 +274,8 @@ def evaluate_modes(
 
 
 def _tuning_set(cfg: RetrievalEvalConfig) -> RetrievalDataset:
-    """The queries a fusion weight is chosen on (``--tune-queries``, at most ``--tune-limit``)."""
+    """The queries a fusion or rerank weight is chosen on (``--tune-queries``, at most
+    ``--tune-limit``, a fixed sample)."""
     tune = load_eval_dataset(cfg.dataset, cfg.split, cfg.tune_queries)
     if cfg.tune_limit and len(tune.queries) > cfg.tune_limit:
         keep = random.Random(0).sample(sorted(tune.queries), cfg.tune_limit)
@@ -284,6 +312,8 @@ CLI_HELP = {
     "(rrf: 0.5, convex: auto)",
     "rerank": "cross-encoder folder or artefact name (minilm-rerank): adds reranked rows",
     "rerank_on": "rows to rerank: bm25 dense hybrid hybrid-convex (default: all)",
+    "rerank_weight": "reranker's share of the reranked score in [0, 1] (1 = reranker order, 0 = "
+    "first-stage order), or 'default' (chosen on --tune-queries); several: one row each",
     "limit": "only the first N queries (0 = all)",
 }
 
@@ -302,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
             "fusion": {"nargs": "+", "default": ["rrf"]},
             "rerank": {"metavar": "DIR|NAME"},
             "rerank_on": {"metavar": "ROW"},
+            "rerank_weight": {"nargs": "+", "default": ["1.0"], "metavar": "W|default"},
         },
     )
     add_output_args(p)
@@ -310,9 +341,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(a: argparse.Namespace) -> int:
     modes, fusions = a.retriever, a.fusion
+    weights = [parse_rerank_weight(w) for w in a.rerank_weight]
     cfg = config_from_args(RetrievalEvalConfig, a)
     cfg = replace(cfg, retriever=modes[0], fusion=fusions[0], alpha=parse_alpha(a.alpha))
-    results = evaluate_modes(cfg, modes, fusions=fusions)
+    cfg = replace(cfg, rerank_weight=weights[0])
+    results = evaluate_modes(cfg, modes, fusions=fusions, rerank_weights=weights)
     payload = results[0] if len(results) == 1 else results
     write_result(payload, a.out, a.json)
     for r in results:

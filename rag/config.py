@@ -59,6 +59,9 @@ class RAGConfig:
     rerank: str | None = None  # cross-encoder folder/artefact (minilm-rerank); None = no rerank
     rerank_depth: int = 30  # candidates the reranker re-scores (one forward pass each: latency)
     rerank_max_length: int = 256  # tokens per query+passage pair given to the reranker
+    # reranker's share of a reranked passage's score: w * norm(rerank) + (1 - w) * norm(first
+    # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order (rag.fusion.interpolate)
+    rerank_weight: float = 1.0
     # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.fusion). convex with
     # alpha 0.5 is the best measured (docs/retrieval.md: SciFact dev ties RRF, SQuAD dev +0.03)
     fusion: str = "convex"  # hybrid fusion: convex (normalised scores) | rrf (ranks)
@@ -139,6 +142,8 @@ def validate(cfg: RAGConfig) -> None:
             raise ConfigError(f"{name} must be >= 1, not {getattr(cfg, name)!r}")
     if not 0 <= cfg.alpha <= 1:
         raise ConfigError(f"alpha must be in [0, 1], not {cfg.alpha}")
+    if not 0 <= cfg.rerank_weight <= 1:
+        raise ConfigError(f"rerank_weight must be in [0, 1], not {cfg.rerank_weight}")
     t = cfg.refusal_threshold
     if t is not None and not 0 < t <= 1:
         raise ConfigError(f"refusal_threshold must be in (0, 1] or none, not {t}")

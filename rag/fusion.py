@@ -12,6 +12,11 @@ beat RRF once its weight is tuned on held-out queries (:func:`choose_weight`).
 Conventions, for both fusions of a dense and a BM25 list: ``alpha`` is the weight of the first
 (dense) list and ``1 - alpha`` that of the second (BM25). For RRF the weights are ``2 * alpha``
 and ``2 * (1 - alpha)``, so ``alpha = 0.5`` is plain RRF, score for score.
+
+The rerank stage fuses the same way (:func:`interpolate`): a cross-encoder trained on little data
+is weak, and interpolating its normalised score with the first stage's (``rerank_weight``) lets
+a weight chosen on held-out queries (:func:`choose_rerank_weight`) fall back towards the first
+stage instead of replacing it, so the reranked list need not be worse than the one it reorders.
 """
 
 from __future__ import annotations
@@ -111,6 +116,61 @@ def fuse(
     raise ValueError(f"fusion must be one of {', '.join(FUSIONS)}, not {fusion!r}")
 
 
+def check_rerank_weight(weight: float) -> None:
+    """Reject a rerank weight outside [0, 1] (NaN too), naming the value: outside that range
+    the interpolation would reward a low reranker or first-stage score."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"--rerank-weight must be in [0, 1], not {weight}")
+
+
+def interpolate(
+    first: Ranked, rerank_scores: Sequence[float], weight: float, norm: str = "minmax"
+) -> list[tuple[str, float]]:
+    """The reranked head: ``weight * norm(rerank) + (1 - weight) * norm(first)`` per document,
+    best first. ``first`` is the head of the first-stage list (best first, unique ids) and
+    ``rerank_scores[i]`` the reranker's score of ``first[i]``; ``norm`` as :func:`normalize`.
+
+    Ties, deterministic: the reranker's order (its score, then first-stage rank) when
+    ``weight >= 0.5``, else the first-stage rank first (:func:`convex`'s rule). So weight 1 is
+    exactly the reranker's order (equal reranker scores keep first-stage order, as the stage
+    always did) and weight 0 exactly the first-stage order. At those two ends the scores are the
+    chosen side's own (raw reranker logits at 1, as before interpolation existed; first-stage
+    scores at 0); in between they are the interpolated normalised scores."""
+    check_rerank_weight(weight)
+    head = [(d, float(s)) for d, s in first]
+    if len(rerank_scores) != len(head):
+        raise ValueError(f"{len(head)} first-stage results but {len(rerank_scores)} rerank scores")
+    if len({d for d, _ in head}) != len(head):
+        raise ValueError("interpolate needs unique ids in the first-stage list")
+    order = sorted(range(len(head)), key=lambda i: (-rerank_scores[i], i))
+    reranked = [(head[i][0], float(rerank_scores[i])) for i in order]
+    fused = convex([reranked, head], [weight, 1.0 - weight], norm)
+    if weight in (0.0, 1.0):
+        own = dict(reranked if weight == 1.0 else head)
+        fused = [(d, own[d]) for d, _ in fused]
+    return fused
+
+
+def rerank_head(
+    first: Ranked, rerank_scores: Sequence[float], weight: float, norm: str = "minmax"
+) -> list[tuple[str, float]]:
+    """The whole list after the rerank stage: its first ``len(rerank_scores)`` entries by
+    :func:`interpolate`, then the rest in first-stage order with scores below the lowest of the
+    head (``floor - 1``, ``floor - 2``, ...), since evaluators sort by score."""
+    first = list(first)
+    m = len(rerank_scores)
+    head = interpolate(first[:m], rerank_scores, weight, norm)
+    floor = min((s for _, s in head), default=0.0)
+    return head + [(d, floor - j) for j, (d, _) in enumerate(first[m:], start=1)]
+
+
+def _best_weight(scores: Mapping[float, float]) -> float:
+    """The grid value with the best metric; ties go nearest 0.5 (the least one-sided), then to
+    the smaller value, so a flat curve never picks an extreme by accident."""
+    best = max(scores.values())
+    return min((w for w, s in scores.items() if s == best), key=lambda w: (abs(w - 0.5), w))
+
+
 def ndcg_at_k(
     qrels: Mapping[str, Mapping[str, int]], run: Mapping[str, Ranked], k: int = 10
 ) -> float:
@@ -155,9 +215,31 @@ def choose_weight(
             for q in qids
         }
         scores[float(alpha)] = metric({q: qrels[q] for q in qids}, run)
-    best = max(scores.values())
-    alpha = min((a for a, s in scores.items() if s == best), key=lambda a: (abs(a - 0.5), a))
-    return alpha, scores
+    return _best_weight(scores), scores
+
+
+def choose_rerank_weight(
+    first_runs: Mapping[str, Ranked],
+    rerank_scores: Mapping[str, Sequence[float]],
+    qrels: Mapping[str, Mapping[str, int]],
+    norm: str = "minmax",
+    grid: Sequence[float] = DEFAULT_GRID,
+    metric: Callable[[Mapping[str, Mapping[str, int]], dict[str, Ranked]], float] | None = None,
+) -> tuple[float, dict[float, float]]:
+    """Pick ``rerank_weight`` on held-out queries, as :func:`choose_weight` picks ``alpha``:
+    ``first_runs[q]`` is a query's first-stage list and ``rerank_scores[q]`` the reranker's
+    scores of its head (the first ``len`` entries), computed once by the caller; every grid
+    weight re-sorts those cached scores (:func:`rerank_head`), so tuning costs one reranker
+    pass, not one per weight. Returns (weight, {weight: metric}); ties as :func:`choose_weight`."""
+    if not grid:
+        raise ValueError("choose_rerank_weight needs a non-empty grid of weights")
+    metric = metric or ndcg_at_k
+    qids = [q for q in qrels if q in first_runs]
+    scores = {}
+    for weight in grid:
+        run = {q: rerank_head(first_runs[q], rerank_scores[q], weight, norm) for q in qids}
+        scores[float(weight)] = metric({q: qrels[q] for q in qids}, run)
+    return _best_weight(scores), scores
 
 
 def check_fusion(fusion: str, alpha: float, norm: str) -> None:

@@ -158,6 +158,7 @@ class RAGPipeline:
                         reranker=cfg.rerank,
                         max_length=cfg.rerank_max_length,
                         rerank_depth=cfg.rerank_depth,
+                        rerank_weight=cfg.rerank_weight,
                         fusion=cfg.fusion,
                         alpha=cfg.alpha,
                     )

@@ -23,7 +23,7 @@ from indexes import load_generation, scratch_index
 from rag.bm25 import BM25Index
 from rag.defaults import MODES
 from rag.encoding import Encoder, EncoderMismatchError
-from rag.fusion import check_fusion
+from rag.fusion import check_fusion, check_rerank_weight
 from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
 from rag.rerank import CrossEncoderReranker, Reranker
@@ -56,7 +56,8 @@ class CorpusRetriever:
 
     ``encoder``: a SentenceTransformer, an alias/folder, an :class:`Encoder`, or None (BM25 only).
     ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
-    ``fusion``/``alpha``/``norm``/``rerank_depth``: as :class:`~rag.search_engine.SearchEngine`.
+    ``fusion``/``alpha``/``norm``/``rerank_depth``/``rerank_weight``: as
+    :class:`~rag.search_engine.SearchEngine`.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class CorpusRetriever:
         alpha: float = 0.5,
         norm: str = "minmax",
         rerank_depth: int | None = None,
+        rerank_weight: float = 1.0,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -108,6 +110,7 @@ class CorpusRetriever:
             alpha=alpha,
             norm=norm,
             rerank_depth=rerank_depth,
+            rerank_weight=rerank_weight,
         )
 
     @property
@@ -118,7 +121,7 @@ class CorpusRetriever:
         self, queries: list[str], k: int = 10, mode: str | None = None, **options: Any
     ) -> list[list[tuple[str, float]]]:
         """(id, score) lists, best first, one per query; ``options`` (``fusion``, ``alpha``,
-        ``rerank``) as :meth:`rag.search_engine.SearchEngine.search_many`."""
+        ``rerank``, ``rerank_weight``) as :meth:`rag.search_engine.SearchEngine.search_many`."""
         rows = self.engine.search_many(queries, k, mode or self.mode, **options)
         return [[(r.id, r.score) for r in row] for row in rows]
 
@@ -168,8 +171,9 @@ class Retriever:
     generation stays searchable meanwhile because ingest keeps the previous generation's
     folder and its vectors (``rag.manifest.publish_generation``, ``VectorIndex.reconcile``);
     a snapshot whose folder is gone is never used for a new query.
-    ``fusion``/``alpha``/``norm``/``rerank_depth``: as :class:`~rag.search_engine.SearchEngine`
-    (defaults: plain RRF, every candidate reranked).
+    ``fusion``/``alpha``/``norm``/``rerank_depth``/``rerank_weight``: as
+    :class:`~rag.search_engine.SearchEngine` (defaults: plain RRF, every candidate reranked, by
+    the reranker's score alone).
     """
 
     def __init__(
@@ -184,8 +188,10 @@ class Retriever:
         norm: str = "minmax",
         rerank_depth: int | None = None,
         encoder_backend: str = "torch",
+        rerank_weight: float = 1.0,
     ):
         check_fusion(fusion, alpha, norm)
+        check_rerank_weight(rerank_weight)
         self.index, self.device, self.reranker, self.depth = index, device, reranker, depth
         self.encoder_backend = encoder_backend  # query encoder: torch | onnx (rag.encoding)
         self.options = {
@@ -193,6 +199,7 @@ class Retriever:
             "alpha": alpha,
             "norm": norm,
             "rerank_depth": rerank_depth,
+            "rerank_weight": rerank_weight,
         }
         self._given = encoder
         self._encoder: Encoder | None = None
@@ -216,7 +223,8 @@ class Retriever:
         :class:`rag.paths.IndexNameError`. ``encoder`` None uses the index's own encoder; any
         other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
         both. ``reranker`` may be a Reranker or a cross-encoder folder, alias or artefact name
-        (``max_length``: its tokens per query + passage pair)."""
+        (``max_length``: its tokens per query + passage pair); ``kw`` go to the constructor
+        (``fusion``, ``alpha``, ``norm``, ``rerank_depth``, ``rerank_weight``, ...)."""
         if isinstance(reranker, (str, Path)):
             reranker = CrossEncoderReranker(reranker, device=device, max_length=max_length)
         return cls(index, encoder=encoder, device=device, reranker=reranker, **kw)
@@ -343,7 +351,8 @@ class Retriever:
 
     def search(self, query: str, k: int = 10, mode: str = "hybrid", **options: Any) -> list[Hit]:
         """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid;
-        ``options``: ``fusion``, ``alpha``, ``rerank`` as :meth:`rag.search_engine.SearchEngine.search_many`)."""
+        ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
+        :meth:`rag.search_engine.SearchEngine.search_many`)."""
         return self.search_many([query], k, mode, **options)[0]
 
     def search_many(

@@ -39,14 +39,24 @@ def build_parser() -> OneLineParser:
     add_dataclass_args(
         p,
         RAGConfig,
-        only=("k", "mode", "fusion", "alpha", "encoder", "rerank", "device", "encoder_backend"),
+        only=(
+            "k",
+            "mode",
+            "fusion",
+            "alpha",
+            "encoder",
+            "rerank",
+            "rerank_weight",
+            "device",
+            "encoder_backend",
+        ),
         defaults={"k": 10},
         help={
             "k": "number of hits",
             "encoder": "query encoder; must match the index's (none = the index's own)",
             "rerank": "cross-encoder folder or artefact to rerank with (none = no rerank)",
         },
-        kwargs={"rerank": {"metavar": "DIR"}},
+        kwargs={"rerank": {"metavar": "DIR"}, "rerank_weight": {"metavar": "W"}},
     )
     p.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     return p
@@ -67,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         encoder_backend=args.encoder_backend,
         fusion=args.fusion,
         alpha=args.alpha,
+        rerank_weight=args.rerank_weight,
     )
     hits = retriever.search(args.query, k=args.k, mode=args.mode)
     seconds = time.perf_counter() - t0

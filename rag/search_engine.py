@@ -1,6 +1,7 @@
 """The search engine under both retrievers of :mod:`rag.retrieve`: dense (encoder + vector
 index), BM25, and hybrid by reciprocal rank fusion (or a convex fusion of normalised scores,
-:mod:`rag.fusion`), with an optional rerank stage over the best candidates.
+:mod:`rag.fusion`), with an optional rerank stage over the best candidates (the reranker's score
+interpolated with the first stage's by ``rerank_weight``, :func:`rag.fusion.interpolate`).
 
 It knows ids and scores only; :class:`rag.retrieve.Retriever` maps them to chunks of an
 ingested index and :class:`rag.retrieve.CorpusRetriever` to an in-memory corpus, so the evals
@@ -18,7 +19,7 @@ from rag.answerability import COVERAGE_STOPWORDS, coverage
 from rag.bm25 import BM25Index, terms
 from rag.defaults import MODES
 from rag.encoding import Encoder
-from rag.fusion import check_fusion, fuse
+from rag.fusion import check_fusion, check_rerank_weight, fuse, rerank_head
 from rag.rerank import Reranker
 
 RRF_K = 60
@@ -55,6 +56,11 @@ class SearchEngine:
     ``rerank_depth``: how many of the best candidates the reranker re-scores (default ``depth``);
     the rest follow in first-stage order. A cross-encoder costs one forward pass per candidate,
     so this depth sets the query latency.
+    ``rerank_weight``: the reranker's share of the reranked head's score,
+    ``weight * norm(rerank) + (1 - weight) * norm(first stage)`` (``norm`` as for fusion);
+    1 (default) = the reranker's order and raw scores, as before interpolation existed; 0 = the
+    first-stage order. A weak reranker (ours, trained on little data) is interpolated rather
+    than trusted outright; ``evals.retrieval --rerank-weight default`` chooses the weight.
     ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
     that the manifest does not name; those are never returned).
     """
@@ -72,8 +78,10 @@ class SearchEngine:
         alpha: float = 0.5,
         norm: str = "minmax",
         rerank_depth: int | None = None,
+        rerank_weight: float = 1.0,
     ):
         check_fusion(fusion, alpha, norm)
+        check_rerank_weight(rerank_weight)
         if rerank_depth is not None and rerank_depth <= 0:
             raise ValueError(f"rerank depth must be positive, not {rerank_depth}")
         self._encoder = encoder
@@ -81,6 +89,7 @@ class SearchEngine:
         self.reranker, self.depth, self.keep = reranker, depth, keep
         self.fusion, self.alpha, self.norm = fusion, alpha, norm
         self.rerank_depth = rerank_depth or depth
+        self.rerank_weight = rerank_weight
         self.timings = {
             "query_encode_s": 0.0,
             "dense_search_s": 0.0,
@@ -137,16 +146,41 @@ class SearchEngine:
         fusion: str | None = None,
         alpha: float | None = None,
         rerank: bool = True,
+        rerank_weight: float | None = None,
     ) -> list[list[Scored]]:
         """Top-``k`` results per query, best first. ``fusion``/``alpha`` override the engine's
-        for this call (hybrid only); ``rerank=False`` skips the rerank stage, so one engine
-        serves both sides of a with/without-reranker comparison."""
+        for this call (hybrid only), ``rerank_weight`` the engine's interpolation weight;
+        ``rerank=False`` skips the rerank stage, so one engine serves both sides of a
+        with/without-reranker comparison."""
+        weight = self.rerank_weight if rerank_weight is None else rerank_weight
+        check_rerank_weight(weight)
+        queries = list(queries)
+        reranking = rerank and self.reranker is not None
+        rows = self.first_stage(queries, k, mode, fusion, alpha, reranking)
+        if reranking:
+            rows = [
+                self.apply_rerank(row, self.rerank_scores(q, row), weight) if row else row
+                for q, row in zip(queries, rows)
+            ]
+        return [row[:k] for row in rows]
+
+    def first_stage(
+        self,
+        queries: list[str],
+        k: int = 10,
+        mode: str = "hybrid",
+        fusion: str | None = None,
+        alpha: float | None = None,
+        reranking: bool = False,
+    ) -> list[list[Scored]]:
+        """The candidates :meth:`search_many` ranks before its rerank stage (at least ``k``,
+        and ``rerank_depth`` when ``reranking``), best first. Public so that tuning
+        ``rerank_weight`` (evals.retrieval) reranks exactly what a search would, once."""
         if mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
         fusion = fusion or self.fusion
         alpha = self.alpha if alpha is None else alpha
         check_fusion(fusion, alpha, self.norm)
-        reranking = rerank and self.reranker is not None
         queries = list(queries)
         self.timings["queries"] += len(queries)
         if not queries or k <= 0:
@@ -157,28 +191,39 @@ class SearchEngine:
         dense = self._dense(queries, n) if mode in ("dense", "hybrid") else None
         sparse = self._bm25(queries, n) if mode in ("bm25", "hybrid") else None
         out = []
-        for qi, query in enumerate(queries):
+        for qi in range(len(queries)):
             d = dict(dense[qi]) if dense else {}
             b = dict(sparse[qi]) if sparse else {}
             if mode == "hybrid":
                 fused = fuse(dense[qi], sparse[qi], fusion, alpha, self.norm, RRF_K)
             else:
                 fused = dense[qi] if mode == "dense" else sparse[qi]
-            row = [Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused]
-            out.append(self._rerank(query, row)[:k] if reranking else row[:k])
+            out.append([Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused])
         return out
 
-    def _rerank(self, query: str, row: list[Scored]) -> list[Scored]:
-        """The top ``rerank_depth`` of ``row`` by reranker score; the rest keep their order
-        below them, with scores under the lowest reranked one (evaluators sort by score)."""
+    def rerank_scores(self, query: str, row: Sequence[Scored]) -> list[float]:
+        """The reranker's raw scores of the top ``rerank_depth`` of ``row`` (timed)."""
+        if self.reranker is None:
+            raise ValueError("this search engine has no reranker")
         t0 = time.perf_counter()
-        head, tail = row[: self.rerank_depth], row[self.rerank_depth :]
-        scores = self.reranker.score(query, [self.text_of(r.id) for r in head])
-        ranked = sorted(zip(scores, range(len(head))), key=lambda x: (-x[0], x[1]))
+        head = row[: self.rerank_depth]
+        scores = [float(s) for s in self.reranker.score(query, [self.text_of(r.id) for r in head])]
         self.timings["rerank_s"] += time.perf_counter() - t0
-        out = [
-            Scored(head[i].id, float(s), "rerank", head[i].dense, head[i].bm25) for s, i in ranked
-        ]
-        floor = min((float(s) for s in scores), default=0.0)
-        out += [Scored(r.id, floor - j, r.mode, r.dense, r.bm25) for j, r in enumerate(tail, 1)]
+        return scores
+
+    def apply_rerank(
+        self, row: Sequence[Scored], scores: Sequence[float], weight: float | None = None
+    ) -> list[Scored]:
+        """``row`` with its head (one entry per score) re-ordered by the reranker's ``scores``
+        interpolated with the first stage's by ``weight`` (default: the engine's;
+        :func:`rag.fusion.rerank_head`); the rest keep their order below them, with scores under
+        the lowest reranked one (evaluators sort by score). Head entries become mode ``rerank``
+        and keep their component scores."""
+        weight = self.rerank_weight if weight is None else weight
+        by_id = {r.id: r for r in row}
+        ranked = rerank_head([(r.id, r.score) for r in row], scores, weight, self.norm)
+        out = []
+        for j, (doc, score) in enumerate(ranked):
+            r = by_id[doc]
+            out.append(Scored(doc, score, "rerank" if j < len(scores) else r.mode, r.dense, r.bm25))
         return out

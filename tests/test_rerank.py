@@ -266,7 +266,7 @@ def test_evals_table_rows_with_reranker_and_latency(tiny_reranker, tmp_path):
     argv += ["--rerank", str(ce), "--rerank-on", "hybrid", "--rerank-depth", "3", "--latency"]
     assert eval_main([*argv, "--tune-queries", "all", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())
-    assert [r["row"] for r in rows] == ["bm25", "hybrid", "hybrid-convex", "hybrid+rerank"]
+    assert [r["row"] for r in rows] == ["bm25", "hybrid", "hybrid-convex", "hybrid+rerank(w=1)"]
     assert all(r["latency_ms_p50"] is not None for r in rows)
     assert rows[2]["fusion_tuning"]["tuned_on_reported_queries"] is True
     assert rows[3]["search_timings"]["rerank_s"] > 0 and rows[1]["search_timings"]["rerank_s"] == 0
