@@ -27,7 +27,9 @@ class CrossEncoderReranker:
     (``minilm-rerank`` = ``$RAG_HOME/models/minilm-rerank``, what ``python -m training.rerank``
     writes); nothing downloads. ``max_length`` truncates each (query, passage) pair (None: the
     length the folder was saved with). Scores are raw logits: the order is the model's, and
-    unlike its sigmoid they never saturate into ties."""
+    unlike its sigmoid they never saturate into ties. ``precision`` ``int8`` quantises the
+    transformer's Linear layers with the bi-encoder's recipe (:func:`rag.encoding.quantize_int8`;
+    the scoring head stays fp32) and runs on CPU, so ``device`` ``auto`` means CPU there."""
 
     def __init__(
         self,
@@ -35,10 +37,21 @@ class CrossEncoderReranker:
         device: str = "auto",
         batch_size: int = 32,
         max_length: int | None = None,
+        precision: str = "fp32",
     ):
         from sentence_transformers import CrossEncoder
 
+        from rag.encoding import PRECISIONS, quantize_int8
         from rag.models import ModelNotFoundError, pick_device, resolve_model
+
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"reranker precision must be one of {', '.join(PRECISIONS)}, not {precision!r}"
+            )
+        if precision == "int8":
+            if device == "cuda":
+                raise ValueError("an int8 reranker runs on CPU only; use --device cpu")
+            device = "cpu"
 
         try:
             path = resolve_model(model)
@@ -51,7 +64,9 @@ class CrossEncoderReranker:
             self.model = CrossEncoder(
                 str(path), device=pick_device(device), local_files_only=True, max_length=max_length
             )
-        self.name, self.batch_size = str(model), batch_size
+        if precision == "int8":  # the transformer only: the head is a few fp32 multiply-adds
+            quantize_int8(self.model.model.base_model)
+        self.name, self.batch_size, self.precision = str(model), batch_size, precision
 
     def score(self, query: str, texts: list[str]) -> list[float]:
         if not texts:

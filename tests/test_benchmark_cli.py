@@ -4,8 +4,10 @@ benchmark's own parser and passes its ``check()``; every config field has the co
 ``--help`` shows; ``check()`` refuses values that cannot run, exit 2 in one line naming the flag.
 (tests/test_cli_contract.py holds the shared contract: defaults in ``--help``, one bad value.)
 
-In-process: parsing and ``check()`` run before anything is loaded; the one run is
-``benchmarks.decode`` on a tiny random Llama folder (seconds), through ``main`` with ``--json``.
+In-process: parsing and ``check()`` run before anything is loaded; the runs are
+``benchmarks.decode`` on a tiny random Llama folder (seconds), through ``main`` with ``--json``,
+and ``benchmarks.search_latency`` with its rerank rows on tiny random BERTs (a bi-encoder and a
+cross-encoder folder) at a few dozen chunks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from generate_support import save_tiny_llama
+from training_support import save_tiny_cross_encoder, save_tiny_encoder
 
 from rag.cli import EXIT_USAGE
 from rag.dataclass_cli import config_from_args, field_help
@@ -100,6 +103,12 @@ def test_every_config_field_has_help(module, cls):
         ("benchmarks.ingest_throughput", ["--docs", "no/such/folder"], "--docs"),
         ("benchmarks.ingest_throughput", ["--encoder-backends", "tensorrt"], "--encoder-backends"),
         ("benchmarks.search_latency", ["--sizes", "5"], "--sizes"),  # fewer chunks than --k
+        ("benchmarks.search_latency", ["--text-words", "0"], "--text-words"),
+        ("benchmarks.search_latency", ["--rerank-depth", "10", "0"], "--rerank-depth"),
+        ("benchmarks.search_latency", ["--rerank-depth", "10", "10"], "--rerank-depth"),
+        ("benchmarks.search_latency", ["--rerank-max-length", "0"], "--rerank-max-length"),
+        ("benchmarks.search_latency", ["--rerank-precision", "fp16"], "--rerank-precision"),
+        ("benchmarks.search_latency", ["--rerank-precision", "int8"], "--rerank-precision"),
         ("benchmarks.reingest", ["--docs", "no/such/folder"], "--docs"),
         ("benchmarks.reingest", ["--docs", ".", "--edit-files", "2"], "--edit-files"),
         ("benchmarks.reingest", [], "--docs"),  # required
@@ -133,3 +142,41 @@ def test_decode_main_runs_and_prints_json(tmp_path, capsys):
     assert printed["no_kv_cache"]["new_tokens"] == 3 and printed["kv_cache"]["new_tokens"] == 6
     assert json.loads((out / "results.json").read_text())["command"].endswith("--json")
     assert (out / "decode.png").stat().st_size > 0
+
+
+def test_search_latency_rerank_rows(tmp_path, capsys):
+    """--rerank adds a hybrid+rerank@D row (and its rerank stage alone, rerank@D) per depth at
+    every size, beside the raw/dense/hybrid rows; int8 and the markdown table through ``main``.
+    Latencies are only checked to be measured (positive), never compared."""
+    from benchmarks.search_latency import LatencyConfig, main, run
+
+    enc = save_tiny_encoder(tmp_path / "enc")
+    ce = save_tiny_cross_encoder(tmp_path / "ce")
+    cfg = LatencyConfig(
+        sizes="40,60", queries=3, k=5, encoder=str(enc), text_words=40, rerank=str(ce),
+        rerank_depth=[4, 8], rerank_max_length=64,
+    )  # fmt: skip
+    summary = run(cfg)
+    meta = {"model": str(ce), "depths": [4, 8], "max_length": 64, "precision": "fp32"}
+    assert summary["rerank"] == meta
+    assert summary["config"]["k"] == 5 and summary["config"]["text_words"] == 40
+    for n in ("40", "60"):
+        rows = summary["results"][n]
+        names = [f"{row}@{d}" for d in (4, 8) for row in ("hybrid+rerank", "rerank")]
+        for name in ["raw", "dense", "hybrid", *names]:
+            assert rows[name]["p50_ms"] > 0 and rows[name]["p99_ms"] > 0, (n, name)
+    plain = run(LatencyConfig(sizes="20", queries=1, k=5, encoder=str(enc), text_words=10))
+    assert "rerank" not in plain and not any("rerank" in row for row in plain["results"]["20"])
+
+    out = tmp_path / "out"
+    argv = [
+        "--sizes", "30", "--queries", "2", "--k", "5", "--encoder", str(enc), "--text-words", "30",
+        "--rerank", str(ce), "--rerank-depth", "6", "--rerank-max-length", "64",
+        "--rerank-precision", "int8", "--out", str(out),
+    ]  # fmt: skip
+    assert main(argv) == 0
+    assert "| hybrid+rerank@6 p50 / p99 |" in capsys.readouterr().out
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["rerank"]["precision"] == "int8" and saved["rerank"]["depths"] == [6]
+    assert saved["results"]["30"]["hybrid+rerank@6"]["p50_ms"] > 0
+    assert saved["command"].endswith(f"--rerank-precision int8 --out {out}")

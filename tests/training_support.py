@@ -174,3 +174,30 @@ def write_pairs_file(path: Path, n: int = 64, seed: int = 0) -> Path:
             row = {"anchor": " ".join(w[:3]), "positive": " ".join(w[:3] + w[3:]) + f" item {i}"}
             f.write(json.dumps(row) + "\n")
     return path
+
+
+def save_tiny_cross_encoder(path: Path, seed: int = 0, initializer_range: float = 0.2) -> Path:
+    """A randomly initialised one-logit BERT saved as a sentence-transformers CrossEncoder folder
+    (what ``python -m training.rerank`` writes), without training. ``initializer_range`` larger
+    than BERT's 0.02 spreads its scores over passages (at 0.02 they differ by ~1e-4)."""
+    from sentence_transformers import CrossEncoder
+    from transformers import BertConfig, BertForSequenceClassification
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        num_labels=1,
+        initializer_range=initializer_range,
+    )
+    hf = path.with_name(path.name + "-hf")
+    BertForSequenceClassification(cfg).save_pretrained(hf)
+    tok.save_pretrained(hf)
+    CrossEncoder(str(hf), device="cpu", local_files_only=True).save(str(path))
+    return path
