@@ -2,9 +2,12 @@
 
     python -m rag.ask "how do I read a file line by line" --index pydocs [--k 5]
         [--index-dir PATH] [--mode dense|bm25|hybrid] [--decoder ALIAS|DIR] [--adapter DIR]
+        [--rerank auto|none|DIR] [--rerank-depth N] [--rerank-weight W]
         [--json] [--stream] [--no-complete-citations] [--config rag.toml]
 
-Prints the answer and its sources (paths relative to the ingested folder); ``--json`` prints
+Prints the answer and its sources (paths relative to the ingested folder) and the reranker that
+ordered them (``--rerank auto``, the default: the trained ``minilm-rerank`` when present, see
+:func:`rag.rerank.resolve_reranker`); ``--json`` prints
 ``Answer.to_dict()`` on stdout (logs go to stderr); ``--stream`` prints the answer as it is
 decoded, then the sources. Settings come from flags over ``rag.toml`` (see :mod:`rag.config`).
 Any failure is one line on stderr; exit status 2 for a bad flag, setting, name or path, 1 for a
@@ -23,6 +26,7 @@ from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, add_config_args, config_from_args
 from rag.models import DECODER_ALIASES, ENCODER_ALIASES, ModelNotFoundError, resolve_model
 from rag.paths import check_index_name
+from rag.rerank import resolve_reranker
 from rag.types import Answer
 
 PROG = "rag.ask"
@@ -34,6 +38,9 @@ CLI_FIELDS = (
     "adapter",
     "k",
     "mode",
+    "rerank",
+    "rerank_depth",
+    "rerank_weight",
     "temperature",
     "top_p",
     "max_new_tokens",
@@ -70,9 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_models(cfg: RAGConfig) -> None:
-    """Fail now, naming the flag, on a model name that is no alias, folder or artefact: the
-    decoder is loaded only when something relevant was retrieved, so a typo in ``--decoder``
-    would otherwise pass unnoticed on a question the documents do not answer."""
+    """Fail now, naming the flag, on a model name that is no alias, folder or artefact (or a
+    ``--rerank`` that is no cross-encoder): the decoder is loaded only when something relevant
+    was retrieved, so a typo in ``--decoder`` would otherwise pass unnoticed on a question the
+    documents do not answer."""
     aliases = {*ENCODER_ALIASES, *DECODER_ALIASES}
     for flag, name in (
         ("--encoder", cfg.encoder),
@@ -87,6 +95,12 @@ def check_models(cfg: RAGConfig) -> None:
             resolve_model(name)
         except ModelNotFoundError as e:
             raise ModelNotFoundError(f"{flag}: {e}") from None
+    try:  # auto and none never fail; an explicit cross-encoder must exist and be one
+        resolve_reranker(cfg.rerank)
+    except ModelNotFoundError as e:
+        raise ModelNotFoundError(f"--rerank: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"--rerank: {e}") from None
 
 
 def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
@@ -124,6 +138,8 @@ def format_sources(answer: Answer) -> str:
         lines.append(f"(dropped citation(s) naming no given passage: {nums})")
     if not lines and not answer.refused:
         lines.append("(the answer cites no passage)")
+    if answer.reranker and answer.passages:
+        lines.append(f"(passages reranked by {answer.reranker})")
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ from rag.encoding import ENCODER_BACKENDS
 from rag.fusion import FUSIONS
 from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
 from rag.prompt import PROFILES
+from rag.rerank import DEFAULT_RERANK, DEFAULT_RERANK_DEPTH, DEFAULT_RERANK_WEIGHT
 
 DEFAULT_CONFIG_FILE = "rag.toml"
 # Keys older rag.toml files may hold that answering never read: they are rag.ingest flags.
@@ -56,12 +57,16 @@ class RAGConfig:
     # <decoder>-lora under $RAG_HOME/models when `make models` trained it; or a folder/name
     adapter: str | None = DEFAULT_ADAPTER
     k: int = 5  # passages retrieved and given to the decoder
-    rerank: str | None = None  # cross-encoder folder/artefact (minilm-rerank); None = no rerank
-    rerank_depth: int = 30  # candidates the reranker re-scores (one forward pass each: latency)
+    # cross-encoder reranking the first stage's best (rag.rerank.resolve_reranker): auto =
+    # minilm-rerank under $RAG_HOME/models when `make models` trained it, else no rerank;
+    # none = no rerank; or a cross-encoder folder/artefact name
+    rerank: str | None = DEFAULT_RERANK
+    # candidates the reranker re-scores (one forward pass each: latency)
+    rerank_depth: int = DEFAULT_RERANK_DEPTH
     rerank_max_length: int = 256  # tokens per query+passage pair given to the reranker
     # reranker's share of a reranked passage's score: w * norm(rerank) + (1 - w) * norm(first
     # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order (rag.fusion.interpolate)
-    rerank_weight: float = 1.0
+    rerank_weight: float = DEFAULT_RERANK_WEIGHT
     # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.fusion). convex with
     # alpha 0.5 is the best measured (docs/retrieval.md: SciFact dev ties RRF, SQuAD dev +0.03)
     fusion: str = "convex"  # hybrid fusion: convex (normalised scores) | rrf (ranks)
@@ -137,7 +142,7 @@ def validate(cfg: RAGConfig) -> None:
             raise ConfigError(
                 f"{name} must be one of {', '.join(values)}, not {getattr(cfg, name)!r}"
             )
-    for name in ("k", "max_new_tokens", "max_batch"):
+    for name in ("k", "max_new_tokens", "max_batch", "rerank_depth"):
         if int(getattr(cfg, name)) < 1:
             raise ConfigError(f"{name} must be >= 1, not {getattr(cfg, name)!r}")
     if not 0 <= cfg.alpha <= 1:
@@ -249,6 +254,11 @@ def load_config(
 CLI_HELP = {
     "index": "index name under $RAG_HOME/indexes",
     "encoder": "query encoder alias/folder; none = the one the index was built with",
+    "rerank": "cross-encoder reranking the retrieved candidates: auto = minilm-rerank when "
+    "`make models` trained it (else no rerank); none = off; or a folder/artefact name",
+    "rerank_depth": "candidates the reranker re-scores (one forward pass each: latency)",
+    "rerank_weight": "reranker's share of a reranked passage's score, in [0, 1]: 1 = the "
+    "reranker's order, 0 = the first stage's",
     "refusal_threshold": "refuse only when p(refusal) >= this, in (0, 1], else answer with the "
     "refusal barred; none = the decoder's own choice (rag.refusal)",
 }

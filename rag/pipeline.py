@@ -53,6 +53,7 @@ class Prepared:
     messages: list[dict[str, str]]
     timings: dict[str, float]
     answerable: AnswerabilityDecision | None = None  # rag.answerability; None = not checked
+    reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
 
 
 def normalise_history(history: Any) -> list[tuple[str, str]]:
@@ -84,6 +85,7 @@ def make_answer(raw: str, prep: Prepared) -> Answer:
         passages=list(prep.hits),
         query=prep.query,
         timings=prep.timings,
+        reranker=prep.reranker,
         unanswerable_probability=prep.answerable.probability if prep.answerable else None,
     )
 
@@ -111,7 +113,9 @@ def complete_citation(raw: str, prep: Prepared, generator: Any) -> Answer:
 
 def refusal(prep: Prepared) -> Answer:
     """The answer when nothing relevant was retrieved (the model is not called)."""
-    return Answer(text=REFUSAL, refused=True, query=prep.query, timings=prep.timings)
+    return Answer(
+        REFUSAL, refused=True, query=prep.query, timings=prep.timings, reranker=prep.reranker
+    )
 
 
 class RAGPipeline:
@@ -229,8 +233,10 @@ class RAGPipeline:
         query = self.standalone_query(question, history)
         hits = relevant_hits(self.retrieve(query, k=k, mode=mode), mode, self.config.min_score)
         timings = {"retrieve_s": time.perf_counter() - t0}
+        name = getattr(getattr(self.retriever, "reranker", None), "name", None)
+        reranker = name if isinstance(name, str) else None
         if not hits:
-            return Prepared(question, query, [], [], timings)
+            return Prepared(question, query, [], [], timings, reranker=reranker)
         budget_new = max_new_tokens or self.config.max_new_tokens
         kept = self.generator.fit_passages(query, [h.chunk.text for h in hits], budget_new)
         hits = hits[: len(kept)]
@@ -240,7 +246,7 @@ class RAGPipeline:
         )
         threshold = self.config.answerability_threshold
         answerable = check(self.retriever, query, hits, threshold)
-        return Prepared(question, query, hits, messages, timings, answerable)
+        return Prepared(question, query, hits, messages, timings, answerable, reranker)
 
     def _decode_args(
         self,

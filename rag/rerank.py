@@ -1,6 +1,11 @@
 """The rerank stage's models: anything with ``score(query, texts)``, and a sentence-transformers
 ``CrossEncoder`` loaded from a local folder, alias or artefact name (nothing downloads).
 
+Also the one meaning of the ``rerank`` setting (:func:`resolve_reranker`): ``auto`` (the
+default) = the ``minilm-rerank`` artefact ``make models`` trains, when it is there; ``none`` =
+no rerank stage; anything else = that cross-encoder. The CLIs, the pipeline, the server and the
+UI all resolve through it, so they agree on what runs and can name it.
+
 Kept apart from :mod:`rag.retrieve` (which re-exports these names) so that module stays about
 searching; ``sentence_transformers`` is imported only when a cross-encoder is loaded.
 """
@@ -8,12 +13,27 @@ searching; ``sentence_transformers`` is imported only when a cross-encoder is lo
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from rag.loading import MODEL_LOAD_LOCK
+from rag.models import ModelNotFoundError, resolve_model
+from rag.paths import models_dir
+
+log = logging.getLogger("rag.rerank")
+
+# The rerank settings' defaults, in one place (rag.config.RAGConfig reads them): ``auto`` finds
+# AUTO_RERANKER, the cross-encoder `make models` writes (python -m training.rerank) under
+# $RAG_HOME/models. Depth = candidates re-scored (one forward pass each: the latency); weight =
+# the reranker's share of a reranked passage's score (1 = its order alone, rag.fusion).
+AUTO = "auto"
+AUTO_RERANKER = "minilm-rerank"
+DEFAULT_RERANK = AUTO
+DEFAULT_RERANK_DEPTH = 30
+DEFAULT_RERANK_WEIGHT = 1.0
 
 
 class Reranker(Protocol):
@@ -42,7 +62,7 @@ class CrossEncoderReranker:
         from sentence_transformers import CrossEncoder
 
         from rag.encoding import PRECISIONS, quantize_int8
-        from rag.models import ModelNotFoundError, pick_device, resolve_model
+        from rag.models import pick_device
 
         if precision not in PRECISIONS:
             raise ValueError(
@@ -99,3 +119,74 @@ def check_cross_encoder(path: Path) -> None:
         f"{path} is not a cross-encoder (no CrossEncoder config, no sequence-classification "
         "head); train one with `python -m training.rerank`"
     )
+
+
+def is_cross_encoder(path: Path) -> bool:
+    """Whether ``path`` passes :func:`check_cross_encoder` (unreadable config: no)."""
+    try:
+        check_cross_encoder(path)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def is_off(setting: str | Path | None) -> bool:
+    """Whether a rerank setting turns the stage off: None (code), "" or ``none`` (CLI, TOML)."""
+    return setting is None or str(setting).strip().lower() in ("", "none")
+
+
+def auto_reranker() -> str | None:
+    """:data:`AUTO_RERANKER` when that artefact is under ``$RAG_HOME/models`` and is a valid
+    cross-encoder, else None. A folder that is there but no cross-encoder (an interrupted
+    training run) is passed over with a warning: ``auto`` means "when present", never an error."""
+    path = models_dir() / AUTO_RERANKER
+    if not path.is_dir():
+        return None
+    if not is_cross_encoder(path):
+        log.warning("reranker auto: %s is no valid cross-encoder; reranking off", path)
+        return None
+    return AUTO_RERANKER
+
+
+def resolve_reranker(setting: str | Path | None) -> str | None:
+    """The cross-encoder the rerank stage loads for a ``rerank`` setting, or None for none.
+
+    ``auto`` → :func:`auto_reranker` (the trained ``minilm-rerank`` when present, else None);
+    None / ``none`` → None; anything else is returned as given once it resolves to a
+    cross-encoder: an unknown name raises :class:`~rag.models.ModelNotFoundError` naming it,
+    a folder that is no cross-encoder ValueError (an explicit choice that cannot run is an
+    error, not a silent fallback). Every caller (rag.ask, rag.search, rag.serve, the UI, the
+    pipeline) goes through here, so what ``auto`` means, and the name answers show, is the
+    same everywhere; the choice is logged at INFO."""
+    if is_off(setting):
+        log.info("reranker: none (no rerank stage)")
+        return None
+    name = str(setting).strip()
+    if name == AUTO:
+        found = auto_reranker()
+        if found:
+            log.info("reranker: %s (auto: found under %s)", found, models_dir())
+        else:
+            log.info(
+                "reranker: auto found no %s under %s; no rerank stage", AUTO_RERANKER, models_dir()
+            )
+        return found
+    try:
+        path = resolve_model(name)
+    except ModelNotFoundError as e:
+        what = str(e).replace("unknown model", "unknown reranker", 1)
+        raise ModelNotFoundError(
+            f"{what}; a reranker is trained with `python -m training.rerank` (or use auto / none)"
+        ) from None
+    check_cross_encoder(path)
+    log.info("reranker: %s", name)
+    return name
+
+
+def describe_reranker(setting: str | Path | None, resolved: str | None) -> str:
+    """One line for people: which cross-encoder reranks (``resolved``, from
+    :func:`resolve_reranker`) and whether ``auto`` chose it, or that reranking is off."""
+    auto = not is_off(setting) and str(setting).strip() == AUTO
+    if resolved:
+        return f"{resolved} (auto)" if auto else resolved
+    return f"off (auto: no {AUTO_RERANKER} trained yet: `make models`)" if auto else "off"

@@ -26,7 +26,7 @@ from rag.encoding import Encoder, EncoderMismatchError
 from rag.fusion import check_fusion, check_rerank_weight
 from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
-from rag.rerank import CrossEncoderReranker, Reranker
+from rag.rerank import CrossEncoderReranker, Reranker, resolve_reranker
 from rag.search_engine import SearchEngine
 from rag.types import Chunk, Hit
 
@@ -222,11 +222,15 @@ class Retriever:
         :class:`~pathlib.Path` (``--index-dir``); a string that is not a plain name raises
         :class:`rag.paths.IndexNameError`. ``encoder`` None uses the index's own encoder; any
         other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
-        both. ``reranker`` may be a Reranker or a cross-encoder folder, alias or artefact name
-        (``max_length``: its tokens per query + passage pair); ``kw`` go to the constructor
-        (``fusion``, ``alpha``, ``norm``, ``rerank_depth``, ``rerank_weight``, ...)."""
+        both. ``reranker`` may be a Reranker, or a ``rerank`` setting resolved by
+        :func:`rag.rerank.resolve_reranker` (``auto``, ``none``, a cross-encoder folder, alias or
+        artefact name; ``max_length``: its tokens per query + passage pair); ``kw`` go to the
+        constructor (``fusion``, ``alpha``, ``norm``, ``rerank_depth``, ``rerank_weight``, ...)."""
         if isinstance(reranker, (str, Path)):
-            reranker = CrossEncoderReranker(reranker, device=device, max_length=max_length)
+            name = resolve_reranker(reranker)
+            reranker = (
+                CrossEncoderReranker(name, device=device, max_length=max_length) if name else None
+            )
         return cls(index, encoder=encoder, device=device, reranker=reranker, **kw)
 
     # ---- the loaded generation ---------------------------------------------------------------

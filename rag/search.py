@@ -1,7 +1,7 @@
 """Search an ingested index from the command line.
 
 ``python -m rag.search "query" [--index NAME | --index-dir PATH] [--k 10]
-[--mode dense|bm25|hybrid] [--json]``
+[--mode dense|bm25|hybrid] [--rerank auto|none|DIR] [--rerank-depth N] [--json]``
 
 Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview);
 ``--json`` prints the hits as JSON on stdout (logs stay on stderr). Any failure is one line on
@@ -46,6 +46,7 @@ def build_parser() -> OneLineParser:
             "alpha",
             "encoder",
             "rerank",
+            "rerank_depth",
             "rerank_weight",
             "device",
             "encoder_backend",
@@ -54,9 +55,14 @@ def build_parser() -> OneLineParser:
         help={
             "k": "number of hits",
             "encoder": "query encoder; must match the index's (none = the index's own)",
-            "rerank": "cross-encoder folder or artefact to rerank with (none = no rerank)",
+            "rerank": "cross-encoder to rerank with: auto = minilm-rerank when `make models` "
+            "trained it (else no rerank); none = off; or a folder/artefact name",
         },
-        kwargs={"rerank": {"metavar": "DIR"}, "rerank_weight": {"metavar": "W"}},
+        kwargs={
+            "rerank": {"metavar": "auto|none|DIR"},
+            "rerank_depth": {"metavar": "N"},
+            "rerank_weight": {"metavar": "W"},
+        },
     )
     p.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     return p
@@ -77,16 +83,19 @@ def run(args: argparse.Namespace) -> int:
         encoder_backend=args.encoder_backend,
         fusion=args.fusion,
         alpha=args.alpha,
+        rerank_depth=args.rerank_depth,
         rerank_weight=args.rerank_weight,
     )
     hits = retriever.search(args.query, k=args.k, mode=args.mode)
     seconds = time.perf_counter() - t0
+    reranker = getattr(retriever.reranker, "name", None)
     if args.json:
         out = {
             "query": args.query,
             "index": str(index),
             "mode": args.mode,
             "k": args.k,
+            "reranker": reranker,
             "seconds": round(seconds, 3),
             "hits": [h.to_dict() for h in hits],
         }
@@ -94,9 +103,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         for hit in hits:
             print(format_hit(hit))
-        print(
-            f"{len(hits)} hits from {str(index)!r} ({args.mode}) in {seconds:.2f}s", file=sys.stderr
-        )
+        how = args.mode + (f", reranked by {reranker}" if reranker else "")
+        print(f"{len(hits)} hits from {str(index)!r} ({how}) in {seconds:.2f}s", file=sys.stderr)
     return 0
 
 

@@ -3,13 +3,15 @@ package, LangChain's ``ChatOpenAI``, curl) can ask the indexes questions.
 
     python -m rag.serve --index docs [--host 127.0.0.1] [--port 8000] [--api-key KEY]
         [--decoder ALIAS|DIR] [--adapter auto|none|DIR] [--k 5] [--mode hybrid] [--config rag.toml]
+        [--rerank auto|none|DIR] [--rerank-depth N] [--rerank-weight W]
 
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``,
 ``POST /v1/embeddings``, ``GET /health``. A model name is ``rag:<index>`` for each index under
 ``$RAG_HOME/indexes`` (``rag`` alone is ``--index``); every model answers with the server's one
-decoder and adapter. The answer keeps its ``[n]`` markers and the cited passages arrive in the
-extra field ``sources`` (docs/serving.md). Binds 127.0.0.1 unless told otherwise; a key from
-``--api-key`` or ``$RAG_API_KEY`` is then required on every ``/v1`` request.
+decoder, adapter and reranker (``--rerank auto``, the default: the trained ``minilm-rerank`` when
+present; ``/health`` names the one in use). The answer keeps its ``[n]`` markers and the cited
+passages arrive in the extra field ``sources`` (docs/serving.md). Binds 127.0.0.1 unless told
+otherwise; a key from ``--api-key`` or ``$RAG_API_KEY`` is then required on every ``/v1`` request.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from rag.config import RAGConfig, add_config_args
 from rag.config import config_from_args as rag_config_from_args
 from rag.dataclass_cli import BoolFlag, add_dataclass_args, config_from_args
 from rag.paths import IndexNameError, check_index_name, indexes_dir
+from rag.rerank import describe_reranker, resolve_reranker
 from rag.rewrite import rewrite_query
 from rag.serve_api import (
     DONE,
@@ -196,6 +199,8 @@ def create_app(
     options = options or ServeOptions()
     if config.rewrite_query is None:  # follow-ups are rewritten as in the UI
         config = replace(config, rewrite_query=rewrite_query)
+    # auto resolved once: every index's pipeline loads the same reranker, /health names it
+    config = replace(config, rerank=resolve_reranker(config.rerank))
     service = Service(config, options, pipeline_factory or default_factory(config))
     app = FastAPI(title="rag.serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.rag = service
@@ -209,6 +214,7 @@ def create_app(
             "status": "ok",
             "in_flight": s.used,
             "max_concurrent": s.size,
+            "reranker": service.config.rerank,
             "generations": service.pipelines.generations(),
         }
 
@@ -299,10 +305,10 @@ def create_app(
 # ---- command line ----------------------------------------------------------------------------
 
 CLI_FIELDS = (
-    "index", "encoder", "decoder", "adapter", "k", "mode", "temperature", "top_p",
-    "max_new_tokens", "max_context_tokens", "min_score", "prefix_cache", "complete_citations",
-    "device", "dtype", "profile", "batching", "decoder_quantize", "decoder_compile",
-    "cache_implementation",
+    "index", "encoder", "decoder", "adapter", "k", "mode", "rerank", "rerank_depth",
+    "rerank_weight", "temperature", "top_p", "max_new_tokens", "max_context_tokens", "min_score",
+    "prefix_cache", "complete_citations", "device", "dtype", "profile", "batching",
+    "decoder_quantize", "decoder_compile", "cache_implementation",
 )  # fmt: skip
 
 
@@ -370,9 +376,10 @@ def run(args: argparse.Namespace) -> int:
             "anyone who can reach this port can query every index",
             file=sys.stderr,
         )
+    reranker = describe_reranker(cfg.rerank, app.state.rag.config.rerank)
     print(
-        f"{PROG}: model rag:{cfg.index} ({describe_decoder(cfg.decoder, cfg.adapter)}) on "
-        f"http://{options.host}:{options.port}/v1",
+        f"{PROG}: model rag:{cfg.index} ({describe_decoder(cfg.decoder, cfg.adapter)}; "
+        f"reranker {reranker}) on http://{options.host}:{options.port}/v1",
         file=sys.stderr,
     )
     uvicorn.run(app, host=options.host, port=options.port, log_level=args.log_level)

@@ -12,10 +12,11 @@ The extensions to the format, all documented in docs/serving.md:
 - top-level ``sources`` on a completion (and on the stream chunk that carries the
   ``finish_reason``): the passages the answer's ``[n]`` markers cite;
 - top-level ``rag``: the index generation the passages came from, the retrieval query after
-  the follow-up rewrite, whether the answer is the refusal, whether the marker was added by
-  citation completion, dropped marker numbers, and what citation verification found
-  (unsupported and re-attributed citations, the injection suspicion and its reasons); each
-  ``sources`` entry says whether its passage is ``supported``;
+  the follow-up rewrite, the reranker that ordered the passages (null: none), whether the
+  answer is the refusal, whether the marker was added by citation completion, dropped marker
+  numbers, and what citation verification found (unsupported and re-attributed citations, the
+  injection suspicion and its reasons); each ``sources`` entry says whether its passage is
+  ``supported``;
 - request fields ``k`` and ``mode`` (retrieval depth and mode for this request);
 - ``input_type`` on embedding requests (``document`` or ``query``: the encoder's prompts differ).
 """
@@ -220,12 +221,13 @@ def sources(answer: Answer) -> list[dict[str, Any]]:
 
 def rag_info(answer: Answer) -> dict[str, Any]:
     """The ``rag`` extension: the index generation the passages came from (how a client of
-    several replicas sees which published index answered), retrieval query, refusal, citation
-    completion, dropped markers and what citation verification found (all empty / false when
-    it did not run)."""
+    several replicas sees which published index answered), retrieval query, reranker, refusal,
+    citation completion, dropped markers and what citation verification found (all empty /
+    false when it did not run)."""
     return {
         "generation": answer.generation,
         "query": answer.query,
+        "reranker": answer.reranker,
         "refused": answer.refused,
         "citations_completed": answer.citations_completed,
         "invalid_citations": list(answer.invalid_citations),

@@ -108,6 +108,8 @@ class Answer:
     passages: list[Hit] = field(default_factory=list)
     query: str = ""  # the (possibly rewritten) query used for retrieval
     timings: dict[str, float] = field(default_factory=dict)
+    # the cross-encoder that reranked the retrieved passages (rag.rerank); None = no rerank stage
+    reranker: str | None = None
     # True when the model wrote no marker and the pipeline appended the one it scored likeliest
     # (see rag.pipeline.complete_citation); ``citation_logprobs[i-1]`` is the score of `` [i]``.
     citations_completed: bool = False
@@ -153,6 +155,7 @@ class Answer:
             "invalid_citations": self.invalid_citations,
             "passages": [h.to_dict() for h in self.passages],
             "query": self.query,
+            "reranker": self.reranker,
             "timings": self.timings,
             "citations_completed": self.citations_completed,
             "citation_logprobs": self.citation_logprobs,

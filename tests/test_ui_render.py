@@ -54,6 +54,13 @@ def test_sources_escape_text_and_show_rewrite():
     assert "Top › S2" in html and "rewritten from" in html
 
 
+def test_sources_name_the_reranker_that_ran():
+    answer = _answer("x [2]", [2])
+    assert "reranked by" not in sources_html(answer, "q")
+    answer.reranker = "minilm-rerank"
+    assert "reranked by minilm-rerank" in sources_html(answer, "q")
+
+
 def test_uncited_lists_the_rest():
     html = uncited_html(_answer("x [2]", [2]))
     assert "#1 " in html and "#3 " in html and "f2.md" not in html

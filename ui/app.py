@@ -27,12 +27,14 @@ import gradio as gr
 from rag.cli import run_cli
 from rag.defaults import MODES
 from rag.models import resolve_model
+from rag.rerank import resolve_reranker
 from ui import render
 from ui.config import AppConfig, app_config, build_parser, parse_args
 from ui.handlers import ChatApp
 from ui.state import (
     INDEX_DEFAULT_ENCODER,
     NO_ADAPTER,
+    NO_RERANKER,
     PipelineFactory,
     check_index_name,
     list_indexes,
@@ -47,6 +49,7 @@ MONO_FONTS = ["ui-monospace", "monospace"]
 # of the /chat endpoint (benchmarks.clients) check against these.
 K_RANGE = (1, 20)
 MAX_NEW_TOKENS_RANGE = (16, 512)
+RERANK_DEPTH_RANGE = (1, 100)  # candidates the reranker re-scores (one forward pass each)
 
 
 def keep_orig_names(component: gr.File) -> gr.File:
@@ -68,12 +71,15 @@ def keep_orig_names(component: gr.File) -> gr.File:
 def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None) -> gr.Blocks:
     """The Blocks app; ``pipeline_factory(RAGConfig) -> pipeline`` defaults to ``RAGPipeline``."""
     app = ChatApp(config, pipeline_factory)
-    config = app.config  # adapter "auto"/"none" resolved to an artefact name or None
+    config = app.config  # adapter and reranker "auto"/"none" resolved to a name or None
     models = app.models()
     indexes = list_indexes()
     with gr.Blocks(title="Local RAG chat") as demo:
         gr.Markdown("## Local RAG chat — answers cite the passages they come from")
-        gr.Markdown(f"Answering with {app.decoder_line}.", elem_id="decoder-line")
+        gr.Markdown(
+            f"Answering with {app.decoder_line}; reranker: {app.reranker_line}.",
+            elem_id="decoder-line",
+        )
         with gr.Row():
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(label="Chat", height=520, elem_id="chat", buttons=["copy"])
@@ -122,6 +128,20 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
                     step=16,
                     label="Max new tokens",
                 )
+            with gr.Row():  # the reranker reorders the retrieved candidates; (off) skips it
+                reranker = gr.Dropdown(
+                    models["rerankers"],
+                    value=config.rag.rerank or NO_RERANKER,
+                    label="Reranker",
+                    elem_id="reranker",
+                )
+                rerank_depth = gr.Slider(
+                    RERANK_DEPTH_RANGE[0],
+                    max(RERANK_DEPTH_RANGE[1], config.rag.rerank_depth),  # --rerank-depth 200
+                    value=config.rag.rerank_depth,
+                    step=1,
+                    label="Rerank depth (candidates re-scored)",
+                )
         with gr.Accordion("Upload documents into the current index", open=False):
             gr.Markdown(
                 f"Accepted: .md .txt .rst .html .pdf .docx, up to {config.max_upload_mb:g} MiB each. "
@@ -133,7 +153,9 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
             upload_btn = gr.Button("Add to index", elem_id="upload-btn")
             upload_report = gr.Markdown(elem_id="upload-report")
 
+        # the rerank settings last: /chat clients that predate them get the page's values
         settings = [index, encoder, decoder, adapter, mode, k, temperature, max_new]
+        settings += [reranker, rerank_depth]
         outputs = [chatbot, box, sources, uncited]
         for trigger in (send.click, box.submit):
             trigger(
@@ -159,9 +181,10 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
                 gr.update(choices=m["encoders"]),
                 gr.update(choices=m["decoders"]),
                 gr.update(choices=m["adapters"]),
+                gr.update(choices=m["rerankers"]),
             )
 
-        refresh.click(_refresh, None, [index, encoder, decoder, adapter], api_name=False)
+        refresh.click(_refresh, None, [index, encoder, decoder, adapter, reranker], api_name=False)
     demo.queue(default_concurrency_limit=config.concurrency, max_size=config.queue_size)
     demo.chat_app = app  # for tests and the benchmark (shared cache)
     return demo
@@ -191,6 +214,8 @@ def warm_up(app: ChatApp, config: AppConfig) -> None:
         config.rag.encoder or INDEX_DEFAULT_ENCODER,
         config.rag.decoder,
         config.rag.adapter or NO_ADAPTER,
+        config.rag.rerank or NO_RERANKER,
+        config.rag.rerank_depth,
     )
     for part in ("retriever", "generator"):
         getattr(pipe, part, None)
@@ -203,6 +228,7 @@ def run(config: AppConfig) -> int:
     for name in (cfg.encoder, cfg.decoder, cfg.adapter):
         if name and name not in ("auto", "none"):
             resolve_model(name)  # an unknown name fails now, listing what exists
+    resolve_reranker(cfg.rerank)  # auto/none never fail; an explicit one must be a cross-encoder
     demo = build_app(config)
     if config.preload and cfg.index in list_indexes():
         warm_up(demo.chat_app, demo.chat_app.config)

@@ -22,8 +22,8 @@ from ui.uploads import DEFAULT_MAX_UPLOAD_BYTES
 PROG = "python -m ui.app"
 # The RAGConfig settings the app exposes as flags (and as starting values of its settings panel).
 RAG_FLAGS = (
-    "index", "encoder", "decoder", "adapter", "mode", "k", "temperature", "max_new_tokens",
-    "device",
+    "index", "encoder", "decoder", "adapter", "mode", "k", "rerank", "rerank_depth",
+    "rerank_weight", "temperature", "max_new_tokens", "device",
 )  # fmt: skip
 # Where the app's starting values differ from rag.ask's: the index `make demo` builds, and
 # shorter answers for a chat (the slider goes up to 512).
@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
             "adapter": "LoRA adapter: none (the measured default), auto (<decoder>-lora when "
             "trained) or a folder/name",
             "k": "passages per question",
+            "rerank": "cross-encoder reranking the retrieved candidates: auto = minilm-rerank "
+            "when `make models` trained it (else off); none = off; or a folder/artefact name",
             "max_new_tokens": "answer length limit in tokens",
         },
     )

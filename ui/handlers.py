@@ -16,6 +16,7 @@ import gradio as gr
 from rag.config import RAGConfig
 from rag.defaults import MODES
 from rag.models import describe_decoder, resolve_adapter
+from rag.rerank import describe_reranker, resolve_reranker
 from rag.rewrite import rewrite_query
 from rag.types import Answer
 from ui import render
@@ -23,6 +24,7 @@ from ui.config import AppConfig
 from ui.state import (
     INDEX_DEFAULT_ENCODER,
     NO_ADAPTER,
+    NO_RERANKER,
     PipelineCache,
     PipelineFactory,
     SettingError,
@@ -69,7 +71,11 @@ class ChatApp:
         # page says which (decoder_line), so a user knows whether the tuned model answers.
         self.decoder_line = describe_decoder(config.rag.decoder, config.rag.adapter)
         adapter = resolve_adapter(config.rag.decoder, config.rag.adapter)
-        config = replace(config, rag=replace(config.rag, adapter=adapter))
+        # the reranker likewise: "auto" becomes minilm-rerank when trained, else off, and the
+        # page says which (reranker_line) beside the Reranker setting that can turn it off
+        rerank = resolve_reranker(config.rag.rerank)
+        self.reranker_line = describe_reranker(config.rag.rerank, rerank)
+        config = replace(config, rag=replace(config.rag, adapter=adapter, rerank=rerank))
         self.config = config
         base = replace(config.rag, rewrite_query=rewrite_query)
         self.cache = PipelineCache(base, pipeline_factory or default_factory)
@@ -85,12 +91,23 @@ class ChatApp:
             ("encoders", c.encoder),
             ("decoders", c.decoder),
             ("adapters", c.adapter),
+            ("rerankers", c.rerank),
         ):
             if value and value not in models[key]:
                 models[key].append(value)
         return models
 
-    def _pipeline(self, index: str, encoder: str, decoder: str, adapter: str) -> Any:
+    def _pipeline(
+        self,
+        index: str,
+        encoder: str,
+        decoder: str,
+        adapter: str,
+        reranker: str | None = None,
+        rerank_depth: float | None = None,
+    ) -> Any:
+        """The shared pipeline for these settings; ``reranker`` / ``rerank_depth`` None = the
+        app's own (a client of the /chat API that predates them)."""
         models = self.models()
         index = check_index_name(index)
         if index not in list_indexes():
@@ -98,11 +115,18 @@ class ChatApp:
         check_choice(encoder, models["encoders"], "encoder")
         check_choice(decoder, models["decoders"], "decoder")
         check_choice(adapter, models["adapters"], "adapter")
+        reranker = reranker or self.config.rag.rerank or NO_RERANKER
+        check_choice(reranker, models["rerankers"], "reranker")
+        depth = self.config.rag.rerank_depth if rerank_depth is None else int(rerank_depth)
+        if depth < 1:
+            raise SettingError(f"rerank depth must be >= 1, not {depth}")
         return self.cache.get(
             index,
             None if encoder == INDEX_DEFAULT_ENCODER else encoder,
             decoder,
             None if adapter == NO_ADAPTER else adapter,
+            None if reranker == NO_RERANKER else reranker,
+            depth,
         )
 
     def chat(
@@ -117,8 +141,12 @@ class ChatApp:
         k: float,
         temperature: float,
         max_new_tokens: float,
+        reranker: str | None = None,
+        rerank_depth: float | None = None,
     ) -> Iterator[tuple[list[dict], str, str, str]]:
-        """Stream one answer: yields (chat, textbox, sources html, uncited html)."""
+        """Stream one answer: yields (chat, textbox, sources html, uncited html). The rerank
+        settings come last and may be left out (the app's own), so /chat clients written
+        before they existed keep working."""
         question = (message or "").strip()
         history = list(history or [])
         if not question:
@@ -132,7 +160,7 @@ class ChatApp:
                 raise SettingError(
                     f"retrieval mode must be one of {', '.join(MODES)}, not {mode!r}"
                 )
-            pipe = self._pipeline(index, encoder, decoder, adapter)
+            pipe = self._pipeline(index, encoder, decoder, adapter, reranker, rerank_depth)
             answer, raw = None, ""
             stream = pipe.stream(
                 question,
@@ -196,8 +224,10 @@ class ChatApp:
 
     def _ingest_kwargs(self, index: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"index": index}
-        if index not in list_indexes():  # a new index is built with the app's encoder
-            kwargs["encoder"] = self.config.rag.encoder or "minilm"
+        if index not in list_indexes() and self.config.rag.encoder:
+            # a new index is built with the app's encoder when one was given; else ingest
+            # picks it (rag.models.default_encoder: minilm-tuned when trained, else minilm)
+            kwargs["encoder"] = self.config.rag.encoder
         return kwargs
 
 

@@ -316,13 +316,18 @@ def injection_html(answer: Answer) -> str:
 
 
 def sources_html(answer: Answer, question: str) -> str:
-    """The sources panel: the injection warning (when suspected), the retrieval query (and
-    whether it was rewritten), then the cited passages with their verification labels."""
+    """The sources panel: the injection warning (when suspected), the retrieval query (whether
+    it was rewritten, which reranker ordered the passages), then the cited passages with their
+    verification labels."""
     query = answer.query or question
     parts = [injection_html(answer)] if answer.suspected_injection else []
     parts.append(f'<p class="rag-query">Retrieval query: <code>{html.escape(query)}</code>')
     if query.strip() != question.strip():
         parts.append(f'<br><span class="rag-meta">rewritten from: {html.escape(question)}</span>')
+    if answer.reranker and answer.passages:
+        parts.append(
+            f'<br><span class="rag-meta">reranked by {html.escape(answer.reranker)}</span>'
+        )
     parts.append("</p>")
     if answer.citations:
         parts.append(f"<h4>Cited passages ({len(answer.citations)})</h4>")

@@ -121,6 +121,8 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
     old = read_manifest(gen) if gen else None
     _resolve_backend(cfg, old)
     encoder = EncoderHandle(cfg, old, cfg.label())
+    if encoder.auto_note:  # printed by rag.ingest: a new index says which encoder auto chose
+        report.notes.append(encoder.auto_note)
     requested = DEFAULT_CHUNK_TOKENS if cfg.chunk_tokens is None else cfg.chunk_tokens
     chunking = effective_chunking(requested, cfg.overlap, encoder.max_chunk_tokens)
     report.chunking = chunking
@@ -248,9 +250,10 @@ def ingest(
 ) -> IngestReport:
     """Ingest ``paths`` into ``index`` and return what happened. ``index`` is a name under
     ``$RAG_HOME/indexes`` or, as a :class:`~pathlib.Path`, an index folder anywhere. ``encoder``
-    defaults to the one the index was built with (``minilm`` for a new index); a different one
-    raises :class:`rag.encoding.EncoderMismatchError` naming both; ``backend`` likewise defaults
-    to the index's own (``faiss`` for a new one). Extra keyword arguments are
+    (None or ``auto``) defaults to the one the index was built with (for a new index
+    :func:`rag.models.default_encoder`: ``minilm-tuned`` when trained, else ``minilm``); a
+    different one raises :class:`rag.encoding.EncoderMismatchError` naming both; ``backend``
+    likewise defaults to the index's own (``faiss`` for a new one). Extra keyword arguments are
     :class:`IngestConfig` fields (``precision``, ``max_bytes``, ``follow_links``, ``progress``)."""
     where = {"index_dir": str(index)} if isinstance(index, Path) else {"index": index}
     cfg = IngestConfig(

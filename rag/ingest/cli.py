@@ -1,6 +1,6 @@
 """Ingest documents into a named index: load, chunk, embed, store; incremental and atomic.
 
-``python -m rag.ingest DOCS [DOCS ...] [--index NAME | --index-dir PATH] [--encoder ALIAS|DIR]
+``python -m rag.ingest DOCS [DOCS ...] [--index NAME | --index-dir PATH] [--encoder auto|ALIAS|DIR]
 [--backend faiss|chroma] [--chroma-url URL] [--chunk-tokens N] [--overlap N] [--follow-links]
 [--encoder-backend torch|onnx] [--precision fp32|int8] [--engine local|ray [--ray-address ADDR]
 [--workers N]] [--json]``
@@ -28,7 +28,8 @@ PROG = "rag.ingest"
 # --help text where IngestConfig's comment is written for the code, not the command line
 INGEST_HELP = {
     "paths": "files or folders to ingest",
-    "encoder": "alias or folder (default: the index's encoder, else minilm)",
+    "encoder": "alias or folder; auto = the index's encoder, and for a new index minilm-tuned "
+    "when `make models` trained it, else minilm (default: auto)",
     "backend": "where the vectors live (default: the index's, else faiss)",
     "chroma_url": "Chroma server, e.g. http://127.0.0.1:8000 (default: the index's, else embedded)",
     "chunk_tokens": f"chunk size in encoder tokens (default: {DEFAULT_CHUNK_TOKENS}; capped at "

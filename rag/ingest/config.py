@@ -22,9 +22,9 @@ from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
 from rag.documents import DEFAULT_MAX_BYTES
 from rag.encoding import ENCODER_BACKENDS, PRECISIONS, check_backend
 from rag.manifest import CURRENT, index_dir
-from rag.models import resolve_model
+from rag.models import default_encoder, resolve_model
 
-DEFAULT_ENCODER = "minilm"
+AUTO_ENCODER = "auto"  # --encoder auto (= not given): the index's own, else default_encoder()
 FAISS_KINDS = ("auto", "flat", "hnsw")
 ENGINES = ("local", "ray")  # ray: rag.ingest.ray_engine, the optional `ray` extra
 MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
@@ -78,9 +78,9 @@ class IngestConfig:
     paths: list[str]  # files or folders to ingest
     index: str = "default"  # index name under $RAG_HOME/indexes (a name, never a path)
     index_dir: str | None = None  # an index folder elsewhere, given explicitly (wins over index)
-    encoder: str | None = (
-        None  # alias or folder; default: the index's recorded encoder, else minilm
-    )
+    # alias or folder; None / auto: the index's recorded encoder, else for a new index
+    # minilm-tuned when `make models` trained it, else minilm (rag.models.default_encoder)
+    encoder: str | None = None
     backend: str | None = None  # faiss | chroma; default: the index's backend, else faiss
     chroma_url: str | None = None  # Chroma server URL; default: the index's, else embedded
     chunk_tokens: int | None = None  # chunk size in encoder tokens; None: 256 (or the encoder's
@@ -107,6 +107,10 @@ class IngestConfig:
     def label(self) -> str:
         """How reports and messages name the index."""
         return self.index_dir or self.index
+
+    def requested_encoder(self) -> str | None:
+        """The encoder asked for, or None when the run leaves it to the index (``auto``)."""
+        return None if self.encoder in (None, "", AUTO_ENCODER) else self.encoder
 
 
 @dataclass
@@ -194,6 +198,7 @@ def validate_config(cfg: IngestConfig) -> Path:
     root = cfg.root()  # IndexNameError for a name that is a path
     if root.exists() and not root.is_dir():
         raise ValueError(f"index folder {root} is a file")
-    if cfg.encoder or not (root / CURRENT).exists():  # fails now, listing the known models
-        resolve_model(cfg.encoder or DEFAULT_ENCODER)
+    wanted = cfg.requested_encoder()
+    if wanted or not (root / CURRENT).exists():  # fails now, listing the known models
+        resolve_model(wanted or default_encoder())
     return root

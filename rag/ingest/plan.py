@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +20,12 @@ from tqdm.auto import tqdm
 from rag.chunking import chunk_document
 from rag.documents import DocumentError, iter_files, load_document
 from rag.encoding import Encoder, weights_fingerprint
-from rag.ingest.config import DEFAULT_ENCODER, IngestConfig, IngestReport, same_chunking
+from rag.ingest.config import IngestConfig, IngestReport, same_chunking
 from rag.manifest import Manifest, SourceEntry
-from rag.models import ModelNotFoundError, resolve_model
+from rag.models import ModelNotFoundError, default_encoder, resolve_model
 from rag.types import Chunk
+
+log = logging.getLogger("rag.ingest")
 
 
 def file_hash(path: Path) -> str:
@@ -186,7 +189,12 @@ class EncoderHandle:
 
     def __init__(self, cfg: IngestConfig, old: Manifest | None, index_name: str):
         self.cfg, self.old, self.index_name = cfg, old, index_name
-        self.name = cfg.encoder or (old.encoder["name"] if old else DEFAULT_ENCODER)
+        wanted = cfg.requested_encoder()
+        self.name = wanted or (old.encoder["name"] if old else default_encoder())
+        self.auto_note = ""  # said once in the report: which encoder auto gave a new index
+        if old is None and not wanted:
+            self.auto_note = f"new index {index_name!r}: encoder {self.name} (--encoder auto)"
+            log.info(self.auto_note)
         self._encoder: Encoder | None = None
         self.same = False
         if old is not None:
