@@ -62,7 +62,7 @@ from rag.datasets import (
 )
 from rag.defaults import MODES
 from rag.fusion import FUSIONS, NORMS
-from rag.metrics import exclude_self_hits, retrieval_metrics
+from rag.metrics import exclude_self_hits, per_query_retrieval, retrieval_metrics
 
 QUERY_SETS = ("dev", "train", "all")  # fixed splits, see the module docstring
 
@@ -229,6 +229,7 @@ def evaluate_modes(
         if r.rerank
     }
     names = [r.name(weights.get(r)) for r in rows]
+    seen_targets = functools.cache(lambda: queries_with_train_targets(cfg, ds))
     out = []
     for row, name in zip(rows, names):
         options = {"rerank": row.rerank}
@@ -241,6 +242,7 @@ def evaluate_modes(
         t_search = time.perf_counter() - t1
         spent = {k: round(v - spent[k], 3) for k, v in retriever.engine.timings.items()}
         metrics = retrieval_metrics(ds.qrels, run)
+        per_query = per_query_retrieval(ds.qrels, run, ["ndcg@10"])["ndcg@10"]
         config = {**asdict(cfg), "retriever": row.mode, "fusion": row.fusion}
         config |= {"alpha": alphas[row.fusion]["alpha"] if row.fusion else None}
         config |= {"rerank": cfg.rerank if row.rerank else None}
@@ -255,6 +257,8 @@ def evaluate_modes(
                 "n_queries": len(ds.queries),
                 "n_docs": len(ds.corpus),
                 "metrics": {m: round(v, 4) for m, v in metrics.items()},
+                "ndcg@10_by_target": by_target(per_query, seen_targets()),
+                "per_query_ndcg@10": {q: round(v, 4) for q, v in per_query.items()},
                 "corpus_encode_s": round(t_index, 2),
                 "index_shared_by": names if len(rows) > 1 else None,
                 "search_s": round(t_search, 2),
@@ -270,6 +274,33 @@ def evaluate_modes(
                 "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs",
             }
         )
+    return out
+
+
+def queries_with_train_targets(cfg: RetrievalEvalConfig, ds: RetrievalDataset) -> set[str] | None:
+    """Reported queries with a relevant document that a *train* query of the same dataset also
+    has (None unless the dev queries are reported). In SciFact most dev claims cite an abstract
+    that train claims cite too, so a model trained on train claims can gain on those by learning
+    which abstracts are targets; :func:`by_target` reports both groups apart."""
+    if cfg.queries != "dev":
+        return None
+    train = load_eval_dataset(cfg.dataset, cfg.split, "train")
+    targets = {d for docs in train.qrels.values() for d, g in docs.items() if g > 0}
+    return {q for q in ds.queries if targets & {d for d, g in ds.qrels[q].items() if g > 0}}
+
+
+def by_target(per_query: dict[str, float], seen: set[str] | None) -> dict | None:
+    """Mean nDCG@10 over the queries whose relevant document is also a train query's (``seen``)
+    and over the rest (``unseen``), with their counts; None when ``seen`` is None."""
+    if seen is None:
+        return None
+    out = {}
+    for group, qids in (
+        ("seen", [q for q in per_query if q in seen]),
+        ("unseen", [q for q in per_query if q not in seen]),
+    ):
+        vals = [per_query[q] for q in qids]
+        out[group] = {"ndcg@10": round(sum(vals) / len(vals), 4) if vals else None, "n": len(vals)}
     return out
 
 
@@ -299,6 +330,17 @@ def _line(r: dict) -> str:
         + f": nDCG@10 {m['ndcg@10']:.4f}  R@10 {m['recall@10']:.4f}  R@100 {m['recall@100']:.4f}"
         f"  MRR@10 {m['mrr@10']:.4f}  MAP@100 {m['map@100']:.4f}  ({r['n_queries']} queries,"
         f" {r['n_docs']} docs, index {r['corpus_encode_s']}s, search {r['search_s']}s{lat})"
+        + _target_note(r.get("ndcg@10_by_target"))
+    )
+
+
+def _target_note(groups: dict | None) -> str:
+    if not groups or not groups["seen"]["n"]:
+        return ""
+    seen, unseen = groups["seen"], groups["unseen"]
+    return (
+        f"  [nDCG@10 {seen['ndcg@10']:.4f} on {seen['n']} queries whose target a train query"
+        f" shares, {unseen['ndcg@10'] or 0:.4f} on the other {unseen['n']}]"
     )
 
 

@@ -107,3 +107,26 @@ def test_dense_and_hybrid_with_a_tiny_encoder(beir, tmp_path):
         )
         assert out["metrics"] == alone["metrics"] and out["config"]["retriever"] == mode
         assert out["metrics"]["recall@100"] == 1.0  # 4 real documents: every one is retrieved
+
+
+def test_dev_queries_split_by_whether_a_train_query_shares_their_target(beir):
+    from evals.retrieval import by_target, queries_with_train_targets
+
+    dev = load_eval_dataset(str(beir), "test", "dev")
+    train = load_eval_dataset(str(beir), "test", "train")
+    cfg = RetrievalEvalConfig(dataset=str(beir), queries="dev")
+    assert queries_with_train_targets(cfg, dev) == set()  # every query has its own document
+    # a dev query whose document a train query also cites counts as seen
+    (t,) = list(train.queries)[:1]
+    (d,) = list(dev.queries)[:1]
+    shared = dev.subset([d])
+    shared.qrels[d] = {**shared.qrels[d], **train.qrels[t]}
+    assert queries_with_train_targets(cfg, shared) == {d}
+    assert queries_with_train_targets(RetrievalEvalConfig(dataset=str(beir)), dev) is None
+
+    got = by_target({"a": 1.0, "b": 0.5, "c": 0.0}, {"a", "b"})
+    assert got == {"seen": {"ndcg@10": 0.75, "n": 2}, "unseen": {"ndcg@10": 0.0, "n": 1}}
+    assert by_target({"a": 1.0}, None) is None
+    out = evaluate(RetrievalEvalConfig(dataset=str(beir), retriever="bm25", queries="dev"))
+    assert out["ndcg@10_by_target"]["unseen"]["n"] == out["n_queries"]
+    assert set(out["per_query_ndcg@10"]) == set(dev.queries)

@@ -226,6 +226,34 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
     return [
         Step("encoder (contrastive)", ft, contrastive_step, done_marker="modules.json"),
         Step(f"{DEFAULT_DECODER} (LoRA)", lora_out, lora_step, done_marker="adapter_config.json"),
+        *retrieval_steps(args, data),
+    ]
+
+
+def retrieval_steps(args: argparse.Namespace, data: Path) -> list[Step]:
+    """The product's retrieval models (docs/retrieval.md): ``minilm-tuned``, the retriever new
+    indexes are built with when it exists, and ``minilm-rerank``, the reranker ``rerank = auto``
+    uses. Their recipes are the measured ones, whatever the preset."""
+    from rag.models import TUNED_ENCODER
+    from rag.rerank import AUTO_RERANKER
+
+    tuned, rerank = models_dir() / TUNED_ENCODER, models_dir() / AUTO_RERANKER
+
+    def retriever_step() -> dict:
+        from training.contrastive import train_contrastive, tuned_retriever_config
+
+        s = train_contrastive(tuned_retriever_config(tuned, data, args.device, args.threads))
+        return {"n_pairs": s["n_pairs"], "steps": s["steps"], "train_loss": s.get("train_loss")}
+
+    def reranker_step() -> dict:
+        from training.rerank import reranker_config, train_rerank
+
+        s = train_rerank(reranker_config(rerank, data, args.device, args.threads))
+        return {"n_rows": s["n_rows"], "steps": s["steps"], "after": s["after"]}
+
+    return [
+        Step(f"{TUNED_ENCODER} (retriever)", tuned, retriever_step, done_marker="modules.json"),
+        Step(f"{AUTO_RERANKER} (reranker)", rerank, reranker_step),
     ]
 
 

@@ -1,0 +1,35 @@
+"""``make models`` writes the retrieval artefacts exactly where the product looks for them: the
+tuned retriever new indexes are built with, and the reranker ``rerank = auto`` picks up."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rag.models import TUNED_ENCODER, default_encoder
+from rag.paths import models_dir
+from rag.rerank import AUTO_RERANKER, resolve_reranker
+from training.contrastive import tuned_retriever_config
+from training.make_models import retrieval_steps
+from training.rerank import reranker_config
+
+
+def test_steps_write_what_auto_resolution_reads(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / "home"))
+    args = argparse.Namespace(device="cpu", threads=1)
+    retriever, reranker = retrieval_steps(args, tmp_path / "data")
+    assert retriever.artefact == models_dir() / TUNED_ENCODER
+    assert reranker.artefact == models_dir() / AUTO_RERANKER
+    assert not retriever.exists() and not reranker.exists()
+    # before make models: the base encoder and no reranker
+    assert default_encoder() == "minilm" and resolve_reranker("auto") is None
+
+
+def test_recipes_train_on_train_splits_and_the_docs(tmp_path):
+    data = tmp_path / "data"
+    r = tuned_retriever_config(tmp_path / "out", data)
+    assert r.scifact == str(data / "scifact") and r.hard_negatives == "mined" and not r.eval
+    c = reranker_config(tmp_path / "out", data)
+    assert c.squad == str(data / "squad" / "squad-v1.1-dev-part.json")
+    assert c.random_negatives > 0 and c.negatives > 0  # the recipe that took off
+    assert Path(c.docs[0]).name == "docs" and (Path(c.docs[0]) / "retrieval.md").exists()
