@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from bm25s.stopwords import STOPWORDS_EN_PLUS
@@ -64,6 +65,22 @@ DEFAULT_MODEL = AnswerabilityModel(
     threshold=0.338,
     fitted_on="SQuAD train articles (4 removed), minilm, hybrid k=5 (evals.answerability)",
 )
+
+
+# The fitted model per encoder (alias or artefact folder name): the dense weight reads that
+# encoder's cosine scale. An encoder without its own falls back to minilm's (see model_for).
+MODELS: dict[str, AnswerabilityModel] = {"minilm": DEFAULT_MODEL}
+
+
+def model_for(encoder: Any) -> AnswerabilityModel:
+    """The model fitted on ``encoder``'s cosines, found by its name or its folder's name (an
+    index built with ``minilm-tuned`` gets the minilm-tuned fit); :data:`DEFAULT_MODEL` for any
+    other encoder (refit with ``evals.answerability --encoder``)."""
+    path = getattr(encoder, "path", None)
+    for name in (getattr(encoder, "name", None), path and Path(path).name):
+        if name and Path(str(name)).name in MODELS:
+            return MODELS[Path(str(name)).name]
+    return DEFAULT_MODEL
 
 
 @dataclass
@@ -117,13 +134,15 @@ def check(
     query: str,
     hits: Sequence[Any],
     threshold: float | None,
-    model: AnswerabilityModel = DEFAULT_MODEL,
+    model: AnswerabilityModel | None = None,
 ) -> AnswerabilityDecision | None:
     """The decision for ``query`` and the passages it will be given, or None when the check is
     off (``threshold`` None), nothing was retrieved, or the retriever gives no dense score or no
-    coverage (BM25-only search, a retriever without :meth:`coverage`)."""
+    coverage (BM25-only search, a retriever without :meth:`coverage`). ``model``: default, the
+    one fitted on the retriever's encoder (:func:`model_for`)."""
     if threshold is None or not hits or not hasattr(retriever, "coverage"):
         return None
+    model = model or model_for(getattr(retriever, "encoder", None))
     dense = best_dense(hits)
     cover = retriever.coverage(query, hits) if dense is not None else None
     if cover is None:

@@ -154,3 +154,18 @@ def test_cli_measures_a_fitted_model_and_names_a_bad_one(squad, tiny_mlm_dir, tm
     bad.write_text("{}")
     assert main([*base, "--model", str(bad)]) == 2  # bad input: exit 2, one line naming it
     assert "--model" in capsys.readouterr().err
+
+
+def test_each_encoder_gets_the_model_fitted_on_its_cosines(monkeypatch):
+    from types import SimpleNamespace
+
+    from rag import answerability as A
+
+    other = A.AnswerabilityModel(1.0, 1.0, 0.0, 0.5, "test")
+    monkeypatch.setitem(A.MODELS, "minilm-tuned", other)
+    by_path = SimpleNamespace(name="/home/x/artifacts/models/minilm-tuned", path=None)
+    by_folder = SimpleNamespace(name="custom label", path="/somewhere/minilm-tuned")
+    assert A.model_for(by_path) is other and A.model_for(by_folder) is other
+    assert A.model_for(SimpleNamespace(name="minilm", path=None)) is A.DEFAULT_MODEL
+    assert A.model_for(SimpleNamespace(name="my-encoder", path=None)) is A.DEFAULT_MODEL
+    assert A.model_for(None) is A.DEFAULT_MODEL
