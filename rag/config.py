@@ -63,7 +63,8 @@ class RAGConfig:
     rerank: str | None = DEFAULT_RERANK
     # candidates the reranker re-scores (one forward pass each: latency)
     rerank_depth: int = DEFAULT_RERANK_DEPTH
-    rerank_max_length: int = 256  # tokens per query+passage pair given to the reranker
+    # tokens per query+passage pair; None = the length the reranker was trained and saved with
+    rerank_max_length: int | None = None
     # reranker's share of a reranked passage's score: w * norm(rerank) + (1 - w) * norm(first
     # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order (rag.fusion.interpolate)
     rerank_weight: float = DEFAULT_RERANK_WEIGHT

@@ -169,3 +169,17 @@ def test_each_encoder_gets_the_model_fitted_on_its_cosines(monkeypatch):
     assert A.model_for(SimpleNamespace(name="minilm", path=None)) is A.DEFAULT_MODEL
     assert A.model_for(SimpleNamespace(name="my-encoder", path=None)) is A.DEFAULT_MODEL
     assert A.model_for(None) is A.DEFAULT_MODEL
+
+
+def test_tuned_model_folds_its_threshold_without_changing_a_decision():
+    from rag.answerability import MODELS, TUNED_MODEL, AnswerabilityModel
+
+    fitted = AnswerabilityModel(-6.149, -6.115, 5.166, 0.354)  # evals.answerability's output
+    grid = [(d / 50, c / 50) for d in range(-10, 51) for c in range(0, 51)]
+    flips = [
+        (d, c)
+        for d, c in grid
+        if (fitted.probability(d, c) >= 0.354) != (TUNED_MODEL.probability(d, c) >= 0.338)
+    ]
+    assert len(flips) <= 2  # only points within rounding of the boundary may differ
+    assert MODELS["minilm-tuned"] is TUNED_MODEL and TUNED_MODEL.threshold == 0.338

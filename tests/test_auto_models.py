@@ -21,7 +21,7 @@ from rag.ingest import main as ingest_main
 from rag.manifest import open_generation
 from rag.models import BASE_ENCODER, TUNED_ENCODER, ModelNotFoundError, default_encoder
 from rag.paths import indexes_dir, models_dir
-from rag.rerank import AUTO_RERANKER, describe_reranker, resolve_reranker
+from rag.rerank import AUTO_RERANKER, DEFAULT_RERANK_DEPTH, describe_reranker, resolve_reranker
 
 
 @pytest.fixture
@@ -193,8 +193,9 @@ def test_ui_shows_the_active_reranker_and_can_turn_it_off(trained_reranker):
     assert AUTO_RERANKER not in models["encoders"]  # a cross-encoder is no bi-encoder
     base = ("docs", "(index default)", "smollm2", "(none)")
     app._pipeline(*base)  # a /chat client that predates the setting: the app's reranker
-    app._pipeline(*base, NO_RERANKER, 10.0)
-    assert [(c.rerank, c.rerank_depth) for c in built] == [(AUTO_RERANKER, 30), (None, 10)]
+    app._pipeline(*base, NO_RERANKER, 25.0)
+    want = [(AUTO_RERANKER, DEFAULT_RERANK_DEPTH), (None, 25)]
+    assert [(c.rerank, c.rerank_depth) for c in built] == want
 
 
 def test_ui_page_has_the_reranker_setting(trained_reranker):
