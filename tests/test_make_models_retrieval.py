@@ -33,3 +33,29 @@ def test_recipes_train_on_train_splits_and_the_docs(tmp_path):
     assert c.squad == str(data / "squad" / "squad-v1.1-dev-part.json")
     assert c.random_negatives > 0 and c.negatives > 0  # the recipe that took off
     assert Path(c.docs[0]).name == "docs" and (Path(c.docs[0]) / "retrieval.md").exists()
+
+
+def test_steps_run_the_recipes_and_report_their_summaries(tmp_path, monkeypatch):
+    import training.contrastive as C
+    import training.rerank as RR
+
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / "home"))
+    seen = {}
+
+    def fake_contrastive(cfg):
+        seen["retriever"] = cfg
+        return {"n_pairs": 727, "steps": 66, "train_loss": 0.56}
+
+    def fake_rerank(cfg):
+        seen["reranker"] = cfg
+        return {"n_rows": 14673, "steps": 1400, "after": {"scifact-dev": {"ndcg@10": 0.7}}}
+
+    monkeypatch.setattr(C, "train_contrastive", fake_contrastive)
+    monkeypatch.setattr(RR, "train_rerank", fake_rerank)
+    args = argparse.Namespace(device="cpu", threads=2)
+    retriever, reranker = retrieval_steps(args, tmp_path / "data")
+    assert retriever.run() == {"n_pairs": 727, "steps": 66, "train_loss": 0.56}
+    assert reranker.run()["n_rows"] == 14673
+    assert seen["retriever"].out == str(models_dir() / TUNED_ENCODER)
+    assert seen["reranker"].out == str(models_dir() / AUTO_RERANKER)
+    assert seen["reranker"].threads == 2 and seen["retriever"].device == "cpu"

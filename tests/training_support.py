@@ -88,13 +88,11 @@ def build_tokenizer():
     return fast
 
 
-def save_tiny_encoder(path: Path, seed: int = 0) -> Path:
-    """A plain HF BERT folder (no modules.json): the contrastive CLI must wrap it."""
-    from transformers import BertConfig, BertModel
+def tiny_bert_config(tok, **overrides):
+    """The 2-layer, 64-wide BERT every tiny encoder and cross-encoder of the tests uses."""
+    from transformers import BertConfig
 
-    tok = build_tokenizer()
-    torch.manual_seed(seed)
-    cfg = BertConfig(
+    return BertConfig(
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=128,
@@ -102,8 +100,17 @@ def save_tiny_encoder(path: Path, seed: int = 0) -> Path:
         num_attention_heads=4,
         max_position_embeddings=256,
         pad_token_id=tok.pad_token_id,
+        **overrides,
     )
-    BertModel(cfg).save_pretrained(path)
+
+
+def save_tiny_encoder(path: Path, seed: int = 0) -> Path:
+    """A plain HF BERT folder (no modules.json): the contrastive CLI must wrap it."""
+    from transformers import BertModel
+
+    tok = build_tokenizer()
+    torch.manual_seed(seed)
+    BertModel(tiny_bert_config(tok)).save_pretrained(path)
     tok.save_pretrained(path)
     return path
 
@@ -181,21 +188,11 @@ def save_tiny_cross_encoder(path: Path, seed: int = 0, initializer_range: float 
     (what ``python -m training.rerank`` writes), without training. ``initializer_range`` larger
     than BERT's 0.02 spreads its scores over passages (at 0.02 they differ by ~1e-4)."""
     from sentence_transformers import CrossEncoder
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import BertForSequenceClassification
 
     tok = build_tokenizer()
     torch.manual_seed(seed)
-    cfg = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        max_position_embeddings=256,
-        pad_token_id=tok.pad_token_id,
-        num_labels=1,
-        initializer_range=initializer_range,
-    )
+    cfg = tiny_bert_config(tok, num_labels=1, initializer_range=initializer_range)
     hf = path.with_name(path.name + "-hf")
     BertForSequenceClassification(cfg).save_pretrained(hf)
     tok.save_pretrained(hf)
