@@ -62,7 +62,7 @@ from rag.datasets import (
 )
 from rag.defaults import MODES
 from rag.fusion import FUSIONS, NORMS
-from rag.metrics import exclude_self_hits, per_query_retrieval, retrieval_metrics
+from rag.metrics import exclude_self_hits, mean_per_query, per_query_retrieval
 
 QUERY_SETS = ("dev", "train", "all")  # fixed splits, see the module docstring
 
@@ -241,8 +241,8 @@ def evaluate_modes(
         run, lat = timed_retrieval(ds, retriever, cfg.k, row.mode, cfg.latency, **options)
         t_search = time.perf_counter() - t1
         spent = {k: round(v - spent[k], 3) for k, v in retriever.engine.timings.items()}
-        metrics = retrieval_metrics(ds.qrels, run)
-        per_query = per_query_retrieval(ds.qrels, run, ["ndcg@10"])["ndcg@10"]
+        by_query = per_query_retrieval(ds.qrels, run)
+        metrics, per_query = mean_per_query(by_query), by_query["ndcg@10"]
         config = {**asdict(cfg), "retriever": row.mode, "fusion": row.fusion}
         config |= {"alpha": alphas[row.fusion]["alpha"] if row.fusion else None}
         config |= {"rerank": cfg.rerank if row.rerank else None}

@@ -188,29 +188,24 @@ def _ndcg(qrels: dict, run: dict) -> float:
 
 def parse_alpha(text: str) -> str:
     """``auto``, ``default`` or a number in [0, 1] (kept as text in the config)."""
-    if text in ("auto", "default"):
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(
-            f"--alpha must be a number in [0, 1], auto or default, not {text!r}"
-        ) from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"--alpha must be in [0, 1], not {value}")
-    return str(value)
+    return _parse_weight("--alpha", text, ("auto", "default"))
 
 
 def parse_rerank_weight(text: str) -> str:
     """``default`` or a number in [0, 1] (kept as text in the config, as ``--alpha``)."""
-    if text == "default":
+    return _parse_weight("--rerank-weight", text, ("default",))
+
+
+def _parse_weight(flag: str, text: str, words: tuple[str, ...]) -> str:
+    """One of ``words`` as given, or a number in [0, 1] as its float text; errors name ``flag``."""
+    if text in words:
         return text
     try:
         value = float(text)
     except ValueError:
         raise ValueError(
-            f"--rerank-weight must be a number in [0, 1] or default, not {text!r}"
+            f"{flag} must be a number in [0, 1] or {' or '.join(words)}, not {text!r}"
         ) from None
     if not 0.0 <= value <= 1.0:
-        raise ValueError(f"--rerank-weight must be in [0, 1], not {value}")
+        raise ValueError(f"{flag} must be in [0, 1], not {value}")
     return str(value)

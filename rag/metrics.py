@@ -73,7 +73,11 @@ def retrieval_metrics(
     metrics: Sequence[str] = RETRIEVAL_METRICS,
 ) -> dict[str, float]:
     """Mean over judged queries of nDCG@10, Recall@10/100, MRR@10 and MAP@100."""
-    per_query = per_query_retrieval(qrels, run, metrics)
+    return mean_per_query(per_query_retrieval(qrels, run, metrics))
+
+
+def mean_per_query(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
+    """``{metric: mean}`` of :func:`per_query_retrieval`'s output (0 for no queries)."""
     return {m: (sum(v.values()) / len(v) if v else 0.0) for m, v in per_query.items()}
 
 

@@ -31,9 +31,8 @@ QUERIES = {
 QRELS = {"q1": "d1", "q2": "d2", "q3": "d3", "q4": "d4"}
 
 
-@pytest.fixture
-def beir(tmp_path):
-    folder = tmp_path / "mini"
+def write_mini_beir(folder):
+    """DOCS / QUERIES / QRELS as a BEIR folder (corpus.jsonl, queries.jsonl, qrels/test.tsv)."""
     (folder / "qrels").mkdir(parents=True)
     (folder / "corpus.jsonl").write_text(
         "\n".join(json.dumps({"_id": i, "title": t, "text": x}) for i, (t, x) in DOCS.items())
@@ -45,6 +44,11 @@ def beir(tmp_path):
         "query-id\tcorpus-id\tscore\n" + "\n".join(f"{q}\t{d}\t1" for q, d in QRELS.items())
     )
     return folder
+
+
+@pytest.fixture
+def beir(tmp_path):
+    return write_mini_beir(tmp_path / "mini")
 
 
 def test_bm25_finds_every_answer_and_ignores_self_hits(beir):

@@ -272,20 +272,12 @@ def test_cli_reports_a_bad_flag(tmp_path, capsys):
 def test_evals_table_rows_with_reranker_and_latency(tiny_reranker, tmp_path):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from test_evals_retrieval import DOCS, QRELS, QUERIES
+    from test_evals_retrieval import write_mini_beir
 
     from evals.retrieval import main as eval_main
 
     _, _, ce = tiny_reranker
-    folder = tmp_path / "mini"
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text(
-        "\n".join(json.dumps({"_id": i, "title": t, "text": x}) for i, (t, x) in DOCS.items())
-    )
-    (folder / "queries.jsonl").write_text(
-        "\n".join(json.dumps({"_id": q, "text": t}) for q, t in QUERIES.items())
-    )
-    (folder / "qrels" / "test.tsv").write_text("\n".join(f"{q}\t{d}\t1" for q, d in QRELS.items()))
+    folder = write_mini_beir(tmp_path / "mini")
     enc = save_tiny_encoder(tmp_path / "enc")
     st = SentenceTransformer(
         modules=[Transformer(str(enc), max_seq_length=32), Pooling(64, "mean"), Normalize()]

@@ -204,7 +204,7 @@ def test_evals_rows_per_weight_and_default_tuned_from_one_pass(tmp_path, monkeyp
     """An adversarial fake reranker (the relevant passage last): weight 0 reproduces BM25,
     weight 1 loses, ``default`` chosen on the (here: same) queries never loses; tuning calls
     the reranker once per tuning query, not once per grid weight."""
-    from test_evals_retrieval import DOCS, QRELS, QUERIES
+    from test_evals_retrieval import DOCS, QRELS, QUERIES, write_mini_beir
 
     import rag.rerank
     from evals.retrieval import main
@@ -221,15 +221,7 @@ def test_evals_rows_per_weight_and_default_tuned_from_one_pass(tmp_path, monkeyp
             return [-1.0 if t == relevant[query] else float(i) for i, t in enumerate(texts)]
 
     monkeypatch.setattr(rag.rerank, "CrossEncoderReranker", Adversary)
-    folder = tmp_path / "mini"
-    (folder / "qrels").mkdir(parents=True)
-    (folder / "corpus.jsonl").write_text(
-        "\n".join(json.dumps({"_id": i, "title": t, "text": x}) for i, (t, x) in DOCS.items())
-    )
-    (folder / "queries.jsonl").write_text(
-        "\n".join(json.dumps({"_id": q, "text": t}) for q, t in QUERIES.items())
-    )
-    (folder / "qrels" / "test.tsv").write_text("\n".join(f"{q}\t{d}\t1" for q, d in QRELS.items()))
+    folder = write_mini_beir(tmp_path / "mini")
     out = tmp_path / "rows.json"
     argv = ["--dataset", str(folder), "--retriever", "bm25", "--rerank", "fake"]
     argv += ["--rerank-weight", "0", "1", "default", "--tune-queries", "all", "--out", str(out)]

@@ -108,14 +108,13 @@ class PipelineCache:
         encoder: str | None,
         decoder: str,
         adapter: str | None,
-        rerank: str | None = None,
-        rerank_depth: int | None = None,
+        rerank: str | None,
+        rerank_depth: int,
     ) -> RAGConfig:
-        """The base config with this pipeline's models; ``rerank_depth`` None keeps the base's.
+        """The base config with this pipeline's models (the arguments of :meth:`get`, resolved).
         ``rerank`` is a resolved name or None (off), never ``auto``."""
         from dataclasses import replace
 
-        depth = self.base.rerank_depth if rerank_depth is None else int(rerank_depth)
         return replace(
             self.base,
             index=index,
@@ -123,7 +122,7 @@ class PipelineCache:
             decoder=decoder,
             adapter=adapter,
             rerank=rerank,
-            rerank_depth=depth,
+            rerank_depth=rerank_depth,
         )
 
     def get(
