@@ -3,7 +3,7 @@ run, on the same files with the same sentence-transformers model; plus the int8 
 quality on SciFact dev (nDCG@10 within 0.005 of fp32 is the bar).
 
 ``python -m benchmarks.ingest_throughput [--docs DIR] [--max-bytes N] [--encoder minilm]
-[--precisions fp32,int8] [--encoder-backends torch,onnx] [--scifact DIR] [--scifact-docs N]
+[--precisions fp32,bf16,int8] [--encoder-backends torch,onnx] [--scifact DIR] [--scifact-docs N]
 [--json]``
 
 Our ingest runs once per (encoder backend, precision) pair; each row's ``pipeline`` names both
@@ -173,7 +173,8 @@ def scifact_quality(
     backends: tuple[str, ...] | list[str] = ("torch",),
 ) -> dict:
     """Dense nDCG@10 on the SciFact dev split per backend and precision (same corpus subset for
-    all); keys are ``fp32``/``int8`` for torch, ``onnx-fp32``/``onnx-int8`` for ONNX."""
+    all; ``n_docs`` 0: the whole corpus); keys are the precision (``fp32``, ``bf16``, ``int8``)
+    for torch, ``onnx-fp32``/``onnx-int8`` for ONNX, and ``delta_<key>`` is each minus fp32."""
     import pytrec_eval
 
     from rag.datasets import load_beir, scifact_split
@@ -205,11 +206,9 @@ def scifact_quality(
             "seconds": time.perf_counter() - t0,
             "corpus_encode_s": r.timings["corpus_encode_s"],
         }
-    if "fp32" in out and "int8" in out:
-        out["delta_int8"] = out["int8"]["ndcg@10"] - out["fp32"]["ndcg@10"]
-    for key in [k for k in out if k.startswith("onnx-")]:
-        if "fp32" in out:
-            out[f"delta_{key}"] = out[key]["ndcg@10"] - out["fp32"]["ndcg@10"]
+    runs = [k for k, v in out.items() if isinstance(v, dict) and k != "fp32"]
+    for key in runs if "fp32" in out else []:
+        out[f"delta_{key}"] = out[key]["ndcg@10"] - out["fp32"]["ndcg@10"]
     return out
 
 

@@ -1,5 +1,5 @@
 """The encoder as ingest and retrieval use it: length-sorted, token-budgeted batches, L2-normalised
-float32 output, the model's query/document prompts, an optional int8 CPU path, and an identity
+float32 output, the model's query/document prompts, optional bf16 and int8 paths, and an identity
 (name, dimension, weights fingerprint) that indexes record.
 
 Why our own batching over ``SentenceTransformer.encode`` alone: encode sorts by character length
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     import torch
     from sentence_transformers import SentenceTransformer
 
-PRECISIONS = ("fp32", "int8")
+# bf16: the weights cast to bfloat16 (fast on CPUs with AMX / AVX512-BF16 and on GPUs; cosine
+# >= 0.9999 to fp32 on minilm); int8: dynamic quantisation of the Linear layers (CPU only)
+PRECISIONS = ("fp32", "bf16", "int8")
 # torch: sentence-transformers as loaded; onnx: its transformer run by ONNX Runtime from a cached
 # export (rag.encoder_backends), same embeddings within float tolerance, int8 with --precision int8
 ENCODER_BACKENDS = ("torch", "onnx")
@@ -83,14 +85,48 @@ def quantize_int8(model: ModuleT) -> ModuleT:
         return quantize_dynamic(model, spec, inplace=True)
 
 
-def check_backend(backend: str, device: str = "auto") -> None:
-    """Refuse unknown backends, and ONNX on a GPU (only the CPU provider is wired and tested)."""
+def cpu_has_bf16() -> bool:
+    """True when this CPU has bfloat16 matrix units (AMX-BF16 or AVX512-BF16), where torch's
+    oneDNN kernels run bf16 Linear layers ~3x faster than fp32; elsewhere bf16 is emulated and
+    slower than fp32 (still correct). Linux only (reads /proc/cpuinfo); False elsewhere."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text(errors="ignore").split()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def to_bf16(model: ModuleT) -> ModuleT:
+    """Cast the weights to bfloat16, in place (``model.to``), warning on a CPU without bf16
+    units. Why a cast and not ``torch.autocast``: measured on minilm, 2 cores with AMX, the cast
+    runs 120 chunks/s against autocast's 101 (fp32: 40), with the same cosine (>= 0.9999)."""
+    import warnings
+
+    import torch
+
+    device = next(model.parameters()).device
+    if device.type == "cpu" and not cpu_has_bf16():
+        warnings.warn(
+            "--precision bf16 on a CPU without AMX-BF16/AVX512-BF16 units is emulated and "
+            "slower than fp32; use --precision fp32 or int8 here",
+            stacklevel=2,
+        )
+    return model.to(torch.bfloat16)
+
+
+def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -> None:
+    """Refuse unknown backends, ONNX on a GPU (only the CPU provider is wired and tested), and
+    ONNX in bf16 (onnxruntime's CPU provider has no bf16 kernels for these graphs)."""
     if backend not in ENCODER_BACKENDS:
         raise ValueError(
             f"--encoder-backend must be one of {', '.join(ENCODER_BACKENDS)}, not {backend!r}"
         )
     if backend == "onnx" and device == "cuda":
         raise ValueError("--encoder-backend onnx runs on CPU only; use --device cpu or auto")
+    if backend == "onnx" and precision == "bf16":
+        raise ValueError(
+            "--precision bf16 runs on --encoder-backend torch only (onnx: fp32 or int8)"
+        )
 
 
 class Encoder:
@@ -114,7 +150,7 @@ class Encoder:
             raise ValueError(
                 f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}"
             )
-        check_backend(backend)
+        check_backend(backend, precision=precision)
         self.model = model
         self.name = name or (str(path) if path else type(model).__name__)
         self.path = Path(path) if path else None
@@ -127,6 +163,8 @@ class Encoder:
             self.model = use_onnx(model, self.fingerprint, precision)
         elif precision == "int8":
             self.model = quantize_int8(model)
+        elif precision == "bf16":
+            self.model = to_bf16(model)
 
     @classmethod
     def load(
@@ -142,7 +180,7 @@ class Encoder:
         provider)."""
         from rag.models import load_embedder, resolve_model
 
-        check_backend(backend, device)
+        check_backend(backend, device, precision)
         path = resolve_model(name)
         model = load_embedder(path, device="cpu" if backend == "onnx" else device)
         return cls(model, name=str(name), path=path, precision=precision, backend=backend, **kw)
@@ -270,6 +308,8 @@ class Encoder:
                 if on_batch is not None:
                     on_batch(len(batch))
         bar.close()
+        if self.precision == "bf16":  # normalised in bf16 (norms 1 +- 4e-3): redo it in fp32
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
     def encode_queries(self, queries: list[str]) -> np.ndarray:

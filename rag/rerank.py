@@ -52,7 +52,8 @@ class CrossEncoderReranker:
     length the folder was saved with). Scores are raw logits: the order is the model's, and
     unlike its sigmoid they never saturate into ties. ``precision`` ``int8`` quantises the
     transformer's Linear layers with the bi-encoder's recipe (:func:`rag.encoding.quantize_int8`;
-    the scoring head stays fp32) and runs on CPU, so ``device`` ``auto`` means CPU there."""
+    the scoring head stays fp32) and runs on CPU, so ``device`` ``auto`` means CPU there; ``bf16``
+    casts the whole model to bfloat16 (:func:`rag.encoding.to_bf16`)."""
 
     def __init__(
         self,
@@ -64,7 +65,7 @@ class CrossEncoderReranker:
     ):
         from sentence_transformers import CrossEncoder
 
-        from rag.encoding import PRECISIONS, quantize_int8
+        from rag.encoding import PRECISIONS, quantize_int8, to_bf16
         from rag.models import pick_device
 
         if precision not in PRECISIONS:
@@ -89,6 +90,8 @@ class CrossEncoderReranker:
             )
         if precision == "int8":  # the transformer only: the head is a few fp32 multiply-adds
             quantize_int8(self.model.model.base_model)
+        elif precision == "bf16":
+            to_bf16(self.model.model)
         self.name, self.batch_size, self.precision = str(model), batch_size, precision
 
     def score(self, query: str, texts: list[str]) -> list[float]:

@@ -26,7 +26,12 @@ from rag.encoding import Encoder, EncoderMismatchError
 from rag.fusion import check_fusion, check_rerank_weight
 from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
-from rag.rerank import CrossEncoderReranker, Reranker, resolve_reranker
+from rag.rerank import (
+    DEFAULT_RERANK_WEIGHT,
+    CrossEncoderReranker,
+    Reranker,
+    resolve_reranker,
+)
 from rag.search_engine import SearchEngine
 from rag.types import Chunk, Hit
 
@@ -75,7 +80,7 @@ class CorpusRetriever:
         alpha: float = 0.5,
         norm: str = "minmax",
         rerank_depth: int | None = None,
-        rerank_weight: float = 1.0,
+        rerank_weight: float = DEFAULT_RERANK_WEIGHT,
     ):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -188,7 +193,7 @@ class Retriever:
         norm: str = "minmax",
         rerank_depth: int | None = None,
         encoder_backend: str = "torch",
-        rerank_weight: float = 1.0,
+        rerank_weight: float = DEFAULT_RERANK_WEIGHT,
     ):
         check_fusion(fusion, alpha, norm)
         check_rerank_weight(rerank_weight)

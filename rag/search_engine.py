@@ -20,7 +20,7 @@ from rag.bm25 import BM25Index, terms
 from rag.defaults import MODES
 from rag.encoding import Encoder
 from rag.fusion import check_fusion, check_rerank_weight, fuse, rerank_head
-from rag.rerank import Reranker
+from rag.rerank import DEFAULT_RERANK_WEIGHT, Reranker
 
 RRF_K = 60
 
@@ -58,8 +58,8 @@ class SearchEngine:
     so this depth sets the query latency.
     ``rerank_weight``: the reranker's share of the reranked head's score,
     ``weight * norm(rerank) + (1 - weight) * norm(first stage)`` (``norm`` as for fusion);
-    1 (default) = the reranker's order and raw scores, as before interpolation existed; 0 = the
-    first-stage order. A weak reranker (ours, trained on little data) is interpolated rather
+    default :data:`rag.rerank.DEFAULT_RERANK_WEIGHT` (0.5, the product's setting, measured in
+    docs/retrieval.md); 1 = the reranker's order and raw scores; 0 = the first-stage order. A weak reranker (ours, trained on little data) is interpolated rather
     than trusted outright; ``evals.retrieval --rerank-weight default`` chooses the weight.
     ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
     that the manifest does not name; those are never returned).
@@ -78,7 +78,7 @@ class SearchEngine:
         alpha: float = 0.5,
         norm: str = "minmax",
         rerank_depth: int | None = None,
-        rerank_weight: float = 1.0,
+        rerank_weight: float = DEFAULT_RERANK_WEIGHT,
     ):
         check_fusion(fusion, alpha, norm)
         check_rerank_weight(rerank_weight)

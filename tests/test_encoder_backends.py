@@ -68,6 +68,8 @@ def test_backend_refusals(tiny_mlm_dir):
         Encoder.load(tiny_mlm_dir, backend="openvino")
     with pytest.raises(ValueError, match="CPU only"):
         Encoder.load(tiny_mlm_dir, device="cuda", backend="onnx")
+    with pytest.raises(ValueError, match="bf16 runs on --encoder-backend torch"):
+        Encoder.load(tiny_mlm_dir, backend="onnx", precision="bf16")
 
 
 def test_length_sorted_batches_restore_input_order(tiny_mlm_dir):

@@ -15,6 +15,7 @@ import pytest
 
 from rag.config import ConfigError, RAGConfig, load_config
 from rag.fusion import choose_rerank_weight, interpolate, rerank_head
+from rag.rerank import DEFAULT_RERANK_WEIGHT
 from rag.retrieve import CorpusRetriever
 from rag.search_engine import SearchEngine
 
@@ -135,7 +136,9 @@ def test_corpus_retriever_weight_zero_is_first_stage_one_is_reranker():
     assert len(plain) >= 3 and _by_length(ids(plain)) != ids(plain)  # the reranker disagrees
     zero = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength(), rerank_weight=0.0)
     assert zero.search(q, k=5) == plain  # ids and scores: the first stage untouched
-    one = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength())  # default 1.0
+    default = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength())
+    assert default.engine.rerank_weight == DEFAULT_RERANK_WEIGHT == 0.5  # the product's setting
+    one = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength(), rerank_weight=1.0)
     assert ids(one.search(q, k=5)) == _by_length(ids(plain))
     assert ids(one.search(q, k=5, rerank_weight=0.0)) == ids(plain)  # per-call override
     assert ids(zero.search(q, k=5, rerank_weight=1.0)) == _by_length(ids(plain))
@@ -152,7 +155,9 @@ def test_corpus_retriever_weight_zero_is_first_stage_one_is_reranker():
 def test_engine_head_and_tail_with_a_partial_rerank_depth():
     ids_, texts = list(CORPUS), list(CORPUS.values())
     plain = ids(CorpusRetriever(ids_, texts, None, "bm25").search("file with statement", k=5))
-    r = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength(), rerank_depth=2)
+    r = CorpusRetriever(
+        ids_, texts, None, "bm25", reranker=ByLength(), rerank_depth=2, rerank_weight=1.0
+    )
     rows = r.engine.search_many(["file with statement"], k=5, mode="bm25")[0]
     assert [x.id for x in rows] == _by_length(plain[:2]) + plain[2:]
     assert [x.mode for x in rows] == ["rerank"] * 2 + ["bm25"] * (len(plain) - 2)

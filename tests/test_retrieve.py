@@ -66,7 +66,7 @@ def test_reranker_reorders(tiny_encoder):
             return [-len(t) for t in texts]
 
     ids, texts = list(CORPUS), list(CORPUS.values())
-    r = CorpusRetriever(ids, texts, None, "bm25", reranker=ByLength())
+    r = CorpusRetriever(ids, texts, None, "bm25", reranker=ByLength(), rerank_weight=1.0)
     got = r.search("file", k=2)
     shortest = sorted((len(CORPUS[i]), i) for i in ("d1", "d4"))[0][1]
     assert got[0][0] == shortest and got[0][1] == -len(CORPUS[shortest])
@@ -125,3 +125,19 @@ def test_encoder_batches_and_int8(tiny_mlm_dir, tiny_encoder):
     assert int8.fingerprint == tiny_encoder.fingerprint  # same weights, same index identity
     with pytest.raises(ValueError, match="precision"):
         Encoder(tiny_encoder.model, precision="fp8")
+
+
+def test_encoder_bf16_is_fp32_within_tolerance(tiny_mlm_dir, tiny_encoder):
+    """--precision bf16 casts the weights (every parameter bfloat16), returns float32 unit vectors
+    (re-normalised in fp32) within cosine 0.995 of fp32, and keeps the index identity."""
+    import torch
+
+    texts = ["open a file", "read a line from it " * 4, "x " * 40]
+    bf16 = Encoder.load(tiny_mlm_dir, device="cpu", precision="bf16")
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    got, ref = bf16.encode(texts), tiny_encoder.encode(texts)
+    assert got.dtype == np.float32
+    assert np.allclose(np.linalg.norm(got, axis=1), 1, atol=1e-5)
+    assert np.all(np.sum(ref * got, axis=1) > 0.995)
+    assert bf16.fingerprint == tiny_encoder.fingerprint
+    assert bf16.identity()["precision"] == "bf16"
