@@ -1,6 +1,6 @@
-"""One contract for every vector index backend: FAISS, embedded Chroma, and a real Chroma server
-started on 127.0.0.1 for the session (``chroma run``, the ``chroma_server`` fixture of
-conftest.py), stopped at the end."""
+"""One contract for every vector index backend: FAISS (its default kind, and IVF), embedded
+Chroma, and a real Chroma server started on 127.0.0.1 for the session (``chroma run``, the
+``chroma_server`` fixture of conftest.py), stopped at the end."""
 
 from __future__ import annotations
 
@@ -28,17 +28,29 @@ DIM = 16
 _counter = iter(range(10**6))
 
 
-@pytest.fixture(params=["faiss", "chroma", pytest.param("chroma-server", marks=pytest.mark.server)])
+# parametrised backends: the backend, and the options every index of it is opened with
+VARIANTS = {
+    "faiss": ("faiss", {}),
+    "faiss-ivf": ("faiss", {"kind": "ivf"}),  # an approximate kind meets the same contract
+    "chroma": ("chroma", {}),
+    "chroma-server": ("chroma", {}),
+}
+SERVER = pytest.param("chroma-server", marks=pytest.mark.server)
+
+
+@pytest.fixture(params=["faiss", "faiss-ivf", "chroma", SERVER])
 def make_index(request, tmp_path):
     """A factory opening (or reopening) one index of the parametrised backend."""
     kind = request.param
     url = request.getfixturevalue("chroma_server") if kind == "chroma-server" else None
     collection = f"contract-{next(_counter)}"
+    backend, opts = VARIANTS[kind]
     opened = []
 
     def make(dim: int = DIM):
-        backend = "faiss" if kind == "faiss" else "chroma"
-        ix = open_index(backend, tmp_path / "ix", dim, chroma_url=url, collection=collection)
+        ix = open_index(
+            backend, tmp_path / "ix", dim, chroma_url=url, collection=collection, **opts
+        )
         opened.append(ix)
         return ix
 
@@ -140,12 +152,14 @@ def test_faiss_hnsw_and_atomic_commit(tmp_path):
 # ---------------------------------------------------------------------- generations (rag.ingest)
 
 
-@pytest.fixture(params=["faiss", "chroma", pytest.param("chroma-server", marks=pytest.mark.server)])
+@pytest.fixture(params=["faiss", "faiss-ivf", "chroma", SERVER])
 def generation_backend(request):
-    """(backend, options) for the generation methods: one set of options for every backend."""
+    """(backend, options) for the generation methods: one set of options for every backend
+    (``load_generation`` gets them too, and FAISS must still search with the kind it stored)."""
     url = request.getfixturevalue("chroma_server") if request.param == "chroma-server" else None
-    backend = "faiss" if request.param == "faiss" else "chroma"
-    return backend, {"kind": "flat", "chroma_url": url, "collection": f"gen-{next(_counter)}"}
+    backend, opts = VARIANTS[request.param]
+    kind = opts.get("kind", "flat")
+    return backend, {"kind": kind, "chroma_url": url, "collection": f"gen-{next(_counter)}"}
 
 
 def _publish(staging: Path) -> Path:

@@ -182,3 +182,34 @@ def test_faiss_hnsw_flag(tmp_path, tiny_mlm_dir):
 
     with np.load(gen / "vectors" / "faiss.npz") as z:
         assert z["graph"].size > 0  # the HNSW graph is persisted beside the vectors
+
+
+def test_faiss_ivf_flag(tmp_path, tiny_mlm_dir, capsys):
+    """--faiss-kind ivf / --faiss-nprobe are recorded with the vectors: the reader searches with
+    them, and the next ingest keeps them unless given others. A bad value names its flag.
+    (RAG_HOME is shared by the session: index names no other test uses.)"""
+    docs = write_docs(tmp_path / "docs")
+    enc = str(tiny_mlm_dir)
+    argv = [str(docs), "--index", "ivf-kind", "--encoder", enc, "--no-progress"]
+    assert main([*argv, "--faiss-kind", "ivf", "--faiss-nprobe", "4"]) == 0
+    flat = ingest([docs], index="ivf-flat", encoder=enc, faiss_kind="flat", progress=False)
+    assert flat.ok
+    q = "read a file line by line"
+    ivf = Retriever.open("ivf-kind")
+    assert (ivf.engine.vectors.kind, ivf.engine.vectors.nprobe) == ("ivf", 4)
+    # a few dozen chunks: one IVF list, so exactly the flat index's hits
+    got = [(h.chunk.text, h.score) for h in ivf.search(q, k=3, mode="dense")]
+    want = [
+        (h.chunk.text, h.score) for h in Retriever.open("ivf-flat").search(q, k=3, mode="dense")
+    ]
+    assert [t for t, _ in got] == [t for t, _ in want], (got, want)
+    assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+    (docs / "new.md").write_text("# New\n\nA new page about zebras.\n")
+    assert ingest([docs], index="ivf-kind", progress=False).ok  # no --faiss-kind: the index's own
+    assert Retriever.open("ivf-kind").engine.vectors.kind == "ivf"
+    capsys.readouterr()
+    assert main([*argv, "--faiss-nprobe", "0"]) == 2
+    assert "--faiss-nprobe must be at least 1, not 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as refused:  # argparse's choices: rag.cli exits 2
+        main([*argv, "--faiss-kind", "ivfpq"])
+    assert refused.value.code == 2 and "--faiss-kind" in capsys.readouterr().err

@@ -215,6 +215,7 @@ def _open_vectors(
         tmp,
         manifest.encoder["dim"],
         kind=cfg.faiss_kind,
+        nprobe=cfg.faiss_nprobe,
         chroma_url=cfg.chroma_url,
         collection=manifest.collection,
     )

@@ -34,7 +34,10 @@ INGEST_HELP = {
     "chroma_url": "Chroma server, e.g. http://127.0.0.1:8000 (default: the index's, else embedded)",
     "chunk_tokens": f"chunk size in encoder tokens (default: {DEFAULT_CHUNK_TOKENS}; capped at "
     "the encoder's limit)",
-    "faiss_kind": "FAISS index: exact flat, HNSW, or auto (HNSW from 200k vectors)",
+    "faiss_kind": "FAISS index: flat (exact), hnsw, ivf, or auto (flat below 200k vectors, "
+    "then HNSW on CPU, IVF on a GPU) (default: the index's, else auto)",
+    "faiss_nprobe": "IVF lists searched per query; more = higher recall, slower "
+    "(default: the index's, else 16)",
     "precision": "bf16: weights in bfloat16 (about 3x fp32 on CPUs with AMX, and on GPUs); "
     "int8: quantised CPU encoder",
     "encoder_backend": "encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "

@@ -25,7 +25,8 @@ from rag.manifest import CURRENT, index_dir
 from rag.models import default_encoder, resolve_model
 
 AUTO_ENCODER = "auto"  # --encoder auto (= not given): the index's own, else default_encoder()
-FAISS_KINDS = ("auto", "flat", "hnsw")
+# = indexes.faiss_index.KINDS, repeated so that checking settings does not import faiss
+FAISS_KINDS = ("auto", "flat", "hnsw", "ivf")
 ENGINES = ("local", "ray")  # ray: rag.ingest.ray_engine, the optional `ray` extra
 MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
 
@@ -92,7 +93,10 @@ class IngestConfig:
     # precision int8: onnxruntime's dynamic int8). Same embeddings within float tolerance, so the
     # index keeps the weights' fingerprint whichever backend wrote it (docs/ingestion.md)
     encoder_backend: str = "torch"
-    faiss_kind: str = "auto"  # auto (HNSW from 200k vectors) | flat (exact) | hnsw
+    # auto (flat below 200k vectors, then HNSW on CPU, IVF on a GPU) | flat (exact) | hnsw | ivf;
+    # None: the index's recorded kind, else auto (indexes/faiss_index.py)
+    faiss_kind: str | None = None
+    faiss_nprobe: int | None = None  # IVF lists searched per query; None: the index's, else 16
     max_bytes: int = DEFAULT_MAX_BYTES  # larger files are reported and skipped
     follow_links: bool = False  # read links that leave the folder, walk linked folders
     progress: bool = True  # tqdm bars on stderr
@@ -180,11 +184,13 @@ def validate_config(cfg: IngestConfig) -> Path:
         ("--precision", cfg.precision, PRECISIONS),
         ("--encoder-backend", cfg.encoder_backend, ENCODER_BACKENDS),
         ("--device", cfg.device, DEVICES),
-        ("--faiss-kind", cfg.faiss_kind, FAISS_KINDS),
+        ("--faiss-kind", cfg.faiss_kind, (None, *FAISS_KINDS)),
     ):
         if value not in allowed:
             choices = ", ".join(a for a in allowed if a)
             raise ValueError(f"{flag} must be one of {choices}, not {value!r}")
+    if cfg.faiss_nprobe is not None and cfg.faiss_nprobe < 1:
+        raise ValueError(f"--faiss-nprobe must be at least 1, not {cfg.faiss_nprobe}")
     resolve_backend(cfg.backend, cfg.chroma_url)  # a --chroma-url the backend cannot take
     check_backend(cfg.encoder_backend, cfg.device, cfg.precision)
     if cfg.engine not in ENGINES:
