@@ -53,7 +53,7 @@ def check(cfg: EnginesConfig) -> None:
     """Refuse a run that cannot happen as given (exit 2), before anything starts."""
     for d in cfg.docs:
         if not Path(d).exists():
-            raise ValueError(f"--docs {d} does not exist")
+            raise ValueError(f"--docs {d} is not a folder or file")
     if cfg.precision not in PRECISIONS:
         raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {cfg.precision}")
     for flag, value in (("--workers", cfg.workers), ("--local-threads", cfg.local_threads)):
@@ -117,15 +117,18 @@ def ingest_run(cfg: EnginesConfig, index: str, extra: list[str], env: dict[str, 
 
 
 def index_state(index: str) -> tuple[dict, dict, dict[str, np.ndarray]]:
-    """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index."""
-    from indexes import open_index
+    """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index, the
+    vectors read from wherever the manifest says they live (FAISS file or Chroma server)."""
+    from indexes import load_generation
     from rag.manifest import open_generation, read_chunks
 
-    _, gen, manifest = open_generation(index)
+    root, gen, m = open_generation(index)
     chunks = {i: c.to_dict() for i, c in read_chunks(gen).items()}
-    sources = {k: (v.hash, list(v.chunk_ids)) for k, v in manifest.sources.items()}
-    store = open_index(manifest.backend, gen / "vectors", manifest.encoder["dim"])
-    ids = sorted(store.ids())
+    sources = {k: (v.hash, list(v.chunk_ids)) for k, v in m.sources.items()}
+    store = load_generation(
+        m.backend, root, gen, m.encoder["dim"], chroma_url=m.chroma_url, collection=m.collection
+    )
+    ids = sorted(chunks)
     return chunks, sources, dict(zip(ids, store.vectors(ids)))
 
 

@@ -104,6 +104,11 @@ class VectorIndex(ABC):
         """Every stored id (order unspecified)."""
 
     @abstractmethod
+    def vectors(self, ids: list[str]) -> np.ndarray:
+        """The stored vectors of ``ids``, shape (len(ids), dim), in the order given; KeyError
+        naming the first unknown id."""
+
+    @abstractmethod
     def commit(self) -> None:
         """Make every change so far durable in one atomic step."""
 

@@ -193,6 +193,19 @@ class ChromaIndex(VectorIndex):
                 return out
             offset += page
 
+    def vectors(self, ids: list[str]) -> np.ndarray:
+        """The stored vectors of ``ids`` in the order given (Chroma returns its own order),
+        fetched in pages of the client's batch size."""
+        found: dict[str, np.ndarray] = {}
+        page = max(self._max_batch, 1)
+        for start in range(0, len(ids), page):
+            got = self._col.get(ids=ids[start : start + page], include=["embeddings"])
+            found.update(zip(got["ids"], np.asarray(got["embeddings"], dtype=np.float32)))
+        missing = [i for i in ids if i not in found]
+        if missing:
+            raise KeyError(f"{missing[0]!r} is not in this Chroma collection")
+        return np.stack([found[i] for i in ids]) if ids else np.zeros((0, self.dim), np.float32)
+
     def commit(self) -> None:
         """Chroma has already persisted every write."""
 

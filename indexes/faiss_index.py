@@ -312,6 +312,8 @@ class FaissIndex(VectorIndex):
 
     def vectors(self, ids: list[str]) -> np.ndarray:
         """The stored vectors of ``ids`` (KeyError for an unknown id)."""
+        if not ids:
+            return np.zeros((0, self.dim), dtype=np.float32)
         return self._vecs[[self._pos[i] for i in ids]]
 
     def metadata(self, id_: str) -> dict:

@@ -85,17 +85,6 @@ def quantize_int8(model: ModuleT) -> ModuleT:
         return quantize_dynamic(model, spec, inplace=True)
 
 
-def cpu_has_bf16() -> bool:
-    """True when this CPU has bfloat16 matrix units (AMX-BF16 or AVX512-BF16), where torch's
-    oneDNN kernels run bf16 Linear layers ~3x faster than fp32; elsewhere bf16 is emulated and
-    slower than fp32 (still correct). Linux only (reads /proc/cpuinfo); False elsewhere."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(errors="ignore").split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
 def to_bf16(model: ModuleT) -> ModuleT:
     """Cast the weights to bfloat16, in place (``model.to``), warning on a CPU without bf16
     units. Why a cast and not ``torch.autocast``: measured on minilm, 2 cores with AMX, the cast
@@ -103,6 +92,8 @@ def to_bf16(model: ModuleT) -> ModuleT:
     import warnings
 
     import torch
+
+    from rag.models import cpu_has_bf16
 
     device = next(model.parameters()).device
     if device.type == "cpu" and not cpu_has_bf16():

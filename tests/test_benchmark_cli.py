@@ -35,6 +35,7 @@ BENCHMARKS = {
     "benchmarks.ingest_throughput": "ThroughputConfig",
     "benchmarks.search_latency": "LatencyConfig",
     "benchmarks.reingest": "ReingestConfig",
+    "benchmarks.ingest_engines": "EnginesConfig",
     "benchmarks.pretrain_throughput": "PretrainBenchConfig",
 }
 COMMAND = re.compile(r"^(?:nice -n \d+ )?python -m (benchmarks\.\w+)(.*)$")
@@ -112,6 +113,10 @@ def test_every_config_field_has_help(module, cls):
         ("benchmarks.reingest", ["--docs", "no/such/folder"], "--docs"),
         ("benchmarks.reingest", ["--docs", ".", "--edit-files", "2"], "--edit-files"),
         ("benchmarks.reingest", [], "--docs"),  # required
+        ("benchmarks.ingest_engines", ["--docs", "no/such/folder"], "--docs"),
+        ("benchmarks.ingest_engines", ["--docs", ".", "--workers", "0"], "--workers"),
+        ("benchmarks.ingest_engines", ["--docs", ".", "--local-threads", "two"], "--local-threads"),
+        ("benchmarks.ingest_engines", ["--docs", ".", "--precision", "fp8"], "--precision"),
         ("benchmarks.pretrain_throughput", ["--steps", "0"], "--steps"),
     ],
 )

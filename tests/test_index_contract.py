@@ -92,6 +92,11 @@ def test_add_search_count_ids(make_index):
     for i, s in got.items():
         assert s == pytest.approx(float(exact[int(i[2:])]), abs=1e-4)
     assert len(ix.search(vecs[:1], 100)[0]) == 40
+    order = ["id9", "id0", "id33"]  # the stored vectors come back in the order asked
+    assert np.allclose(ix.vectors(order), vecs[[9, 0, 33]], atol=1e-6)
+    assert ix.vectors([]).shape == (0, DIM)
+    with pytest.raises(KeyError, match="nope"):
+        ix.vectors(["id1", "nope"])
 
 
 def test_upsert_delete_and_persist(make_index):

@@ -11,10 +11,9 @@ import signal
 import numpy as np
 import pytest
 from ingest_support import DOCS, write_docs
-from test_ingest import index_state
 from test_ingest_crash import change, check_loads, run_cli
 
-from indexes import open_index
+from indexes import load_generation
 from rag.ingest import ingest
 from rag.manifest import open_generation, read_chunks
 
@@ -39,13 +38,20 @@ def local_ray():
 
 
 def _state(name: str) -> tuple[dict, dict, dict[str, np.ndarray]]:
-    """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index."""
-    _, gen, manifest = open_generation(name)
+    """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index, its
+    vectors read from wherever the manifest says they live (a FAISS file or a Chroma server)."""
+    root, gen, manifest = open_generation(name)
     chunks = {i: c.to_dict() for i, c in read_chunks(gen).items()}
     sources = {k: (v.hash, list(v.chunk_ids)) for k, v in manifest.sources.items()}
-    store = open_index("faiss", gen / "vectors", manifest.encoder["dim"])
-    ids = sorted(store.ids())
-    assert ids == sorted(chunks)
+    store = load_generation(
+        manifest.backend,
+        root,
+        gen,
+        manifest.encoder["dim"],
+        chroma_url=manifest.chroma_url,
+        collection=manifest.collection,
+    )
+    ids = sorted(chunks)
     return chunks, sources, dict(zip(ids, store.vectors(ids)))
 
 
@@ -57,30 +63,39 @@ def _same(a: str, b: str) -> None:
         assert float(np.dot(v, vb[i])) >= 0.9999, i
 
 
-def test_ray_engine_matches_local_and_is_incremental(tmp_path, tiny_mlm_dir, local_ray):
+@pytest.fixture(params=["faiss", "chroma-server"])
+def where(request) -> dict:
+    """Where the vectors go: a FAISS file, or a real `chroma run` server on loopback."""
+    if request.param == "faiss":
+        return {"backend": "faiss"}
+    return {"backend": "chroma", "chroma_url": request.getfixturevalue("chroma_server")}
+
+
+def test_ray_engine_matches_local_and_is_incremental(tmp_path, tiny_mlm_dir, local_ray, where):
     docs = write_docs(tmp_path / "docs")
-    enc = str(tiny_mlm_dir)
-    local = ingest([docs], index="local", encoder=enc, progress=False)
-    first = ingest([docs], index="viaray", encoder=enc, progress=False, engine="ray")
+    enc, tag = str(tiny_mlm_dir), where["backend"]
+    local = ingest([docs], index=f"local-{tag}", encoder=enc, progress=False, **where)
+    first = ingest([docs], index=f"ray-{tag}", encoder=enc, progress=False, engine="ray", **where)
     assert first.ok and len(first.added) == len(DOCS)
     assert first.chunks == first.chunks_embedded == local.chunks > 0
     assert "ray_chunk_embed" in first.timings
-    _same("local", "viaray")
+    _same(f"local-{tag}", f"ray-{tag}")
 
-    again = ingest([docs], index="viaray", progress=False, engine="ray")
+    again = ingest([docs], index=f"ray-{tag}", progress=False, engine="ray")
     assert again.chunks_embedded == 0 and len(again.unchanged) == len(DOCS)
     assert again.generation == first.generation  # nothing changed: nothing published
 
     (docs / "notes.txt").write_text(DOCS["notes.txt"] + "\nOkapis are shy.\n", encoding="utf-8")
     (docs / "errors.rst").unlink()
     (docs / "binary.txt").write_bytes(b"\x00\x01binary\x00")
-    for name, engine in (("local", "local"), ("viaray", "ray")):
+    for name, engine in ((f"local-{tag}", "local"), (f"ray-{tag}", "ray")):
         r = ingest([docs], index=name, progress=False, engine=engine)
         assert [os.path.basename(p) for p in r.updated] == ["notes.txt"]
         assert [os.path.basename(p) for p in r.removed] == ["errors.rst"]
         assert [os.path.basename(p) for p, _ in r.failures] == ["binary.txt"]
         assert "binary" in r.failures[0][1]
-    _same("local", "viaray")
+        assert 0 < r.chunks_embedded < r.chunks  # only the changed file is embedded again
+    _same(f"local-{tag}", f"ray-{tag}")
 
 
 def test_ray_engine_refusals(tmp_path, tiny_mlm_dir, local_ray):
@@ -91,22 +106,48 @@ def test_ray_engine_refusals(tmp_path, tiny_mlm_dir, local_ray):
         ingest([docs], index="big", encoder=str(tiny_mlm_dir), workers=2)
 
 
-@pytest.mark.slow  # two driver subprocesses join the cluster: about 30 s more
-def test_kill9_of_ray_driver_mid_ingest(tmp_path, tiny_mlm_dir, local_ray):
+@pytest.mark.slow  # two driver subprocesses join the cluster: about 30 s more per backend
+def test_kill9_of_ray_driver_mid_ingest(tmp_path, tiny_mlm_dir, local_ray, where):
     """A driver killed while collecting the actors' vectors leaves the previous generation
     loadable; the next run (through the same cluster, by address) finishes the job."""
     docs = write_docs(tmp_path / "docs")
-    enc = str(tiny_mlm_dir)
-    ingest([docs], index="rk", encoder=enc, progress=False, engine="ray")
-    before = index_state("rk")
+    enc, tag = str(tiny_mlm_dir), where["backend"]
+    ingest([docs], index=f"rk-{tag}", encoder=enc, progress=False, engine="ray", **where)
+    before = _state(f"rk-{tag}")
     change(docs)
     address = ray.get_runtime_context().gcs_address
     extra = ["--engine", "ray", "--ray-address", address]
-    code, err = run_cli(docs, "rk", enc, crash="mid-encode", extra=extra)
+    if "chroma_url" in where:
+        extra += ["--chroma-url", where["chroma_url"]]
+    backend = where["backend"]
+    code, err = run_cli(docs, f"rk-{tag}", enc, crash="mid-encode", backend=backend, extra=extra)
     assert code == -signal.SIGKILL, err[-2000:]
-    check_loads("rk")
-    assert index_state("rk") == before
-    ingest([docs], index="rk-ref", encoder=enc, progress=False)
-    code, err = run_cli(docs, "rk", enc, extra=extra)
+    check_loads(f"rk-{tag}")
+    assert _comparable(_state(f"rk-{tag}")) == _comparable(before)
+    ingest([docs], index=f"rk-ref-{tag}", encoder=enc, progress=False, **where)
+    code, err = run_cli(docs, f"rk-{tag}", enc, backend=backend, extra=extra)
     assert code == 0, err[-2000:]
-    assert index_state("rk") == index_state("rk-ref")
+    _same(f"rk-{tag}", f"rk-ref-{tag}")
+
+
+def _comparable(state: tuple[dict, dict, dict[str, np.ndarray]]) -> tuple:
+    chunks, sources, vectors = state
+    return chunks, sources, {i: np.round(v, 5).tolist() for i, v in vectors.items()}
+
+
+def test_joining_a_cluster_uses_its_token(tmp_path):
+    """A driver given --ray-address switches Ray's client to token mode when a token is at hand
+    (what `ray start` writes), and leaves an explicit RAY_AUTH_MODE alone."""
+    from rag.ingest.ray_engine import use_cluster_token
+
+    env: dict[str, str] = {}
+    assert not use_cluster_token(env, home=tmp_path) and "RAY_AUTH_MODE" not in env
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("t" * 64)
+    assert use_cluster_token(env, home=tmp_path) and env["RAY_AUTH_MODE"] == "token"
+    explicit = {"RAY_AUTH_MODE": "disabled"}
+    assert (
+        not use_cluster_token(explicit, home=tmp_path) and explicit["RAY_AUTH_MODE"] == "disabled"
+    )
+    given = {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "tok")}
+    assert use_cluster_token(given, home=tmp_path / "nowhere")

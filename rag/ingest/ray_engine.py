@@ -52,6 +52,25 @@ def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, max_bytes: i
     ]
 
 
+def use_cluster_token(env: dict[str, str] | None = None, home: Path | None = None) -> bool:
+    """Set ``RAY_AUTH_MODE=token`` for a driver joining a running cluster when a Ray token is at
+    hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) and the user set
+    no mode. Why: ``ray start`` (Ray >= 2.5x) enables token authentication and writes the token,
+    but ``ray.init(address=...)`` still defaults to no authentication and is refused
+    ("InvalidAuthToken"); a token-mode client also joins a cluster without authentication
+    (checked on Ray 2.60). Ray reads the mode when it is first imported, so this runs before.
+    Returns whether it set the mode."""
+    env = os.environ if env is None else env
+    if env.get("RAY_AUTH_MODE"):
+        return False
+    home = Path.home() if home is None else home
+    token = env.get("RAY_AUTH_TOKEN") or env.get("RAY_AUTH_TOKEN_PATH")
+    if not token and not (home / ".ray" / "auth_token").is_file():
+        return False
+    env["RAY_AUTH_MODE"] = "token"
+    return True
+
+
 class EmbedActor:
     """A Ray Data actor holding one encoder. It refuses to start when its weights are not the
     driver's (a worker node with another copy of the model would corrupt the index)."""
@@ -107,6 +126,10 @@ class RayEngine:
         return env
 
     def _ray(self) -> Any:
+        import sys
+
+        if self.cfg.ray_address and "ray" not in sys.modules:
+            use_cluster_token()  # read once, when ray is first imported
         import ray
 
         if not ray.is_initialized():
