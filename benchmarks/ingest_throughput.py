@@ -240,12 +240,13 @@ def run(cfg: ThroughputConfig) -> dict:
     nbytes = sum(f.stat().st_size for f in files)
     out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "ingest_throughput"
     out.mkdir(parents=True, exist_ok=True)
+    encoder = str(resolve_model(cfg.encoder))  # before RAG_HOME moves: an artefact alias
     os.environ["RAG_HOME"] = tempfile.mkdtemp(prefix="rag-bench-")  # throwaway indexes
     print(f"{len(files)} files, {nbytes:,} bytes from {docs}", file=sys.stderr)
-    results = [run_reference(files, resolve_model(cfg.encoder))]
+    results = [run_reference(files, Path(encoder))]
     for backend in cfg.encoder_backends.split(","):
         for precision in cfg.precisions.split(","):
-            results.append(run_ours(files, cfg.encoder, precision, backend))
+            results.append(run_ours(files, encoder, precision, backend))
     for r in results:
         r["kb_per_s"] = nbytes / 1000 / r["seconds"]
         r["chunks_per_s"] = r["chunks"] / r["seconds"]
@@ -266,7 +267,7 @@ def run(cfg: ThroughputConfig) -> dict:
     if cfg.scifact:
         summary["scifact"] = scifact_quality(
             cfg.scifact,
-            cfg.encoder,
+            encoder,
             cfg.scifact_docs,
             cfg.precisions.split(","),
             cfg.encoder_backends.split(","),
