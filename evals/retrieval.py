@@ -61,6 +61,7 @@ from rag.datasets import (
     squad_split,
 )
 from rag.defaults import MODES
+from rag.encoding import PRECISIONS
 from rag.fusion import FUSIONS, NORMS
 from rag.metrics import exclude_self_hits, mean_per_query, per_query_retrieval
 
@@ -87,6 +88,7 @@ class RetrievalEvalConfig:
     tune_limit: int = 500  # at most this many tuning queries (fixed sample; 0 = all)
     rerank_depth: int = 100  # candidates the cross-encoder re-scores (sets query latency)
     rerank_max_length: int | None = None  # tokens per query+passage pair (None: the model's)
+    rerank_precision: str = "fp32"  # the cross-encoder's weights: fp32 | bf16 | int8 (CPU)
     rerank_on: list[str] | None = None  # rows to rerank (bm25, dense, hybrid, hybrid-convex)
     # reranker's share of a reranked row's score in [0, 1] (1 = reranker only, 0 = first stage)
     # | default (chosen on --tune-queries, as alpha); the CLI takes several (one row each)
@@ -100,6 +102,7 @@ class RetrievalEvalConfig:
         "retriever": MODES,
         "fusion": FUSIONS,
         "norm": NORMS,
+        "rerank_precision": PRECISIONS,
     }
 
 
@@ -151,7 +154,10 @@ def make_retriever(
         from rag.rerank import CrossEncoderReranker
 
         reranker = CrossEncoderReranker(
-            cfg.rerank, device=cfg.device, max_length=cfg.rerank_max_length
+            cfg.rerank,
+            device=cfg.device,
+            max_length=cfg.rerank_max_length,
+            precision=cfg.rerank_precision,
         )
     return CorpusRetriever(
         ids,

@@ -41,6 +41,7 @@ CLI_FIELDS = (
     "rerank",
     "rerank_depth",
     "rerank_weight",
+    "rerank_precision",
     "temperature",
     "top_p",
     "max_new_tokens",

@@ -28,11 +28,16 @@ from rag.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import add_dataclass_args, field_type
 from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE, DecodeSpeed, DecodeSpeedError
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, DTYPES, MODES
-from rag.encoding import ENCODER_BACKENDS
+from rag.encoding import ENCODER_BACKENDS, PRECISION_SETTINGS
 from rag.fusion import FUSIONS
 from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
 from rag.prompt import PROFILES
-from rag.rerank import DEFAULT_RERANK, DEFAULT_RERANK_DEPTH, DEFAULT_RERANK_WEIGHT
+from rag.rerank import (
+    DEFAULT_RERANK,
+    DEFAULT_RERANK_DEPTH,
+    DEFAULT_RERANK_PRECISION,
+    DEFAULT_RERANK_WEIGHT,
+)
 
 DEFAULT_CONFIG_FILE = "rag.toml"
 # Keys older rag.toml files may hold that answering never read: they are rag.ingest flags.
@@ -68,6 +73,9 @@ class RAGConfig:
     # reranker's share of a reranked passage's score: w * norm(rerank) + (1 - w) * norm(first
     # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order (rag.fusion.interpolate)
     rerank_weight: float = DEFAULT_RERANK_WEIGHT
+    # the reranker's weights: auto = bf16 on CUDA or a CPU with bf16 units (AMX), else fp32 |
+    # fp32 | bf16 | int8 (CPU); same ranking quality, measured in docs/retrieval.md
+    rerank_precision: str = DEFAULT_RERANK_PRECISION
     # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.fusion). convex with
     # alpha 0.5 is the best measured (docs/retrieval.md: SciFact dev ties RRF, SQuAD dev +0.03)
     fusion: str = "convex"  # hybrid fusion: convex (normalised scores) | rrf (ranks)
@@ -119,6 +127,7 @@ class RAGConfig:
         "fusion": FUSIONS,
         "device": DEVICES,
         "encoder_backend": ENCODER_BACKENDS,
+        "rerank_precision": PRECISION_SETTINGS,
         "dtype": DTYPES,
         "profile": ("auto", *PROFILES),
         "decoder_quantize": QUANTIZE,
@@ -260,6 +269,8 @@ CLI_HELP = {
     "rerank_depth": "candidates the reranker re-scores (one forward pass each: latency)",
     "rerank_weight": "reranker's share of a reranked passage's score, in [0, 1]: 1 = the "
     "reranker's order, 0 = the first stage's",
+    "rerank_precision": "reranker weights: auto = bf16 on CUDA or a CPU with bf16 units, else "
+    "fp32; or fp32, bf16, int8 (CPU)",
     "refusal_threshold": "refuse only when p(refusal) >= this, in (0, 1], else answer with the "
     "refusal barred; none = the decoder's own choice (rag.refusal)",
 }

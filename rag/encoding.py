@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 # bf16: the weights cast to bfloat16 (fast on CPUs with AMX / AVX512-BF16 and on GPUs; cosine
 # >= 0.9999 to fp32 on minilm); int8: dynamic quantisation of the Linear layers (CPU only)
 PRECISIONS = ("fp32", "bf16", "int8")
+# the reranker's setting adds auto: bf16 where it runs fast (CUDA, CPUs with bf16 units), else fp32
+PRECISION_SETTINGS = ("auto", *PRECISIONS)
 # torch: sentence-transformers as loaded; onnx: its transformer run by ONNX Runtime from a cached
 # export (rag.encoder_backends), same embeddings within float tolerance, int8 with --precision int8
 ENCODER_BACKENDS = ("torch", "onnx")
@@ -103,6 +105,17 @@ def to_bf16(model: ModuleT) -> ModuleT:
             stacklevel=2,
         )
     return model.to(torch.bfloat16)
+
+
+def resolve_precision(precision: str, device: str) -> str:
+    """``auto`` → ``bf16`` on CUDA or a CPU with bf16 units (:func:`rag.models.cpu_has_bf16`),
+    else ``fp32``, as the decoder's ``--dtype auto``; any other value is returned as given.
+    ``device`` is a resolved device (``cpu`` or ``cuda``)."""
+    if precision != "auto":
+        return precision
+    from rag.models import cpu_has_bf16
+
+    return "bf16" if device == "cuda" or cpu_has_bf16() else "fp32"
 
 
 def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -> None:

@@ -161,6 +161,7 @@ class RAGPipeline:
                         encoder_backend=cfg.encoder_backend,
                         reranker=cfg.rerank,
                         max_length=cfg.rerank_max_length,
+                        rerank_precision=cfg.rerank_precision,
                         rerank_depth=cfg.rerank_depth,
                         rerank_weight=cfg.rerank_weight,
                         fusion=cfg.fusion,

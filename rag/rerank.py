@@ -37,6 +37,8 @@ AUTO_RERANKER = "minilm-rerank"
 DEFAULT_RERANK = AUTO
 DEFAULT_RERANK_DEPTH = 10
 DEFAULT_RERANK_WEIGHT = 0.5
+# auto: bf16 on CUDA or a CPU with bf16 units (3.5x faster here, rag.encoding.resolve_precision)
+DEFAULT_RERANK_PRECISION = "auto"
 
 
 class Reranker(Protocol):
@@ -65,13 +67,16 @@ class CrossEncoderReranker:
     ):
         from sentence_transformers import CrossEncoder
 
-        from rag.encoding import PRECISIONS, quantize_int8, to_bf16
+        from rag.encoding import PRECISION_SETTINGS, quantize_int8, resolve_precision, to_bf16
         from rag.models import pick_device
 
-        if precision not in PRECISIONS:
+        if precision not in PRECISION_SETTINGS:
             raise ValueError(
-                f"reranker precision must be one of {', '.join(PRECISIONS)}, not {precision!r}"
+                f"reranker precision must be one of {', '.join(PRECISION_SETTINGS)}, "
+                f"not {precision!r}"
             )
+        if precision == "auto":
+            precision = resolve_precision(precision, pick_device(device))
         if precision == "int8":
             if device == "cuda":
                 raise ValueError("an int8 reranker runs on CPU only; use --device cpu")

@@ -221,6 +221,7 @@ class Retriever:
         device: str = "auto",
         reranker: Reranker | str | Path | None = None,
         max_length: int | None = None,
+        rerank_precision: str = "fp32",
         **kw: Any,
     ) -> Retriever:
         """Open ``index``: a name under ``$RAG_HOME/indexes``, or an index folder given as a
@@ -229,12 +230,17 @@ class Retriever:
         other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
         both. ``reranker`` may be a Reranker, or a ``rerank`` setting resolved by
         :func:`rag.rerank.resolve_reranker` (``auto``, ``none``, a cross-encoder folder, alias or
-        artefact name; ``max_length``: its tokens per query + passage pair); ``kw`` go to the
+        artefact name; ``max_length``: its tokens per query + passage pair; ``rerank_precision``:
+        its weights, as :class:`~rag.rerank.CrossEncoderReranker`'s); ``kw`` go to the
         constructor (``fusion``, ``alpha``, ``norm``, ``rerank_depth``, ``rerank_weight``, ...)."""
         if isinstance(reranker, (str, Path)):
             name = resolve_reranker(reranker)
             reranker = (
-                CrossEncoderReranker(name, device=device, max_length=max_length) if name else None
+                CrossEncoderReranker(
+                    name, device=device, max_length=max_length, precision=rerank_precision
+                )
+                if name
+                else None
             )
         return cls(index, encoder=encoder, device=device, reranker=reranker, **kw)
 

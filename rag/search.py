@@ -48,6 +48,7 @@ def build_parser() -> OneLineParser:
             "rerank",
             "rerank_depth",
             "rerank_weight",
+            "rerank_precision",
             "device",
             "encoder_backend",
         ),
@@ -85,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         alpha=args.alpha,
         rerank_depth=args.rerank_depth,
         rerank_weight=args.rerank_weight,
+        rerank_precision=args.rerank_precision,
     )
     hits = retriever.search(args.query, k=args.k, mode=args.mode)
     seconds = time.perf_counter() - t0

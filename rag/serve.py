@@ -306,7 +306,7 @@ def create_app(
 
 CLI_FIELDS = (
     "index", "encoder", "decoder", "adapter", "k", "mode", "rerank", "rerank_depth",
-    "rerank_weight", "temperature", "top_p", "max_new_tokens", "max_context_tokens", "min_score",
+    "rerank_weight", "rerank_precision", "temperature", "top_p", "max_new_tokens", "max_context_tokens", "min_score",
     "prefix_cache", "complete_citations", "device", "dtype", "profile", "batching",
     "decoder_quantize", "decoder_compile", "cache_implementation",
 )  # fmt: skip

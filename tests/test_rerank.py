@@ -345,3 +345,21 @@ def test_dev_queries_never_in_training_examples(shared_data):
     assert all(not set(ex.negatives) & set(ex.positives) for ex in examples)
     kinds = {ex.kind for ex in examples}
     assert kinds == {"scifact", "squad"} and len(examples) > 1000
+
+
+def test_auto_precision_follows_the_hardware(tmp_path, monkeypatch):
+    """rerank_precision auto (the product default) is bf16 where bf16 runs fast (CUDA, a CPU with
+    bf16 units) and fp32 elsewhere; explicit values pass through."""
+    import rag.models
+    from rag.config import RAGConfig
+    from rag.encoding import resolve_precision
+    from rag.rerank import DEFAULT_RERANK_PRECISION, CrossEncoderReranker
+
+    assert RAGConfig().rerank_precision == DEFAULT_RERANK_PRECISION == "auto"
+    assert resolve_precision("auto", "cuda") == "bf16"
+    assert resolve_precision("int8", "cpu") == "int8"
+    ce = save_tiny_cross_encoder(tmp_path / "ce")
+    for has_bf16, expected in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(rag.models, "cpu_has_bf16", lambda v=has_bf16: v)
+        assert resolve_precision("auto", "cpu") == expected
+        assert CrossEncoderReranker(ce, device="cpu", precision="auto").precision == expected
