@@ -252,8 +252,15 @@ class Load:
 
 def change_folder(folder: Path) -> dict[str, str]:
     """The re-ingest's edit: add :data:`PROBE_NAME`, append to one file, delete another (the
-    first two other files in name order). Returns the names by role."""
-    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != PROBE_NAME)
+    first two other files in name order that ingest reads: a skipped type such as
+    ``COPYRIGHT.debian`` would make the change invisible). Returns the names by role."""
+    from rag.documents import SUPPORTED_SUFFIXES
+
+    names = sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.is_file() and p.name != PROBE_NAME and p.suffix.lower() in SUPPORTED_SUFFIXES
+    )
     changed, deleted = names[0], names[1]
     (folder / PROBE_NAME).write_text(PROBE_TEXT, encoding="utf-8")
     with open(folder / changed, "a", encoding="utf-8") as f:
