@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cli import bench_main, bench_parser, command
+from benchmarks.loadgen import free_port
 from rag.encoding import PRECISIONS
 from rag.manifest import index_dir
 from rag.paths import rag_home
@@ -63,12 +63,6 @@ def check(cfg: EnginesConfig) -> None:
 
 def counts(value: str) -> list[int]:
     return [int(v) for v in value.split(",") if v.strip()]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 RAY = str(Path(sys.executable).parent / "ray")  # the venv's CLI, activated or not
@@ -119,17 +113,14 @@ def ingest_run(cfg: EnginesConfig, index: str, extra: list[str], env: dict[str, 
 def index_state(index: str) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index, the
     vectors read from wherever the manifest says they live (FAISS file or Chroma server)."""
-    from indexes import load_generation
     from rag.manifest import open_generation, read_chunks
+    from rag.retrieve import generation_vectors
 
     root, gen, m = open_generation(index)
     chunks = {i: c.to_dict() for i, c in read_chunks(gen).items()}
     sources = {k: (v.hash, list(v.chunk_ids)) for k, v in m.sources.items()}
-    store = load_generation(
-        m.backend, root, gen, m.encoder["dim"], chroma_url=m.chroma_url, collection=m.collection
-    )
     ids = sorted(chunks)
-    return chunks, sources, dict(zip(ids, store.vectors(ids)))
+    return chunks, sources, dict(zip(ids, generation_vectors(root, gen, m).vectors(ids)))
 
 
 def compare(reference: str, other: str) -> dict[str, Any]:

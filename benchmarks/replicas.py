@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.loadgen import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 PROBE_NAME = "replica-probe.md"  # the file the re-ingest adds
 PROBE_TEXT = (
@@ -34,12 +35,6 @@ PROBE_TEXT = (
 )
 PROBE_QUESTION = "What does the quokka sundial measure?"
 CHANGE_TEXT = "\n\nAppended by the replica load test: a paragraph about pelicans.\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

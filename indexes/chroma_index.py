@@ -197,9 +197,8 @@ class ChromaIndex(VectorIndex):
         """The stored vectors of ``ids`` in the order given (Chroma returns its own order),
         fetched in pages of the client's batch size."""
         found: dict[str, np.ndarray] = {}
-        page = max(self._max_batch, 1)
-        for start in range(0, len(ids), page):
-            got = self._col.get(ids=ids[start : start + page], include=["embeddings"])
+        for start in range(0, len(ids), self._max_batch):
+            got = self._col.get(ids=ids[start : start + self._max_batch], include=["embeddings"])
             found.update(zip(got["ids"], np.asarray(got["embeddings"], dtype=np.float32)))
         missing = [i for i in ids if i not in found]
         if missing:

@@ -108,14 +108,14 @@ def to_bf16(model: ModuleT) -> ModuleT:
 
 
 def resolve_precision(precision: str, device: str) -> str:
-    """``auto`` → ``bf16`` on CUDA or a CPU with bf16 units (:func:`rag.models.cpu_has_bf16`),
-    else ``fp32``, as the decoder's ``--dtype auto``; any other value is returned as given.
-    ``device`` is a resolved device (``cpu`` or ``cuda``)."""
+    """``auto`` → ``bf16`` where :func:`rag.models.bf16_is_fast` (the decoder's ``--dtype auto``
+    rule), else ``fp32``; any other value is returned as given. ``device`` is a resolved device
+    (``cpu`` or ``cuda``)."""
     if precision != "auto":
         return precision
-    from rag.models import cpu_has_bf16
+    from rag.models import bf16_is_fast
 
-    return "bf16" if device == "cuda" or cpu_has_bf16() else "fp32"
+    return "bf16" if bf16_is_fast(device) else "fp32"
 
 
 def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -> None:

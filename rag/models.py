@@ -261,14 +261,20 @@ def cpu_has_bf16() -> bool:
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
 
+def bf16_is_fast(device: str) -> bool:
+    """Whether bf16 weights run fast on ``device`` (a resolved ``cpu`` or ``cuda``): on CUDA, or
+    a CPU with bf16 units. What every ``auto`` precision (decoder dtype, reranker) decides by."""
+    return device == "cuda" or cpu_has_bf16()
+
+
 def pick_dtype(dtype: str, device: str) -> Any:
-    """``auto`` → bfloat16 on CUDA or a CPU with bf16 units, else float32."""
+    """``auto`` → bfloat16 where :func:`bf16_is_fast`, else float32."""
     import torch
 
     if dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     if dtype == "auto":
-        dtype = "bfloat16" if device == "cuda" or cpu_has_bf16() else "float32"
+        dtype = "bfloat16" if bf16_is_fast(device) else "float32"
     return getattr(torch, dtype)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from indexes import load_generation, scratch_index
+from indexes import VectorIndex, load_generation, scratch_index
 from rag.bm25 import BM25Index
 from rag.defaults import MODES
 from rag.encoding import Encoder, EncoderMismatchError
@@ -141,6 +141,19 @@ class CorpusRetriever:
 
 
 RELOAD_TRIES = 5  # reads of CURRENT before a generation that keeps vanishing is an error
+
+
+def generation_vectors(root: Path, gen: Path, manifest: Manifest) -> VectorIndex:
+    """The vector store of generation ``gen`` of the index at ``root``, opened for search from
+    wherever its manifest says the vectors live (a FAISS file in ``gen``, a Chroma server)."""
+    return load_generation(
+        manifest.backend,
+        root,
+        gen,
+        manifest.encoder["dim"],
+        chroma_url=manifest.chroma_url,
+        collection=manifest.collection,
+    )
 
 
 @dataclass
@@ -276,14 +289,7 @@ class Retriever:
     def _read_once(self) -> Snapshot:
         root, gen, m = open_generation(self.index)
         chunks: dict[str, Chunk] = read_chunks(gen)
-        vectors = load_generation(
-            m.backend,
-            root,
-            gen,
-            m.encoder["dim"],
-            chroma_url=m.chroma_url,
-            collection=m.collection,
-        )
+        vectors = generation_vectors(root, gen, m)
         bm25 = BM25Index.load(gen / "bm25")
         # a store every generation shares may hold ids this generation does not name
         keep = chunks.__contains__ if vectors.shared_store else None

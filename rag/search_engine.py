@@ -59,8 +59,8 @@ class SearchEngine:
     ``rerank_weight``: the reranker's share of the reranked head's score,
     ``weight * norm(rerank) + (1 - weight) * norm(first stage)`` (``norm`` as for fusion);
     default :data:`rag.rerank.DEFAULT_RERANK_WEIGHT` (0.5, the product's setting, measured in
-    docs/retrieval.md); 1 = the reranker's order and raw scores; 0 = the first-stage order. A weak reranker (ours, trained on little data) is interpolated rather
-    than trusted outright; ``evals.retrieval --rerank-weight default`` chooses the weight.
+    docs/retrieval.md); 1 = the reranker's order and raw scores; 0 = the first-stage order. A
+    weak reranker (ours, trained on little data) is interpolated rather than trusted outright; ``evals.retrieval --rerank-weight default`` chooses the weight.
     ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
     that the manifest does not name; those are never returned).
     """

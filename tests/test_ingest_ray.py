@@ -13,9 +13,8 @@ import pytest
 from ingest_support import DOCS, write_docs
 from test_ingest_crash import change, check_loads, run_cli
 
-from indexes import load_generation
+from benchmarks.ingest_engines import index_state
 from rag.ingest import ingest
-from rag.manifest import open_generation, read_chunks
 
 ray = pytest.importorskip("ray")
 
@@ -37,27 +36,9 @@ def local_ray():
     ray.shutdown()
 
 
-def _state(name: str) -> tuple[dict, dict, dict[str, np.ndarray]]:
-    """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index, its
-    vectors read from wherever the manifest says they live (a FAISS file or a Chroma server)."""
-    root, gen, manifest = open_generation(name)
-    chunks = {i: c.to_dict() for i, c in read_chunks(gen).items()}
-    sources = {k: (v.hash, list(v.chunk_ids)) for k, v in manifest.sources.items()}
-    store = load_generation(
-        manifest.backend,
-        root,
-        gen,
-        manifest.encoder["dim"],
-        chroma_url=manifest.chroma_url,
-        collection=manifest.collection,
-    )
-    ids = sorted(chunks)
-    return chunks, sources, dict(zip(ids, store.vectors(ids)))
-
-
 def _same(a: str, b: str) -> None:
-    ca, sa, va = _state(a)
-    cb, sb, vb = _state(b)
+    ca, sa, va = index_state(a)
+    cb, sb, vb = index_state(b)
     assert ca == cb and sa == sb  # same chunk ids, texts, offsets, per-file order
     for i, v in va.items():
         assert float(np.dot(v, vb[i])) >= 0.9999, i
@@ -113,7 +94,7 @@ def test_kill9_of_ray_driver_mid_ingest(tmp_path, tiny_mlm_dir, local_ray, where
     docs = write_docs(tmp_path / "docs")
     enc, tag = str(tiny_mlm_dir), where["backend"]
     ingest([docs], index=f"rk-{tag}", encoder=enc, progress=False, engine="ray", **where)
-    before = _state(f"rk-{tag}")
+    before = index_state(f"rk-{tag}")
     change(docs)
     address = ray.get_runtime_context().gcs_address
     extra = ["--engine", "ray", "--ray-address", address]
@@ -123,7 +104,7 @@ def test_kill9_of_ray_driver_mid_ingest(tmp_path, tiny_mlm_dir, local_ray, where
     code, err = run_cli(docs, f"rk-{tag}", enc, crash="mid-encode", backend=backend, extra=extra)
     assert code == -signal.SIGKILL, err[-2000:]
     check_loads(f"rk-{tag}")
-    assert _comparable(_state(f"rk-{tag}")) == _comparable(before)
+    assert _comparable(index_state(f"rk-{tag}")) == _comparable(before)
     ingest([docs], index=f"rk-ref-{tag}", encoder=enc, progress=False, **where)
     code, err = run_cli(docs, f"rk-{tag}", enc, backend=backend, extra=extra)
     assert code == 0, err[-2000:]
