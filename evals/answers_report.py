@@ -21,6 +21,7 @@ QA_COLUMNS = (
     ("refused (unanswerable)", "refusal_rate_unanswerable", 100),
     ("false refusals", "false_refusal_rate", 100),
     ("s/answer (p50)", "latency_p50_s", 1),
+    ("s/answer (p90)", "latency_p90_s", 1),
     ("tokens/s", "tokens_per_s", 1),
 )
 DOCQA_COLUMNS = (
@@ -30,6 +31,7 @@ DOCQA_COLUMNS = (
     ("own markers", "self_citation_rate", 100),
     ("refusals", "refusal_rate", 100),
     ("s/answer (p50)", "seconds_p50", 1),
+    ("s/answer (p90)", "seconds_p90", 1),
     ("tokens/s", "new_tokens_per_s", 1),
 )
 
@@ -40,6 +42,9 @@ def row_name(config: Mapping[str, Any]) -> str:
     decoder = config.get("generator") or config.get("decoder") or "?"
     adapter = config.get("adapter")
     name = f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"
+    reader = config.get("reader")  # runs before the reader existed have no key: no reader
+    if reader and reader != "none":
+        name = "reader alone" if config.get("compose") == "extract" else f"reader + {name}"
     gate = config.get("refusal_threshold")
     if gate is not None:  # 1.0: decoded with the refusal barred, never refused by the decoder
         name = f"{name}, refusal barred" if gate >= 1 else f"{name}, refusal gate {gate:g}"

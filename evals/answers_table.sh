@@ -4,6 +4,7 @@
 # 2 articles removed from the index so their questions must be refused) and the held-out
 # Python-docs questions (evals/data/pydocs_qa.jsonl) over the whole python-docs index.
 # Zero-shot rows ask 150 + 50 questions to fit the session; the default row 300 + 100.
+# Rows before the extractive reader existed run without it (--reader none in $QA).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -12,7 +13,7 @@ DATA=${DATA:-../shared/data}
 S=$DATA/squad/squad-v1.1-dev-part.json
 O=${OUT:-artifacts/evals/answers}
 stamp() { echo "=== $(date +%T) $* | load $(cut -d' ' -f1-3 /proc/loadavg)"; }
-QA="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --complete-citations"
+QA="--reader none --squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --complete-citations"
 # rows measured before the answerability check existed ran without it; they keep that setting
 OFF="--answerability-threshold none"
 DOCQA="--index pydocs --max-new-tokens 128"
@@ -64,5 +65,12 @@ $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapte
 $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator smollm2 --adapter none --out $O/qa-smollm2-ans.json
 stamp "the 1.5B decoder (make decoders-1.5b) on the docs questions"
 $PY -m evals.docqa $DOCQA --decoder qwen2.5-coder-1.5b --adapter none --out $O/docqa-qwen15.json
+stamp "the extractive reader (training.reader; make models trains it): reader alone, reader + zero-shot decoder"
+[ -f artifacts/models/minilm-reader/reader.json ] || $PY -m training.reader --squad $S --out artifacts/models/minilm-reader --threads 2
+RQA="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --reader artifacts/models/minilm-reader"
+$PY -m evals.qa $RQA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose extract --out $O/qa-reader-extract.json
+$PY -m evals.qa $RQA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose decoder --out $O/qa-reader-qwen05.json
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader --compose extract --out $O/docqa-reader-extract.json
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader --compose decoder --out $O/docqa-reader-qwen05.json
 stamp done
 $PY -m evals.answers_report "$O"

@@ -69,6 +69,10 @@ class DocQAConfig:
     # and the UI's default); completed_citation_rate reports how often that happened.
     complete_citations: bool = True  # cite the decoder's likeliest passage when it cites none
     refusal_threshold: float | None = None  # refuse only when p(refusal) >= this (rag.refusal)
+    # the extractive reader first (rag.answer.reader), as the product: auto = minilm-reader when
+    # trained; none = the decoder over every passage; or a folder
+    reader: str | None = "auto"
+    compose: str = "decoder"  # decoder (sentence around the span) | extract (nothing decoded)
     device: str = "auto"  # auto | cpu | cuda
 
 
@@ -292,6 +296,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         "invalid_citation_rate": sum(bool(r["invalid_citations"]) for r in rows) / n,
         "seconds_mean": statistics.fmean(secs) if secs else 0.0,
         "seconds_p50": statistics.median(secs) if secs else 0.0,
+        "seconds_p90": sorted(secs)[min(len(secs) - 1, int(0.9 * len(secs)))] if secs else 0.0,
         "new_tokens_per_s": (
             sum(t for t, _ in pairs) / sum(s for _, s in pairs) if pairs else None
         ),

@@ -72,6 +72,12 @@ class QAEvalConfig:
     cache_implementation: str = "dynamic"  # dynamic | static KV cache
     # rag mode, rag.answerability: refuse before decoding when p(unanswerable) >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
+    # rag mode, rag.answer.reader: the extractive reader first (auto = the trained minilm-reader
+    # when there is one, as the product; none = off; or a folder); EM/F1 then score its short
+    # answer when it gave one
+    reader: str | None = "auto"
+    reader_threshold: float | None = None  # None = the reader's own (chosen on train questions)
+    compose: str = "decoder"  # decoder (sentence around the span) | extract (nothing decoded)
 
 
 @dataclass
@@ -218,6 +224,7 @@ def answer_rag(pipeline, q: Question, k: int, mode: str, max_new_tokens: int) ->
         if d == q.paragraph or holds_answer(t, q.answers)
     ]
     cited = [c.number for c in ans.citations]
+    short = ans.answer_span.text if ans.answer_span else ans.text
     return {
         "id": q.id,
         "question": q.text,
@@ -229,8 +236,9 @@ def answer_rag(pipeline, q: Question, k: int, mode: str, max_new_tokens: int) ->
         "cited": cited,
         "invalid_citations": ans.invalid_citations,
         "refused": ans.refused,
-        "em": exact_match(ans.text, q.answers),
-        "f1": f1_score(ans.text, q.answers),
+        "answer_span": ans.answer_span.text if ans.answer_span else None,
+        "em": exact_match(short, q.answers),
+        "f1": f1_score(short, q.answers),
         "citation_correct": citation_correct(cited, gold) if gold else None,
         "citations_completed": ans.citations_completed,
         "refusal_probability": ans.refusal_probability,
@@ -258,6 +266,8 @@ def summarize(rows: list[dict]) -> dict[str, float]:
         extra["false_refusal_rate"] = sum(r["refused"] for r in answerable) / (len(answerable) or 1)
     if gen_s:
         extra["tokens_per_s"] = new_tokens / gen_s
+    if any(r.get("answer_span") is not None for r in rows + unanswerable):
+        extra["reader_span_rate"] = sum(r.get("answer_span") is not None for r in rows) / n
     return {
         "em": sum(r["em"] for r in rows) / n,
         "f1": sum(r["f1"] for r in rows) / n,
@@ -268,6 +278,7 @@ def summarize(rows: list[dict]) -> dict[str, float]:
         "invalid_citation_rate": sum(bool(r["invalid_citations"]) for r in rows) / n,
         "latency_mean_s": statistics.fmean(lat),
         "latency_p50_s": lat[len(lat) // 2],
+        "latency_p90_s": lat[min(len(lat) - 1, int(0.90 * len(lat)))],
         "latency_p95_s": lat[min(len(lat) - 1, int(0.95 * len(lat)))],
         **extra,
     }
@@ -324,6 +335,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             complete_citations=cfg.complete_citations,
             refusal_threshold=cfg.refusal_threshold,
             answerability_threshold=cfg.answerability_threshold,
+            reader=cfg.reader,
+            reader_threshold=cfg.reader_threshold,
+            compose=cfg.compose,
         )
         pipeline = RAGPipeline(config, retriever=retriever, generator=generator)
         rows = []

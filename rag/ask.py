@@ -102,6 +102,9 @@ def check_models(cfg: RAGConfig) -> None:
         raise ModelNotFoundError(f"--rerank: {e}") from None
     except ValueError as e:
         raise ValueError(f"--rerank: {e}") from None
+    from rag.answer.reader import resolve_reader
+
+    resolve_reader(cfg.reader)  # FileNotFoundError naming --reader
 
 
 def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
@@ -166,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False))
         return 0
+    if answer.answer_span is not None:
+        print(f"Short answer: {answer.answer_span.text} [{answer.answer_span.number}]")
     if not args.stream:
         print(answer.text + "\n")
     sources = format_sources(answer)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import tomllib
 
+from rag.answer.reader import COMPOSE, DEFAULT_READER
 from rag.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import add_dataclass_args, field_type
 from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE, DecodeSpeed, DecodeSpeedError
@@ -101,6 +102,16 @@ class RAGConfig:
     # answerability check (rag.answerability): refuse without decoding when p(unanswerable),
     # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
+    # extractive reader (rag.answer.reader) that finds the answer span before anything is
+    # decoded: auto = minilm-reader under $RAG_HOME/models when `make models` trained it, else
+    # none; none = off (the decoder answers over every passage); or a reader folder/artefact
+    reader: str | None = DEFAULT_READER
+    # the reader answers when its best span beats "not in this passage" by this margin; None =
+    # the threshold its training run chose on train questions (reader.json)
+    reader_threshold: float | None = None
+    # who writes the answer around the reader's span: decoder (one to three sentences from the
+    # span's passage alone) | extract (that passage's own sentence; nothing decoded: fastest)
+    compose: str = "decoder"
     device: str = "auto"  # where the models run; auto = cuda when a GPU is visible
     # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.encoding)
     encoder_backend: str = "torch"
@@ -124,6 +135,7 @@ class RAGConfig:
     # code) and the CLIs take them as argparse choices (rag.dataclass_cli).
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "mode": MODES,
+        "compose": COMPOSE,
         "fusion": FUSIONS,
         "device": DEVICES,
         "encoder_backend": ENCODER_BACKENDS,

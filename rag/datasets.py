@@ -148,6 +148,7 @@ class SquadQuestion:
     id: str
     question: str
     answers: list[str]
+    answer_starts: list[int] = field(default_factory=list)  # character offset of each answer
 
 
 @dataclass
@@ -175,7 +176,10 @@ def load_squad_paragraphs(path: str | Path) -> list[SquadParagraph]:
         for i, para in enumerate(article["paragraphs"]):
             qs = [
                 SquadQuestion(
-                    str(qa["id"]), qa["question"], [a["text"] for a in qa.get("answers", [])]
+                    str(qa["id"]),
+                    qa["question"],
+                    [a["text"] for a in qa.get("answers", [])],
+                    [int(a.get("answer_start", -1)) for a in qa.get("answers", [])],
                 )
                 for qa in para.get("qas", [])
             ]

@@ -21,10 +21,24 @@ Grounding rules, in one place:
   sentence that passage does not support is re-attributed to a passage that clearly does, or
   flagged (``Citation.supported``); an answer that repeats instruction-like passage text is
   marked ``suspected_injection``. ``RAGPipeline(verify=False)`` turns this off.
+
+Reader first (:mod:`rag.answer.reader`, ``RAGConfig.reader``): when an extractive reader is
+configured, it reads the question against every relevant passage before anything is decoded.
+
+- its best span's margin over "not in this passage" is >= the threshold → the answer is built
+  on that span: ``Answer.answer_span`` (the short answer, its passage, its offsets), the span's
+  passage is the one passage given to the decoder, which writes one to three sentences around
+  the span (``compose="decoder"``; a reply that drops the span, or refuses, is replaced by the
+  passage's own sentence) or nothing is decoded and the passage's sentence is the answer
+  (``compose="extract"``); the citation is [1], that passage, by construction;
+- every passage says "not here" and the answerability check agrees → refusal, nothing decoded;
+- otherwise (the reader abstains but retrieval looks answerable) → the decoder over all
+  passages, as without a reader.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,10 +47,10 @@ from typing import Any
 
 from rag.answerability import AnswerabilityDecision, check
 from rag.config import RAGConfig
-from rag.prompt import REFUSAL, build_messages, parse_citations
+from rag.prompt import REFUSAL, build_messages, build_span_messages, parse_citations
 from rag.refusal import RefusalDecision, decide, supports_gate
 from rag.relevance import hybrid_is_relevant, relevant_hits  # noqa: F401  (re-exported)
-from rag.types import Answer, Citation, Hit
+from rag.types import Answer, AnswerSpan, Citation, Hit
 from rag.verify import verify_answer
 
 History = Sequence[tuple[str, str]]
@@ -54,6 +68,8 @@ class Prepared:
     timings: dict[str, float]
     answerable: AnswerabilityDecision | None = None  # rag.answerability; None = not checked
     reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
+    span: AnswerSpan | None = None  # the reader's trusted short answer (hits = its passage)
+    reader_abstained: bool = False  # the reader ran and no passage had a span it trusts
 
 
 def normalise_history(history: Any) -> list[tuple[str, str]]:
@@ -87,6 +103,7 @@ def make_answer(raw: str, prep: Prepared) -> Answer:
         timings=prep.timings,
         reranker=prep.reranker,
         unanswerable_probability=prep.answerable.probability if prep.answerable else None,
+        answer_span=prep.span,
     )
 
 
@@ -135,14 +152,18 @@ class RAGPipeline:
         generator: Any = None,
         rewrite_query: RewriteFn | None = None,
         verify: bool | None = None,
+        reader: Any = None,
     ) -> None:
         self.config = config or RAGConfig()
         self.verify = getattr(self.config, "verify_citations", True) if verify is None else verify
         self._retriever = retriever
         self._generator = generator
+        self._reader = reader  # a SpanReader; False = resolved to none
+        self._reader_threshold: float | None = None
         self.rewrite_query = rewrite_query or self.config.rewrite_query
         self._retriever_lock = threading.Lock()
         self._generator_lock = threading.Lock()
+        self._reader_lock = threading.Lock()
 
     # ---- lazily loaded, shared models --------------------------------------------------------
 
@@ -193,6 +214,37 @@ class RAGPipeline:
         return self._generator
 
     @property
+    def reader(self) -> Any:
+        """The extractive reader (:class:`rag.answer.reader.SpanReader`), or None when
+        ``config.reader`` resolves to none (``auto`` without a trained reader)."""
+        if self._reader is None:
+            with self._reader_lock:
+                if self._reader is None:
+                    from rag.answer.reader import SpanReader, resolve_reader
+                    from rag.models import pick_device
+
+                    path = resolve_reader(self.config.reader)
+                    self._reader = (
+                        SpanReader.load(path, device=pick_device(self.config.device))
+                        if path
+                        else False
+                    )
+                    self._reader_path = path
+        return self._reader or None
+
+    @property
+    def reader_threshold(self) -> float:
+        """The reader's null threshold: the config's, else the one its training chose."""
+        if self.config.reader_threshold is not None:
+            return self.config.reader_threshold
+        if self._reader_threshold is None:
+            from rag.answer.reader import saved_threshold
+
+            path = getattr(self, "_reader_path", None) or getattr(self.reader, "path", None)
+            self._reader_threshold = saved_threshold(path) if path else 0.0
+        return self._reader_threshold
+
+    @property
     def generation(self) -> str | None:
         """The index generation the retriever has loaded, or None before it is loaded (read
         by ``rag.serve``'s ``/health``; never loads anything)."""
@@ -238,6 +290,14 @@ class RAGPipeline:
         reranker = name if isinstance(name, str) else None
         if not hits:
             return Prepared(question, query, [], [], timings, reranker=reranker)
+        span, abstained = self.read(query, hits, timings)
+        if span is not None:
+            # the span's passage is [1], the only one the decoder reads; the other hits follow
+            # (shown as retrieved, uncited)
+            hit = next(h for h in hits if h.chunk.id == span.chunk_id)
+            ordered = [hit, *(h for h in hits if h is not hit)]
+            messages = build_span_messages(query, hit.chunk.text, span.text)
+            return Prepared(question, query, ordered, messages, timings, None, reranker, span)
         budget_new = max_new_tokens or self.config.max_new_tokens
         kept = self.generator.fit_passages(query, [h.chunk.text for h in hits], budget_new)
         hits = hits[: len(kept)]
@@ -247,18 +307,55 @@ class RAGPipeline:
         )
         threshold = self.config.answerability_threshold
         answerable = check(self.retriever, query, hits, threshold)
-        return Prepared(question, query, hits, messages, timings, answerable, reranker)
+        return Prepared(
+            question, query, hits, messages, timings, answerable, reranker, None, abstained
+        )
+
+    def read(
+        self, query: str, hits: list[Hit], timings: dict[str, float]
+    ) -> tuple[AnswerSpan | None, bool]:
+        """(the reader's trusted span over ``hits``, whether the reader abstained): (None, False)
+        when there is no reader; ``timings["read_s"]`` records its time."""
+        reader = self.reader
+        if reader is None:
+            return None, False
+        from rag.answer.reader import pick
+
+        t0 = time.perf_counter()
+        best = pick(reader.read(query, [h.chunk.text for h in hits]), self.reader_threshold)
+        timings["read_s"] = time.perf_counter() - t0
+        if best is None:
+            return None, True
+        c = hits[best.passage].chunk
+        span = AnswerSpan(
+            text=best.text,
+            number=1,
+            source=c.source,
+            chunk_id=c.id,
+            start=best.start,
+            end=best.end,
+            source_start=c.start + best.start,
+            source_end=c.start + best.end,
+            score=round(best.margin, 4),
+            path=c.path,
+        )
+        return span, False
 
     def _decode_args(
         self,
         temperature: float | None,
         max_new_tokens: int | None,
         gate: RefusalDecision | None = None,
+        prep: Prepared | None = None,
     ) -> dict[str, Any]:
-        """``generate``/``stream`` keywords: sampling settings, plus the gate's cache and ban."""
+        """``generate``/``stream`` keywords: sampling settings, plus the gate's cache and ban;
+        the sentence around a reader span is capped at :data:`SPAN_MAX_NEW_TOKENS`."""
         cfg = self.config
+        limit = max_new_tokens or cfg.max_new_tokens
+        if prep is not None and prep.span is not None:
+            limit = min(limit, SPAN_MAX_NEW_TOKENS)
         return {
-            "max_new_tokens": max_new_tokens or cfg.max_new_tokens,
+            "max_new_tokens": limit,
             "temperature": cfg.temperature if temperature is None else temperature,
             "top_p": cfg.top_p,
             **(gate.generate_kwargs if gate else {}),
@@ -285,11 +382,14 @@ class RAGPipeline:
         if early is not None:
             return early
         stats: dict[str, float] = {}
-        raw = self.generator.generate(
-            prep.messages,
-            **self._decode_args(temperature, max_new_tokens, gate),
-            stats=stats,
-        )
+        if prep.span is not None and self.config.compose == "extract":
+            raw = extracted_answer(prep)
+        else:
+            raw = self.generator.generate(
+                prep.messages,
+                **self._decode_args(temperature, max_new_tokens, gate, prep),
+                stats=stats,
+            )
         answer = self._finish(raw, prep, gate)
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
         return answer
@@ -320,11 +420,15 @@ class RAGPipeline:
             return
         stats: dict[str, float] = {}
         parts: list[str] = []
-        for delta in self.generator.stream(
-            prep.messages,
-            **self._decode_args(temperature, max_new_tokens, gate),
-            stats=stats,
-        ):
+        if prep.span is not None and self.config.compose == "extract":
+            deltas: Iterator[str] = iter([extracted_answer(prep)])
+        else:
+            deltas = self.generator.stream(
+                prep.messages,
+                **self._decode_args(temperature, max_new_tokens, gate, prep),
+                stats=stats,
+            )
+        for delta in deltas:
             parts.append(delta)
             yield delta
         answer = self._finish("".join(parts), prep, gate)
@@ -339,7 +443,10 @@ class RAGPipeline:
         """(the refusal, when nothing relevant was retrieved or the gate refuses, else None;
         the gate's decision). Either refusal decodes nothing."""
         unanswerable = prep.answerable is not None and prep.answerable.refuse
-        gate = self._gate(prep) if prep.hits and not unanswerable else None
+        if self._reader and not prep.reader_abstained:
+            unanswerable = False  # with a reader, refuse only when it agrees (it abstained)
+        spanned = prep.span is not None  # the decoder only phrases the span: it never refuses
+        gate = self._gate(prep) if prep.hits and not unanswerable and not spanned else None
         if prep.hits and not unanswerable and not (gate is not None and gate.refuse):
             return None, gate
         prep.timings["total_s"] = time.perf_counter() - t0
@@ -370,6 +477,9 @@ class RAGPipeline:
         """The Answer for ``raw``, with citation completion when configured and supported, then
         citation verification when ``self.verify``; the gate's refusal probability recorded."""
         t0 = time.perf_counter()
+        if prep.span is not None:
+            answer = make_answer(span_reply(raw, prep), prep)
+            return verify_answer(answer) if self.verify else answer
         gen = self.generator
         if not self.config.complete_citations or not hasattr(gen, "score_continuations"):
             answer = make_answer(raw, prep)
@@ -380,6 +490,31 @@ class RAGPipeline:
         if gate is not None:
             answer.refusal_probability = gate.probability
         return verify_answer(answer) if self.verify else answer
+
+
+# Tokens the decoder may spend on the one to three sentences around a reader span.
+SPAN_MAX_NEW_TOKENS = 80
+
+
+def extracted_answer(prep: Prepared) -> str:
+    """The passage's own sentence(s) holding the reader's span, cited: the answer when nothing is
+    decoded (``compose="extract"``), or when the decoder's reply lost the span."""
+    from rag.answer.reader import sentence_around
+
+    span = prep.span
+    return f"{sentence_around(prep.hits[0].chunk.text, span.start, span.end)} [1]"
+
+
+def span_reply(raw: str, prep: Prepared) -> str:
+    """The decoder's sentence around the span, cited [1]; the extracted sentence instead when
+    the reply refuses or does not hold the span word for word (normalised)."""
+    from rag.metrics import normalize_answer
+
+    parsed = parse_citations(raw, 1)
+    if parsed.refused or normalize_answer(prep.span.text) not in normalize_answer(parsed.text):
+        return extracted_answer(prep)
+    text = re.sub(r"\s*\[\d+(?:\s*,\s*\d+)*\]", "", raw).strip()
+    return f"{text} [1]"
 
 
 def _gen_timings(stats: dict[str, float]) -> dict[str, float]:

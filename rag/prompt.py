@@ -89,6 +89,31 @@ DEMOS: tuple[tuple[tuple[str, ...], str, str], ...] = (
 
 PROFILES = ("plain", "fewshot")
 
+# The reader-first prompt (rag.answer.reader): the extractive reader has found the short answer
+# in one passage; the decoder only writes the sentence around it, from that passage alone, so
+# the prompt is a fraction of the k-passage one and the citation is right by construction.
+SPAN_SYSTEM_PROMPT = (
+    "You answer a question from one numbered passage. A reader has already found the short "
+    "answer in it. Write one to three sentences that answer the question, contain the short "
+    "answer word for word, use only facts from the passage, and end with [1]."
+)
+
+
+def span_user_message(question: str, passage: str, span: str) -> str:
+    """The reader-first user turn: the one passage, the question and the reader's short answer."""
+    return (
+        f"Passages:\n\n{format_passages([passage])}\n\nQuestion: {question.strip()}\n"
+        f"Short answer: {neutralise_control_tokens(' '.join(span.split()))}"
+    )
+
+
+def build_span_messages(question: str, passage: str, span: str) -> list[dict[str, str]]:
+    """Chat messages of the reader-first prompt (fixed system turn first: prefix-cached)."""
+    return [
+        {"role": "system", "content": SPAN_SYSTEM_PROMPT},
+        {"role": "user", "content": span_user_message(question, passage, span)},
+    ]
+
 
 def build_messages(
     question: str, passages: Sequence[str], profile: str = "plain"

@@ -219,6 +219,19 @@ def sources(answer: Answer) -> list[dict[str, Any]]:
     ]
 
 
+def answer_span(answer: Answer) -> dict[str, Any] | None:
+    """The reader's short answer (:mod:`rag.answer.reader`): its text, the cited passage's
+    number and display path, character offsets into that passage (``start``/``end``) and into
+    the loaded document (``source_start``/``source_end``), and the reader's margin; None when
+    the reader gave none. Like :func:`sources`, the server's absolute path is not sent."""
+    span = answer.answer_span
+    if span is None:
+        return None
+    d = span.to_dict()
+    del d["source"]
+    return d
+
+
 def rag_info(answer: Answer) -> dict[str, Any]:
     """The ``rag`` extension: the index generation the passages came from (how a client of
     several replicas sees which published index answered), retrieval query, reranker, refusal,
@@ -267,6 +280,7 @@ def completion(meta: dict[str, Any], text: str, answer: Answer, max_new: int) ->
         "choices": [choice],
         "usage": usage(answer),
         "sources": sources(answer),
+        "answer_span": answer_span(answer),
         "rag": rag_info(answer),
     }
 
@@ -290,6 +304,7 @@ def final_chunks(
             {},
             finish_reason(answer, max_new),
             sources=sources(answer),
+            answer_span=answer_span(answer),
             rag=rag_info(answer),
         )
     ]

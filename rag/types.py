@@ -92,6 +92,31 @@ class Citation:
         return d
 
 
+@dataclass(frozen=True)
+class AnswerSpan:
+    """The short answer the extractive reader (:mod:`rag.answer.reader`) found, and where.
+
+    ``start``/``end`` are character offsets into the cited passage's text (``passage_text[start:
+    end] == text``); ``source_start``/``source_end`` the same span in the loaded document
+    (the chunk's own offsets added). ``number`` is the passage's citation number."""
+
+    text: str
+    number: int
+    source: str
+    chunk_id: str
+    start: int
+    end: int
+    source_start: int
+    source_end: int
+    score: float  # the reader's margin over "not in this passage" (higher = surer)
+    path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["path"] = self.path or self.source
+        return d
+
+
 @dataclass
 class Answer:
     """A grounded answer: text without markers, the citations it made, and diagnostics.
@@ -127,6 +152,9 @@ class Answer:
     reattributed: list[tuple[int, int]] = field(default_factory=list)
     suspected_injection: bool = False
     injection_reasons: list[str] = field(default_factory=list)
+    # the reader's short answer (its passage is the cited one); None = no reader stage, or it
+    # found no span it trusts (the decoder then answered over every passage)
+    answer_span: AnswerSpan | None = None
 
     def __post_init__(self) -> None:
         # Citations are made from a passage's chunk fields (rag.pipeline); the passages carry
@@ -166,4 +194,5 @@ class Answer:
             "reattributed": [list(pair) for pair in self.reattributed],
             "suspected_injection": self.suspected_injection,
             "injection_reasons": self.injection_reasons,
+            "answer_span": self.answer_span.to_dict() if self.answer_span else None,
         }

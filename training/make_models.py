@@ -231,9 +231,11 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
 
 
 def retrieval_steps(args: argparse.Namespace, data: Path) -> list[Step]:
-    """The product's retrieval models (docs/retrieval.md): ``minilm-tuned``, the retriever new
-    indexes are built with when it exists, and ``minilm-rerank``, the reranker ``rerank = auto``
-    uses. Their recipes are the measured ones, whatever the preset."""
+    """The product's retrieval and reading models (docs/retrieval.md, docs/answering.md):
+    ``minilm-tuned``, the retriever new indexes are built with when it exists, ``minilm-rerank``,
+    the reranker ``rerank = auto`` uses, and ``minilm-reader``, the extractive reader ``reader =
+    auto`` uses. Their recipes are the measured ones, whatever the preset."""
+    from rag.answer.reader import READER_ARTEFACT
     from rag.models import TUNED_ENCODER
     from rag.rerank import AUTO_RERANKER
 
@@ -251,9 +253,17 @@ def retrieval_steps(args: argparse.Namespace, data: Path) -> list[Step]:
         s = train_rerank(reranker_config(rerank, data, args.device, args.threads))
         return {"n_rows": s["n_rows"], "steps": s["steps"], "after": s["after"]}
 
+    def reader_step() -> dict:
+        from training.reader import reader_config, train_reader
+
+        s = train_reader(reader_config(reader, data, args.device, args.threads))
+        return {"windows": s["windows"], "steps": s["steps"], "dev": s["dev"]}
+
+    reader = models_dir() / READER_ARTEFACT
     return [
         Step(f"{TUNED_ENCODER} (retriever)", tuned, retriever_step, done_marker="modules.json"),
         Step(f"{AUTO_RERANKER} (reranker)", rerank, reranker_step),
+        Step(f"{READER_ARTEFACT} (reader)", reader, reader_step, done_marker="reader.json"),
     ]
 
 

@@ -77,7 +77,8 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
     with gr.Blocks(title="Local RAG chat") as demo:
         gr.Markdown("## Local RAG chat — answers cite the passages they come from")
         gr.Markdown(
-            f"Answering with {app.decoder_line}; reranker: {app.reranker_line}.",
+            f"Answering with {app.decoder_line}; reranker: {app.reranker_line}; "
+            f"reader: {app.reader_line}.",
             elem_id="decoder-line",
         )
         with gr.Row():

@@ -13,6 +13,7 @@ from typing import Any
 
 import gradio as gr
 
+from rag.answer.reader import describe_reader
 from rag.config import RAGConfig
 from rag.defaults import MODES
 from rag.models import describe_decoder, resolve_adapter
@@ -75,6 +76,8 @@ class ChatApp:
         # page says which (reranker_line) beside the Reranker setting that can turn it off
         rerank = resolve_reranker(config.rag.rerank)
         self.reranker_line = describe_reranker(config.rag.rerank, rerank)
+        # and the extractive reader that puts the short answer above the sentence
+        self.reader_line = describe_reader(config.rag.reader)
         config = replace(config, rag=replace(config.rag, adapter=adapter, rerank=rerank))
         self.config = config
         base = replace(config.rag, rewrite_query=rewrite_query)

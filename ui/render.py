@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 # One definition of what a citation marker is: the parser's own (``lines[1]`` is code).
 from rag.prompt import CITATION, CITATION_RUN
-from rag.types import Answer, Citation, Hit
+from rag.types import Answer, AnswerSpan, Citation, Hit
 
 _FENCE_OPEN = re.compile(r" {0,3}(`{3,}(?=[^`]*$)|~{3,})")  # matched against one line
 _FENCE_START = re.compile(r" {0,3}(?:`{3,}|~{3,})")
@@ -177,6 +177,12 @@ def _escape(text: str) -> str:
     return text.replace("<", "&lt;")
 
 
+def _escape_span(text: str) -> str:
+    """A short answer inside ``**...**``: no tag, no emphasis or link syntax of its own."""
+    flat = " ".join(text.split())
+    return re.sub(r"([\\`*_\[\]()#!|~>])", r"\\\1", html.escape(flat, quote=False))
+
+
 def _prose(text: str, marks: Marks | None) -> str:
     if marks is None:
         return _escape(text)
@@ -224,6 +230,8 @@ def reply_markdown(answer: Answer) -> str:
     check found and for dropped markers."""
     marks = Marks.of(answer)
     text, ends_in_block = render_markdown(answer.raw_text or answer.text, marks)
+    if answer.answer_span is not None:  # the reader's short answer, bold, above the sentence
+        text = f"**{_escape_span(answer.answer_span.text)}**\n\n{text}"
     if answer.citations_completed and answer.citations:
         # raw_text is the model's own reply, without the marker completion appended.
         targets = {new for _, new in answer.reattributed}
@@ -273,6 +281,7 @@ def _block(
     score: float,
     open_: bool,
     labels: str = "",
+    highlight: tuple[int, int] | None = None,
 ) -> str:
     """One passage; ``path`` is the display path (relative to the ingested folder: the server's
     absolute paths are not shown to whoever reaches the UI); ``labels`` is trusted HTML."""
@@ -284,13 +293,28 @@ def _block(
     )
     return (
         f'<details class="rag-source"{anchor}{" open" if open_ else ""}>'
-        f"<summary>{summary}</summary><pre>{html.escape(text)}</pre></details>"
+        f"<summary>{summary}</summary><pre>{highlighted(text, highlight)}</pre></details>"
     )
 
 
-def citation_html(c: Citation, moved_from: Sequence[int] = ()) -> str:
+def highlighted(text: str, span: tuple[int, int] | None) -> str:
+    """``text`` escaped, with ``text[start:end]`` (the reader's answer) in a ``<mark>``; the
+    span's own characters are escaped like the rest, so a span holding ``<script>`` is text."""
+    if span is None or not (0 <= span[0] < span[1] <= len(text)):
+        return html.escape(text)
+    a, z = span
+    return (
+        f'{html.escape(text[:a])}<mark class="rag-answer">{html.escape(text[a:z])}</mark>'
+        f"{html.escape(text[z:])}"
+    )
+
+
+def citation_html(
+    c: Citation, moved_from: Sequence[int] = (), span: AnswerSpan | None = None
+) -> str:
     """A cited passage, labelled "unsupported" when verification flagged it and "re-attributed
-    from [n]" for each citation moved to it."""
+    from [n]" for each citation moved to it; the reader's ``span`` highlighted when it is in this
+    passage (the passage is then shown open)."""
     labels = ""
     if not c.supported:
         tip = f"{UNSUPPORTED_TIP}: a sentence citing [{c.number}] claims what it does not say"
@@ -298,8 +322,16 @@ def citation_html(c: Citation, moved_from: Sequence[int] = ()) -> str:
     for n in moved_from:
         tip = f"re-attributed: the sentence cited passage {n}; it is supported by this passage"
         labels += _label(f"re-attributed from [{n}]", "rag-reattributed", tip)
+    mark = (span.start, span.end) if span is not None and span.chunk_id == c.chunk_id else None
     return _block(
-        c.number, c.display_path, c.heading_path, c.text, c.score, open_=False, labels=labels
+        c.number,
+        c.display_path,
+        c.heading_path,
+        c.text,
+        c.score,
+        open_=mark is not None,
+        labels=labels,
+        highlight=mark,
     )
 
 
@@ -333,7 +365,7 @@ def sources_html(answer: Answer, question: str) -> str:
         parts.append(f"<h4>Cited passages ({len(answer.citations)})</h4>")
         for c in answer.citations:
             moved_from = [old for old, new in answer.reattributed if new == c.number]
-            parts.append(citation_html(c, moved_from))
+            parts.append(citation_html(c, moved_from, answer.answer_span))
     elif answer.refused:
         parts.append("<p>The answer is a refusal: no passage was judged to contain it.</p>")
     else:

@@ -1,0 +1,199 @@
+"""The reader-first pipeline: the reader's span decides the cited passage, the decoder only
+phrases it (or nothing is decoded), abstentions fall back or refuse, and the span reaches the
+JSON, the HTTP API and the UI with its offsets and escaped."""
+
+from __future__ import annotations
+
+import pytest
+
+import rag.pipeline as pipeline_module
+from rag.answer.reader import Span, sentence_around
+from rag.answerability import AnswerabilityDecision
+from rag.config import RAGConfig
+from rag.pipeline import RAGPipeline
+from rag.prompt import REFUSAL
+from rag.types import Chunk, Hit
+
+PASSAGES = [
+    "The Rhine rises in the Alps. It flows to the North Sea.",
+    "The Danube is long. It rises in the Black Forest and reaches the Black Sea. Cities line it.",
+    "Vienna stands on the Danube.",
+]
+
+
+def hits() -> list[Hit]:
+    return [
+        Hit(
+            Chunk(f"id{i}", t, f"/srv/docs/river{i}.md", ("Rivers",), 100 * i, 100 * i + len(t)),
+            0.9 - 0.1 * i,
+            rank=i + 1,
+        )  # fmt: skip
+        for i, t in enumerate(PASSAGES)
+    ]
+
+
+class FakeRetriever:
+    def search(self, query, k=5, mode="hybrid"):
+        return hits()[:k]
+
+
+class FakeReader:
+    """Scripted spans: ``answers`` maps passage index -> (answer text, margin)."""
+
+    def __init__(self, answers: dict[int, tuple[str, float]]):
+        self.answers = answers
+        self.calls: list[list[str]] = []
+
+    def read(self, question, passages):
+        self.calls.append(list(passages))
+        out = []
+        for i, (text, margin) in sorted(self.answers.items()):
+            a = passages[i].index(text)
+            out.append(Span(i, a, a + len(text), text, score=margin, null_score=0.0))
+        return out
+
+
+class FakeGenerator:
+    def __init__(self, reply: str):
+        self.reply = reply
+        self.calls: list[list[dict]] = []
+        self.kwargs: list[dict] = []
+
+    def fit_passages(self, question, passages, max_new_tokens=256):
+        return list(passages)
+
+    def generate(self, messages, **kw):
+        self.calls.append(messages)
+        self.kwargs.append(kw)
+        return self.reply
+
+    def stream(self, messages, **kw):
+        self.calls.append(messages)
+        yield self.reply
+
+
+def make(reply: str, answers: dict, **cfg) -> RAGPipeline:
+    cfg.setdefault("reader_threshold", 1.0)
+    return RAGPipeline(
+        RAGConfig(k=3, **cfg),
+        retriever=FakeRetriever(),
+        generator=FakeGenerator(reply),
+        reader=FakeReader(answers),
+    )
+
+
+def test_reader_span_picks_the_cited_passage_and_the_decoder_phrases_it():
+    pipe = make(
+        "The Danube rises in the Black Forest [1].", {0: ("Alps", 2.0), 1: ("Black Forest", 5.0)}
+    )
+    ans = pipe.answer("Where does the Danube rise?")
+    span = ans.answer_span
+    assert span.text == "Black Forest" and span.chunk_id == "id1" and span.number == 1
+    assert PASSAGES[1][span.start : span.end] == "Black Forest"  # offsets into the passage
+    assert (span.source_start, span.source_end) == (100 + span.start, 100 + span.end)
+    assert [c.chunk_id for c in ans.citations] == ["id1"]  # right by construction
+    assert [h.chunk.id for h in ans.passages] == ["id1", "id0", "id2"]  # [1] = the span's
+    assert ans.text == "The Danube rises in the Black Forest."
+    (messages,) = pipe.generator.calls
+    user = messages[-1]["content"]
+    assert PASSAGES[1] in user and PASSAGES[0] not in user and "Short answer: Black Forest" in user
+    assert pipe.generator.kwargs[0]["max_new_tokens"] <= pipeline_module.SPAN_MAX_NEW_TOKENS
+
+
+def test_a_reply_that_drops_the_span_or_refuses_gives_the_passages_own_sentence():
+    for reply in ("It is in Germany [1].", REFUSAL):
+        pipe = make(reply, {1: ("Black Forest", 5.0)})
+        ans = pipe.answer("Where does the Danube rise?")
+        assert ans.text == "It rises in the Black Forest and reaches the Black Sea."
+        assert not ans.refused and [c.chunk_id for c in ans.citations] == ["id1"]
+
+
+def test_compose_extract_decodes_nothing():
+    pipe = make("unused", {1: ("Black Forest", 5.0)}, compose="extract")
+    ans = pipe.answer("Where does the Danube rise?")
+    assert pipe.generator.calls == []
+    a = PASSAGES[1].index("Black Forest")
+    assert ans.text == sentence_around(PASSAGES[1], a, a + len("Black Forest"))
+    assert ans.text == "It rises in the Black Forest and reaches the Black Sea."
+    streamed = list(pipe.stream("Where does the Danube rise?"))
+    assert streamed[-1].answer_span.text == "Black Forest" and pipe.generator.calls == []
+
+
+def test_weak_spans_fall_back_to_the_decoder_over_every_passage():
+    pipe = make("The Alps [1].", {0: ("Alps", 0.5)})  # below the threshold 1.0
+    ans = pipe.answer("Where does the Rhine rise?")
+    assert ans.answer_span is None
+    user = pipe.generator.calls[0][-1]["content"]
+    assert all(p in user for p in PASSAGES)
+
+
+def _answerability(refuse: bool):
+    def check(retriever, query, hits, threshold):
+        return AnswerabilityDecision(0.9 if refuse else 0.1, 0.2, 0.1, refuse)
+
+    return check
+
+
+def test_refuses_only_when_reader_and_answerability_agree(monkeypatch):
+    monkeypatch.setattr(pipeline_module, "check", _answerability(True))
+    agree = make("unused", {0: ("Alps", 0.1)})
+    ans = agree.answer("What is the capital of Peru?")
+    assert ans.refused and agree.generator.calls == []
+    confident = make("The Black Forest [1].", {1: ("Black Forest", 5.0)})
+    assert confident.answer("Where does the Danube rise?").answer_span is not None
+    monkeypatch.setattr(pipeline_module, "check", _answerability(False))
+    disagree = make("The Alps [1].", {0: ("Alps", 0.1)})
+    assert not disagree.answer("Where does the Rhine rise?").refused
+    assert len(disagree.generator.calls) == 1  # the decoder over all passages decided
+
+
+def test_reader_none_is_the_old_pipeline():
+    pipe = RAGPipeline(
+        RAGConfig(k=3, reader="none"), retriever=FakeRetriever(), generator=FakeGenerator("X [2].")
+    )
+    ans = pipe.answer("q?")
+    assert pipe.reader is None and ans.answer_span is None and ans.citations[0].chunk_id == "id1"
+
+
+def test_missing_reader_names_the_flag(tmp_path):
+    pipe = RAGPipeline(RAGConfig(reader=str(tmp_path / "nope")), retriever=FakeRetriever())
+    with pytest.raises(FileNotFoundError, match="--reader"):
+        _ = pipe.reader
+
+
+def test_answer_span_in_json_and_api_without_the_server_path():
+    from rag.serve_api import completion
+
+    ans = make("The Black Forest [1].", {1: ("Black Forest", 5.0)}).answer("Where?")
+    d = ans.to_dict()["answer_span"]
+    assert d["text"] == "Black Forest" and d["source"] == "/srv/docs/river1.md"
+    body = completion({"id": "x", "created": 0, "model": "m"}, ans.text, ans, 64)
+    api = body["answer_span"]
+    assert api["text"] == "Black Forest" and "source" not in api
+    assert (api["start"], api["end"], api["number"]) == (d["start"], d["end"], 1)
+
+
+def test_ui_shows_the_span_bold_and_highlighted_as_escaped_text():
+    from ui.render import reply_markdown, sources_html
+
+    hostile = "<script>alert(1)</script>"
+    passages = ["Before. The answer is " + hostile + " here.", "Other."]
+
+    class Retriever:
+        def search(self, query, k=5, mode="hybrid"):
+            return [
+                Hit(Chunk(f"c{i}", t, f"d{i}.md"), 0.9, rank=i + 1) for i, t in enumerate(passages)
+            ]
+
+    pipe = RAGPipeline(
+        RAGConfig(k=2, reader_threshold=1.0, compose="extract"),
+        retriever=Retriever(),
+        generator=FakeGenerator("unused"),
+        reader=FakeReader({0: (hostile, 3.0)}),
+    )
+    ans = pipe.answer("What is the answer?")
+    md = reply_markdown(ans)
+    assert md.startswith("**") and "<script>" not in md
+    html_ = sources_html(ans, "What is the answer?")
+    assert "<script>" not in html_
+    assert '<mark class="rag-answer">&lt;script&gt;alert(1)&lt;/script&gt;</mark>' in html_
