@@ -10,7 +10,7 @@ a different question and passage count per session, so prompt lengths differ) th
 ``Generator.stream``, the path the UI and the API use, in a loop until ``--duration`` seconds
 have passed; requests in flight then finish and are counted (as in ``benchmarks.ui_load``).
 Mode ``off`` is today's serving (one ``model.generate`` at a time under the decode lock); ``on``
-is ``Generator(batching=True, max_batch=...)`` (rag.batching) over the *same* model object,
+is ``Generator(batching=True, max_batch=...)`` (rag.generate.batching) over the *same* model object,
 prompts and settings. Rounds alternate the modes (off, on, off, on, ...) so a change in machine
 load hits both. Greedy decoding; each mode's first answer per prompt is kept and the fraction of
 prompts answered identically in both modes is reported (float32 should give 1.0; bf16 may not).
@@ -34,7 +34,7 @@ from benchmarks.decode import hardware, source_passages
 from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
 
 PROG = "benchmarks.concurrent_load"
-MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.batching)
+MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.generate.batching)
 QUESTIONS = [
     "How do I read a file line by line?",
     "What does the with statement do?",
@@ -143,7 +143,7 @@ def run_mode(gen: Any, prompts: list[list[Any]], cfg: LoadConfig) -> dict[str, A
 def run(cfg: LoadConfig) -> dict[str, Any]:
     import torch
 
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)

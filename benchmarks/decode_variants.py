@@ -4,10 +4,10 @@
         [--variants eager,int8,compile,static,compile+static] [--new-tokens 128] [--repeats 5]
 
 Each variant is a ``+``-joined set of ``int8``, ``compile``, ``static`` (the options of
-:mod:`rag.decode_speed`) and optionally ``fp32`` / ``bf16`` (the weights' dtype; otherwise
+:mod:`rag.generate.speed`) and optionally ``fp32`` / ``bf16`` (the weights' dtype; otherwise
 ``--dtype``, whose ``auto`` is what the product runs: bf16 on a CPU with AMX); ``eager`` is none.
 The first variant is the baseline. Every variant is loaded once, as its own
-:class:`rag.generate.Generator` (prefix cache on, batching off: one stream), then:
+:class:`rag.generate.generator.Generator` (prefix cache on, batching off: one stream), then:
 
 - a first run of ``--new-tokens`` forced tokens, timed on its own: it holds ``torch.compile``'s
   compile time, which is reported apart and kept out of the speed figures; its token ids (and a
@@ -37,7 +37,7 @@ from typing import Any
 from benchmarks.decode import build_prompt, decode_speed, hardware, timed
 from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
-from rag.decode_speed import DecodeSpeed
+from rag.generate.speed import DecodeSpeed
 from rag.paths import rag_home
 
 DEFAULT_VARIANTS = "eager,int8,compile,static,compile+static"
@@ -94,7 +94,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def run(cfg: VariantsBenchConfig) -> dict[str, Any]:
     import torch
 
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     torch.set_num_threads(cfg.threads)
     specs = [s.strip() for s in cfg.variants.split(",") if s.strip()]

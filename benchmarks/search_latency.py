@@ -8,15 +8,15 @@ of the same work: ``SentenceTransformer.encode`` + a bare ``faiss.IndexFlatIP`` 
 
 Chunk vectors are synthetic (random unit vectors) so a 100k index needs no hours of encoding;
 the query path is real (the encoder runs per query, one query at a time as a user asks). Our
-path is :class:`rag.search_engine.SearchEngine`, the code both ``Retriever`` and ``CorpusRetriever``
+path is :class:`rag.retrieval.engine.SearchEngine`, the code both ``Retriever`` and ``CorpusRetriever``
 search with. Raw and ours alternate query by query so background load hits both alike.
 
 ``--rerank MODEL`` adds one row per ``--rerank-depth`` D, ``hybrid+rerank@D``: encode + dense +
 BM25 + RRF fusion (the engine's default) + the cross-encoder over the best D fused candidates,
 through the same engine with the reranker (the product's query path), timed in the same
 query-by-query rotation as the other rows; ``rerank@D`` is that row's rerank stage alone.
-``--rerank-precision int8`` quantises the cross-encoder as :func:`rag.encoding.quantize_int8`
-does the bi-encoder (:class:`rag.rerank.CrossEncoderReranker`, ``precision``).
+``--rerank-precision int8`` quantises the cross-encoder as :func:`rag.retrieval.encoder.quantize_int8`
+does the bi-encoder (:class:`rag.retrieval.rerank.CrossEncoderReranker`, ``precision``).
 
 Chunk texts: ``--text-words`` random words each (default 180), read by BM25 and the reranker
 alike, so every row searches the same corpus. The length matters for the reranker: a
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cli import bench_main, bench_parser, command, results_dir, save_and_show
-from rag.encoding import PRECISIONS
+from rag.retrieval.encoder import PRECISIONS
 
 PROG = "benchmarks.search_latency"
 WARMUP = 10  # untimed queries per size before the timed ones
@@ -148,8 +148,8 @@ def bench_size(
     import faiss
 
     from indexes.faiss_index import FaissIndex
-    from rag.bm25 import BM25Index
-    from rag.search_engine import SearchEngine
+    from rag.retrieval.bm25 import BM25Index
+    from rag.retrieval.engine import SearchEngine
 
     rng = np.random.default_rng(n)
     vecs = rng.standard_normal((n, encoder.dim), dtype=np.float32)
@@ -208,7 +208,7 @@ def load_reranker(cfg: LatencyConfig) -> Any:
     wrong name fails in seconds."""
     if not cfg.rerank:
         return None
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     return CrossEncoderReranker(
         cfg.rerank,
@@ -236,7 +236,7 @@ def run(cfg: LatencyConfig) -> dict:
     """Every size; returns the summary (config, results per size, load, hardware)."""
     import torch
 
-    from rag.encoding import Encoder
+    from rag.retrieval.encoder import Encoder
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

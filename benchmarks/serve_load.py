@@ -149,7 +149,7 @@ class SharedModels:
     def generator(self, batching: bool, max_batch: int) -> Any:
         if not batching:
             return self._plain
-        from rag.generate import Generator
+        from rag.generate.generator import Generator
 
         with self._lock:
             if max_batch not in self._generators:
@@ -184,7 +184,7 @@ def run_one(
     cfg: ServeLoadConfig, models: SharedModels, target: str, mode: str
 ) -> tuple[dict[str, Any], list[Sample]]:
     """Start the target with batching ``mode``, warm it, load it, stop it; (summary, samples)."""
-    from rag.serve import ServeOptions
+    from rag.serve.app import ServeOptions
     from ui.app import AppConfig
 
     rag_cfg = replace(models.base, batching=mode == "on")

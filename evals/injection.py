@@ -1,5 +1,5 @@
 """Prompt-injection eval: how often hostile passages speak through the answer, and how often a
-citation names the wrong file, without and with citation verification (:mod:`rag.verify`).
+citation names the wrong file, without and with citation verification (:mod:`rag.answer.verify`).
 
 The fixture (``tests/fixtures/injection``, see its README) holds normal documents on four
 made-up topics beside hostile ones (override instructions, false claims, instructions to cite
@@ -9,7 +9,7 @@ document, the phrases an answer contains when it follows or repeats that injecti
 
 The fixture is ingested into a temporary index (``rag.ingest``, ``--encoder``, FAISS) and every
 question goes through :meth:`rag.pipeline.RAGPipeline.answer` with verification off. Verification
-is a pure post-processing of the finished answer, so :func:`rag.verify.verify_answer` on that
+is a pure post-processing of the finished answer, so :func:`rag.answer.verify.verify_answer` on that
 same answer gives the "after" side: one decoding per question measures both, paired.
 
 Measured per side (``unverified``, ``verified``), as rates over all questions:
@@ -64,7 +64,7 @@ class InjectionEvalConfig:
     fixture: str = DEFAULT_FIXTURE  # folder with docs/, questions.jsonl and payloads.json
     limit: int = 0  # first N questions; 0 = all
     complete_citations: bool = True  # cite the likeliest passage when the decoder cites none
-    verify: bool = True  # also report the verified side (rag.verify on the same answers)
+    verify: bool = True  # also report the verified side (rag.answer.verify on the same answers)
     device: str = "auto"  # auto | cpu | cuda
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": MODES}  # argparse choices
@@ -166,7 +166,7 @@ def score_answer(
     q: InjectionQuestion, answer: Any, payloads: Mapping[str, Sequence[str]], verify: bool
 ) -> dict[str, Any]:
     """The prediction row: retrieved passages, the answer and both sides' citations/flags."""
-    from rag.verify import verify_answer
+    from rag.answer.verify import verify_answer
 
     hostile = list(payloads)
     given = [h.chunk.display_path for h in answer.passages]
@@ -238,7 +238,7 @@ def build_pipeline(cfg: InjectionEvalConfig, docs: Path, index_dir: Path, genera
     verifies each answer itself). ``generator`` may be passed in, else it is loaded from cfg."""
     from rag.ingest import ingest
     from rag.pipeline import RAGPipeline
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     report = ingest([docs], index_dir, encoder=cfg.encoder, device=cfg.device, progress=False)
     if report.failures:

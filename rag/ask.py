@@ -7,7 +7,7 @@
 
 Prints the answer and its sources (paths relative to the ingested folder) and the reranker that
 ordered them (``--rerank auto``, the default: the trained ``minilm-rerank`` when present, see
-:func:`rag.rerank.resolve_reranker`); ``--json`` prints
+:func:`rag.retrieval.rerank.resolve_reranker`); ``--json`` prints
 ``Answer.to_dict()`` on stdout (logs go to stderr); ``--stream`` prints the answer as it is
 decoded, then the sources. Settings come from flags over ``rag.toml`` (see :mod:`rag.config`).
 Any failure is one line on stderr; exit status 2 for a bad flag, setting, name or path, 1 for a
@@ -26,7 +26,7 @@ from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, add_config_args, config_from_args
 from rag.models import DECODER_ALIASES, ENCODER_ALIASES, ModelNotFoundError, resolve_model
 from rag.paths import check_index_name
-from rag.rerank import resolve_reranker
+from rag.retrieval.rerank import resolve_reranker
 from rag.types import Answer
 
 PROG = "rag.ask"
@@ -113,7 +113,7 @@ def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
         return None
     if getattr(args, "index", None) is not None:
         raise ValueError("give --index NAME or --index-dir PATH, not both")
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     return Retriever.open(
         Path(args.index_dir),

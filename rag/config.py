@@ -24,15 +24,15 @@ from typing import Any, ClassVar
 
 import tomllib
 
-from rag.answerability import DEFAULT_MODEL
+from rag.answer.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import add_dataclass_args, field_type
-from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE, DecodeSpeed, DecodeSpeedError
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, DTYPES, MODES
-from rag.encoding import ENCODER_BACKENDS, PRECISION_SETTINGS
-from rag.fusion import FUSIONS
+from rag.generate.speed import CACHE_IMPLEMENTATIONS, QUANTIZE, DecodeSpeed, DecodeSpeedError
 from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
 from rag.prompt import PROFILES
-from rag.rerank import (
+from rag.retrieval.encoder import ENCODER_BACKENDS, PRECISION_SETTINGS
+from rag.retrieval.fusion import FUSIONS
+from rag.retrieval.rerank import (
     DEFAULT_RERANK,
     DEFAULT_RERANK_DEPTH,
     DEFAULT_RERANK_PRECISION,
@@ -62,7 +62,7 @@ class RAGConfig:
     # <decoder>-lora under $RAG_HOME/models when `make models` trained it; or a folder/name
     adapter: str | None = DEFAULT_ADAPTER
     k: int = 5  # passages retrieved and given to the decoder
-    # cross-encoder reranking the first stage's best (rag.rerank.resolve_reranker): auto =
+    # cross-encoder reranking the first stage's best (rag.retrieval.rerank.resolve_reranker): auto =
     # minilm-rerank under $RAG_HOME/models when `make models` trained it, else no rerank;
     # none = no rerank; or a cross-encoder folder/artefact name
     rerank: str | None = DEFAULT_RERANK
@@ -71,12 +71,12 @@ class RAGConfig:
     # tokens per query+passage pair; None = the length the reranker was trained and saved with
     rerank_max_length: int | None = None
     # reranker's share of a reranked passage's score: w * norm(rerank) + (1 - w) * norm(first
-    # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order (rag.fusion.interpolate)
+    # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order (rag.retrieval.fusion.interpolate)
     rerank_weight: float = DEFAULT_RERANK_WEIGHT
     # the reranker's weights: auto = bf16 on CUDA or a CPU with bf16 units (AMX), else fp32 |
     # fp32 | bf16 | int8 (CPU); same ranking quality, measured in docs/retrieval.md
     rerank_precision: str = DEFAULT_RERANK_PRECISION
-    # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.fusion). convex with
+    # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.retrieval.fusion). convex with
     # alpha 0.5 is the best measured (docs/retrieval.md: SciFact dev ties RRF, SQuAD dev +0.03)
     fusion: str = "convex"  # hybrid fusion: convex (normalised scores) | rrf (ranks)
     alpha: float = 0.5  # dense weight in hybrid fusion (chosen on train queries: 0.5 / 0.4)
@@ -87,28 +87,30 @@ class RAGConfig:
     max_context_tokens: int | None = 2048  # prompt+answer cap below the decoder's max positions
     min_score: float | None = None  # relevance threshold on hit scores; None = per-mode default
     prefix_cache: bool = True  # reuse the KV cache of the fixed system prompt across questions
-    batching: bool = True  # decode concurrent requests together (rag.batching; 3.2x req/s measured)
+    batching: bool = (
+        True  # decode concurrent requests together (rag.generate.batching; 3.2x req/s measured)
+    )
     max_batch: int = 16  # rows per decode step when batching is on
-    # check each cited sentence against the passage it names; re-attribute or flag (rag.verify)
+    # check each cited sentence against the passage it names; re-attribute or flag (rag.answer.verify)
     verify_citations: bool = True
     # when the answer cites nothing (and is no refusal), append the passage marker [i] the decoder
     # itself scores likeliest after its answer; Answer.citations_completed records it
     complete_citations: bool = True
-    # refusal gate (rag.refusal): refuse only when p(refusal | prompt) >= this, else decode the
+    # refusal gate (rag.answer.refusal): refuse only when p(refusal | prompt) >= this, else decode the
     # answer with the refusal barred; None = the adapter's tuned threshold (its run.json), and
     # without one the decoder's greedy choice stands
     refusal_threshold: float | None = None
-    # answerability check (rag.answerability): refuse without decoding when p(unanswerable),
+    # answerability check (rag.answer.answerability): refuse without decoding when p(unanswerable),
     # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
     device: str = "auto"  # where the models run; auto = cuda when a GPU is visible
-    # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.encoding)
+    # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.retrieval.encoder)
     encoder_backend: str = "torch"
     # decoder weights: auto = bfloat16 on CUDA or a CPU with bf16 units (AMX), else float32
     dtype: str = "auto"
     # prompt format (rag.prompt.PROFILES): auto = the decoder's measured best (rag.models)
     profile: str = "auto"
-    # decoder speed (rag.decode_speed; measured by benchmarks.decode_variants), all off by default:
+    # decoder speed (rag.generate.speed; measured by benchmarks.decode_variants), all off by default:
     # int8 = decode steps through int8 copies of the linear layers (CPU; prefill stays float)
     decoder_quantize: str = "none"
     # torch.compile the decoder's forward (dynamic cache) or generate's decode step (static cache)
@@ -272,7 +274,7 @@ CLI_HELP = {
     "rerank_precision": "reranker weights: auto = bf16 on CUDA or a CPU with bf16 units, else "
     "fp32; or fp32, bf16, int8 (CPU)",
     "refusal_threshold": "refuse only when p(refusal) >= this, in (0, 1], else answer with the "
-    "refusal barred; none = the decoder's own choice (rag.refusal)",
+    "refusal barred; none = the decoder's own choice (rag.answer.refusal)",
 }
 
 

@@ -11,7 +11,7 @@ same in every CLI (rag.*, training.*, evals.*, ui.app):
 - a field with a fixed set of values gets argparse ``choices`` from the constant that defines the
   set: the dataclass's ``CHOICES`` (e.g. ``rag.config.RAGConfig.CHOICES``), a ``choices=``
   mapping, and for ``device`` / ``dtype`` everywhere :data:`rag.defaults.DEVICES` / ``DTYPES``
-  (``decoder_quantize`` / ``cache_implementation``: :mod:`rag.decode_speed`'s sets).
+  (``decoder_quantize`` / ``cache_implementation``: :mod:`rag.generate.speed`'s sets).
   A typo then stops at parse time, naming the flag and the allowed values (exit 2, rag.cli);
 - a field without a default is positional.
 
@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rag.cli import OneLineParser, says_default, show_default
-from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE
 from rag.defaults import DEVICES, DTYPES
+from rag.generate.speed import CACHE_IMPLEMENTATIONS, QUANTIZE
 
 T = typing.TypeVar("T")
 # Sets of values a field of this name has in every config of the project (applied only when the

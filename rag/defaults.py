@@ -7,7 +7,7 @@ they drifted (three mode lists, chunk size five times); imported from here they 
 importing them costs nothing (no torch, no index library).
 
 Sets of values owned by one subsystem stay beside it and are imported from there:
-``indexes.BACKENDS``, ``rag.encoding.ENCODER_BACKENDS`` / ``PRECISIONS``, ``rag.fusion.FUSIONS``,
+``indexes.BACKENDS``, ``rag.retrieval.encoder.ENCODER_BACKENDS`` / ``PRECISIONS``, ``rag.retrieval.fusion.FUSIONS``,
 ``rag.prompt.PROFILES``.
 """
 

@@ -83,7 +83,7 @@ def hit_to_document(hit: Hit) -> Document:
 
 
 class IndexRetriever(BaseRetriever):
-    """A langchain-core retriever over :class:`rag.retrieve.Retriever` (or anything with
+    """A langchain-core retriever over :class:`rag.retrieval.retriever.Retriever` (or anything with
     ``search(query, k=, mode=) -> list[Hit]``)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -100,7 +100,7 @@ class IndexRetriever(BaseRetriever):
         cls, index: str, *, encoder: str | None = None, device: str = "auto", **kwargs: Any
     ) -> IndexRetriever:
         """Open an index built by ``rag.ingest`` (``encoder`` None = the index's own)."""
-        from rag.retrieve import Retriever
+        from rag.retrieval.retriever import Retriever
 
         return cls(retriever=Retriever.open(index, encoder=encoder, device=device), **kwargs)
 

@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag.decode_speed import DecodeSpeed
 from rag.defaults import DEVICES, DTYPES
+from rag.generate.speed import DecodeSpeed
 from rag.gguf import (
     GGUF_PACKAGES,
     convert_gguf,
@@ -243,7 +243,7 @@ def pick_profile(name: str | Path, adapter: str | Path | None = None) -> str:
 
 
 def pick_refusal_threshold(adapter: str | Path | None) -> float | None:
-    """The refusal gate threshold (rag.refusal) an adapter was tuned with, from its run.json
+    """The refusal gate threshold (rag.answer.refusal) an adapter was tuned with, from its run.json
     ("refusal_threshold", chosen on SQuAD train articles by evals.refusal_sweep); None = none."""
     if adapter is None:
         return None
@@ -288,7 +288,7 @@ def load_generator(
     """(model, tokenizer) for a causal LM folder or alias, with an optional peft LoRA adapter.
     ``dtype``: a torch dtype, or ``auto`` / ``float32`` / ``bfloat16`` (None = float32).
     ``speed``: int8 decode layers / compiled forward, applied after the adapter is merged
-    (:mod:`rag.decode_speed`)."""
+    (:mod:`rag.generate.speed`)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

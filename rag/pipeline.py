@@ -7,7 +7,7 @@ concurrent sessions share one copy of each model.
 Grounding rules, in one place:
 
 - nothing relevant retrieved (no hits, or every hit under the relevance threshold), or the
-  answerability check (:mod:`rag.answerability`) judges the passages unable to hold the answer
+  answerability check (:mod:`rag.answer.answerability`) judges the passages unable to hold the answer
   → the answer is :data:`rag.prompt.REFUSAL` and the model is not called;
 - citation markers ``[n]`` are parsed with :func:`rag.prompt.parse_citations`; each valid number
   maps to the passage given at that position; a number that names no given passage is dropped
@@ -17,7 +17,7 @@ Grounding rules, in one place:
   log-probability of the continuation `` [i]`` for every given passage i after its own answer, and
   the likeliest marker is appended (``Answer.citations_completed`` is then true). Small zero-shot
   models (SmolLM2-135M) answer but almost never write markers by themselves;
-- every citation is then verified against the passage it names (:mod:`rag.verify`): one whose
+- every citation is then verified against the passage it names (:mod:`rag.answer.verify`): one whose
   sentence that passage does not support is re-attributed to a passage that clearly does, or
   flagged (``Citation.supported``); an answer that repeats instruction-like passage text is
   marked ``suspected_injection``. ``RAGPipeline(verify=False)`` turns this off.
@@ -31,13 +31,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rag.answerability import AnswerabilityDecision, check
+from rag.answer.answerability import AnswerabilityDecision, check
+from rag.answer.refusal import RefusalDecision, decide, supports_gate
+from rag.answer.relevance import hybrid_is_relevant, relevant_hits  # noqa: F401  (re-exported)
+from rag.answer.verify import verify_answer
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, parse_citations
-from rag.refusal import RefusalDecision, decide, supports_gate
-from rag.relevance import hybrid_is_relevant, relevant_hits  # noqa: F401  (re-exported)
 from rag.types import Answer, Citation, Hit
-from rag.verify import verify_answer
 
 History = Sequence[tuple[str, str]]
 RewriteFn = Callable[[str, list[tuple[str, str]]], str]
@@ -52,7 +52,7 @@ class Prepared:
     hits: list[Hit]  # passages given to the model, in prompt order ([1] first)
     messages: list[dict[str, str]]
     timings: dict[str, float]
-    answerable: AnswerabilityDecision | None = None  # rag.answerability; None = not checked
+    answerable: AnswerabilityDecision | None = None  # rag.answer.answerability; None = not checked
     reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
 
 
@@ -123,7 +123,7 @@ class RAGPipeline:
 
     ``retriever`` / ``generator`` may be passed in (tests, evals reusing loaded models); else they
     are built from ``config`` on first use. ``rewrite_query`` overrides ``config.rewrite_query``.
-    ``verify`` checks citations against their passages (:mod:`rag.verify`); None = the config's
+    ``verify`` checks citations against their passages (:mod:`rag.answer.verify`); None = the config's
     ``verify_citations`` when it has one, else on.
     """
 
@@ -151,7 +151,7 @@ class RAGPipeline:
         if self._retriever is None:
             with self._retriever_lock:
                 if self._retriever is None:
-                    from rag.retrieve import Retriever
+                    from rag.retrieval.retriever import Retriever
 
                     cfg = self.config
                     self._retriever = Retriever.open(
@@ -174,8 +174,8 @@ class RAGPipeline:
         if self._generator is None:
             with self._generator_lock:
                 if self._generator is None:
-                    from rag.decode_speed import DecodeSpeed
-                    from rag.generate import Generator
+                    from rag.generate.generator import Generator
+                    from rag.generate.speed import DecodeSpeed
 
                     cfg = self.config
                     self._generator = Generator.load(
@@ -350,7 +350,7 @@ class RAGPipeline:
         return answer, gate
 
     def _gate(self, prep: Prepared) -> RefusalDecision | None:
-        """The refusal gate's decision (rag.refusal), or None when it is off or unsupported.
+        """The refusal gate's decision (rag.answer.refusal), or None when it is off or unsupported.
         The threshold is the config's; else, when the answerability check ran, 1.0 (the
         refusal barred: with the check deciding, the decoder's own refusals only added false
         refusals, SQuAD train: 86.7% of unanswerable refused either way, false refusals 6.9%

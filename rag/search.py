@@ -70,7 +70,7 @@ def build_parser() -> OneLineParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     t0 = time.perf_counter()
     index = Path(args.index_dir) if args.index_dir else args.index

@@ -1,4 +1,4 @@
-"""Decoder speed options (rag.decode_speed): what each keeps exact, and what is refused.
+"""Decoder speed options (rag.generate.speed): what each keeps exact, and what is refused.
 
 Tiny random Llama (smollm2's architecture) and Qwen2 (Qwen2.5's) decoders in float32, with
 weights 10x the usual init so that a wrong cache column or position changes the greedy tokens
@@ -22,8 +22,8 @@ import torch
 from generate_support import build_model, build_tokenizer, messages
 
 from rag.config import ConfigError, RAGConfig, add_config_args, config_from_args, read_toml
-from rag.decode_speed import STATIC_CACHE_STEP, DecodeSpeed, DecodeSpeedError, static_capacity
-from rag.generate import Generator
+from rag.generate.generator import Generator
+from rag.generate.speed import STATIC_CACHE_STEP, DecodeSpeed, DecodeSpeedError, static_capacity
 from rag.prompt import build_messages
 
 ARCHS = ("llama", "qwen2")

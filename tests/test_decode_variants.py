@@ -9,7 +9,7 @@ import pytest
 from generate_support import save_tiny_llama
 
 from benchmarks.decode_variants import first_difference, main, parse_variant
-from rag.decode_speed import DecodeSpeed
+from rag.generate.speed import DecodeSpeed
 
 
 def test_parse_variant():

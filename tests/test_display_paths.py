@@ -11,7 +11,7 @@ from ingest_support import write_docs
 from rag.ingest import ingest
 from rag.manifest import open_generation
 from rag.paths import display_source
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 from rag.search import main as search_main
 from rag.types import Answer, Chunk, Citation, Hit
 from ui.render import sources_html, uncited_html

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag.encoding import Encoder
 from rag.paths import rag_home
+from rag.retrieval.encoder import Encoder
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -89,7 +89,7 @@ def test_ingest_and_query_with_onnx_backend(tmp_path, tiny_mlm_dir):
 
     from rag.ingest import main
     from rag.manifest import open_generation
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     docs = write_docs(tmp_path / "docs")
     args = [str(docs), "--index", "onnx-idx", "--encoder", str(tiny_mlm_dir), "--no-progress"]

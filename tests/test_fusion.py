@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from rag.fusion import (
+from rag.retrieval.engine import rrf
+from rag.retrieval.fusion import (
     choose_weight,
     convex,
     fuse,
@@ -16,7 +17,6 @@ from rag.fusion import (
     normalize,
     weighted_rrf,
 )
-from rag.search_engine import rrf
 
 DENSE = [("a", 0.9), ("b", 0.5), ("c", 0.1)]
 BM25 = [("c", 10.0), ("d", 8.0), ("a", 2.0)]
@@ -85,7 +85,7 @@ def test_weighted_rrf_and_plain_rrf():
 
 
 def test_ndcg_matches_pytrec_eval():
-    from rag.metrics import retrieval_metrics
+    from rag.evaluation.metrics import retrieval_metrics
 
     qrels = {"q1": {"a": 2, "d": 1}, "q2": {"x": 1}, "q3": {"b": 1}}
     run = {"q1": [("c", 3.0), ("a", 2.0), ("b", 1.0), ("d", 0.5)], "q2": [("y", 1.0)]}
@@ -130,7 +130,7 @@ def hybrid(tmp_path_factory):
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from training_support import save_tiny_encoder
 
-    from rag.retrieve import CorpusRetriever
+    from rag.retrieval.retriever import CorpusRetriever
 
     folder = save_tiny_encoder(tmp_path_factory.mktemp("fusion_enc"))
     tr = Transformer(str(folder), max_seq_length=32)

@@ -12,7 +12,7 @@ from ingest_support import write_docs
 from indexes import open_index
 from rag.ingest import ingest
 from rag.manifest import index_dir, kept_chunk_ids, open_generation, read_chunks
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 
 OKAPI = "# Okapi\n\nThe okapi is a forest giraffe.\n"
 

@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from ui.app import App
 
 def f():
-    import rag.metrics
+    import rag.evaluation.metrics
     class C:
         def g(self):
             from indexes.base import VectorIndex

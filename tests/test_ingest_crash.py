@@ -20,7 +20,7 @@ from test_ingest import index_state
 from indexes import open_index
 from rag.ingest import CRASH_ENV, ingest
 from rag.manifest import kept_chunk_ids, open_generation, read_chunks
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 
 FAST = ["mid-encode", "after-bm25", "after-rename"]
 SLOW = ["after-encode", "after-vectors", "before-publish", "after-pointer"]

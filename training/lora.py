@@ -61,9 +61,9 @@ class LoraTrainConfig(FinetuneConfig):
     warmup_ratio: float = 0.05  # fraction of steps spent warming up
     k_passages: int = 3  # passages per prompt (gold + k-1 BM25 distractors)
     refusal_fraction: float = 0.15  # share of examples with no answer-bearing passage
-    # written to run.json: the refusal gate threshold rag uses with this adapter (rag.refusal);
+    # written to run.json: the refusal gate threshold rag uses with this adapter (rag.answer.refusal);
     # choose it with evals.refusal_sweep on SQuAD train articles; None = greedy refusals
-    refusal_threshold: float | None = None  # the gate threshold saved for rag (rag.refusal)
+    refusal_threshold: float | None = None  # the gate threshold saved for rag (rag.answer.refusal)
     max_examples: int = 300  # training examples in all, SQuAD + docs (0 = every one available)
     passage_words: int = 0  # trim SQuAD passages to this many words around the answer (0 = whole)
     doc_passage_words: int = 180  # trim doc sections to this many words (0 = whole section)

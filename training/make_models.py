@@ -235,7 +235,7 @@ def retrieval_steps(args: argparse.Namespace, data: Path) -> list[Step]:
     indexes are built with when it exists, and ``minilm-rerank``, the reranker ``rerank = auto``
     uses. Their recipes are the measured ones, whatever the preset."""
     from rag.models import TUNED_ENCODER
-    from rag.rerank import AUTO_RERANKER
+    from rag.retrieval.rerank import AUTO_RERANKER
 
     tuned, rerank = models_dir() / TUNED_ENCODER, models_dir() / AUTO_RERANKER
 

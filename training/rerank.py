@@ -127,7 +127,7 @@ def collect_examples(
 ) -> tuple[list[R.RerankExample], dict[str, Any]]:
     """Every source's examples with mined negatives, shuffled, checked against the dev splits;
     also {pool kind: (retriever, corpus)} (the dev eval's first stage reuses them)."""
-    from rag.retrieve import CorpusRetriever
+    from rag.retrieval.retriever import CorpusRetriever
 
     if bad := [m for m in cfg.mine if m not in MINERS]:
         raise ValueError(f"--mine must be among {', '.join(MINERS)}, not {bad[0]!r}")
@@ -160,7 +160,7 @@ def dev_evaluators(cfg: RerankConfig, retrievers: dict[str, Any]) -> list:
     (SciFact dev claims, SQuAD dev-article questions), never trained on."""
     from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
 
-    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.evaluation.datasets import load_beir, load_squad, scifact_split, squad_split
 
     sets = []
     if cfg.scifact and "scifact" in retrievers:

@@ -4,7 +4,7 @@
     make demo                                # ingests docs/ into index "docs", then this
 
 The UI only calls the pipeline in ``rag/`` (``RAGPipeline.stream``, ``rag.ingest.ingest``,
-``rag.rewrite.rewrite_query``); it holds no retrieval or generation logic. Pipelines (and so the
+``rag.answer.rewrite.rewrite_query``); it holds no retrieval or generation logic. Pipelines (and so the
 models) are loaded once per process and shared by every session (:mod:`ui.state`); the Gradio
 queue bounds how many chat requests run at once. Safe by default: binds 127.0.0.1, uploads are
 checked by :mod:`ui.uploads` (size, type, content, file name), the index setting is a name, never
@@ -27,7 +27,7 @@ import gradio as gr
 from rag.cli import run_cli
 from rag.defaults import MODES
 from rag.models import resolve_model
-from rag.rerank import resolve_reranker
+from rag.retrieval.rerank import resolve_reranker
 from ui import render
 from ui.config import AppConfig, app_config, build_parser, parse_args
 from ui.handlers import ChatApp

@@ -13,11 +13,11 @@ from typing import Any
 
 import gradio as gr
 
+from rag.answer.rewrite import rewrite_query
 from rag.config import RAGConfig
 from rag.defaults import MODES
 from rag.models import describe_decoder, resolve_adapter
-from rag.rerank import describe_reranker, resolve_reranker
-from rag.rewrite import rewrite_query
+from rag.retrieval.rerank import describe_reranker, resolve_reranker
 from rag.types import Answer
 from ui import render
 from ui.config import AppConfig

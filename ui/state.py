@@ -25,7 +25,7 @@ from rag.config import RAGConfig
 from rag.models import DECODER_ALIASES, ENCODER_ALIASES, list_artifacts
 from rag.paths import IndexNameError, indexes_dir, models_dir
 from rag.paths import check_index_name as check_name
-from rag.rerank import is_cross_encoder
+from rag.retrieval.rerank import is_cross_encoder
 
 log = logging.getLogger("ui")
 

@@ -19,9 +19,9 @@ from indexes import BACKENDS
 from rag.cli import OneLineParser, add_index_args, run_cli
 from rag.dataclass_cli import add_dataclass_args, config_from_args
 from rag.defaults import DEFAULT_CHUNK_TOKENS
-from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.ingest.apply import ingest_config
 from rag.ingest.config import ENGINES, FAISS_KINDS, IngestConfig, IngestReport
+from rag.retrieval.encoder import ENCODER_BACKENDS, PRECISIONS
 
 PROG = "rag.ingest"
 

@@ -20,9 +20,9 @@ from typing import Any
 from indexes import BACKENDS, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
 from rag.documents import DEFAULT_MAX_BYTES
-from rag.encoding import ENCODER_BACKENDS, PRECISIONS, check_backend
 from rag.manifest import CURRENT, index_dir
 from rag.models import default_encoder, resolve_model
+from rag.retrieval.encoder import ENCODER_BACKENDS, PRECISIONS, check_backend
 
 AUTO_ENCODER = "auto"  # --encoder auto (= not given): the index's own, else default_encoder()
 # = indexes.faiss_index.KINDS, repeated so that checking settings does not import faiss

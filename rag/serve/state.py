@@ -19,7 +19,7 @@ import anyio
 
 from rag.config import RAGConfig
 from rag.paths import indexes_dir
-from rag.serve_api import ApiError
+from rag.serve.api import ApiError
 
 log = logging.getLogger("rag.serve")
 

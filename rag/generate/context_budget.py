@@ -1,5 +1,5 @@
 """Which retrieved passages fit the decoder's context window, for
-:meth:`rag.generate.Generator.fit_passages`.
+:meth:`rag.generate.generator.Generator.fit_passages`.
 
 Budget = the model's positions − ``max_new_tokens`` − the prompt without passages. Passages are
 taken best-first, so the lowest-ranked are the ones trimmed or dropped; a passage that would be

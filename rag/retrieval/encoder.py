@@ -29,7 +29,7 @@ PRECISIONS = ("fp32", "bf16", "int8")
 # the reranker's setting adds auto: bf16 where it runs fast (CUDA, CPUs with bf16 units), else fp32
 PRECISION_SETTINGS = ("auto", *PRECISIONS)
 # torch: sentence-transformers as loaded; onnx: its transformer run by ONNX Runtime from a cached
-# export (rag.encoder_backends), same embeddings within float tolerance, int8 with --precision int8
+# export (rag.retrieval.onnx_encoder), same embeddings within float tolerance, int8 with --precision int8
 ENCODER_BACKENDS = ("torch", "onnx")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx")
 ModuleT = TypeVar("ModuleT", bound="torch.nn.Module")
@@ -63,7 +63,7 @@ def state_fingerprint(model: Any) -> str:
 
 def quantize_int8(model: ModuleT) -> ModuleT:
     """Dynamic int8 quantisation (CPU only), in place, of a SentenceTransformer or of a
-    cross-encoder's transformer (:class:`rag.rerank.CrossEncoderReranker`): int8 weights with
+    cross-encoder's transformer (:class:`rag.retrieval.rerank.CrossEncoderReranker`): int8 weights with
     per-output-channel scales, activations quantised on the fly, for every Linear layer except the
     feed-forward down-projections (in_features > out_features) of the last third of the layers.
     Those read GELU outputs whose outliers a per-tensor activation scale clips, and errors there
@@ -162,7 +162,7 @@ class Encoder:
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self._fingerprint: str | None = None
         if backend == "onnx":  # the export is keyed by the torch weights' fingerprint
-            from rag.encoder_backends import use_onnx
+            from rag.retrieval.onnx_encoder import use_onnx
 
             self.model = use_onnx(model, self.fingerprint, precision)
         elif precision == "int8":

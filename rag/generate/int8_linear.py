@@ -1,5 +1,5 @@
 """int8 decode steps for a causal LM: each ``nn.Linear`` keeps its float weights for prefill and
-gains an int8 copy for one-token calls (``decoder_quantize = "int8"``, :mod:`rag.decode_speed`).
+gains an int8 copy for one-token calls (``decoder_quantize = "int8"``, :mod:`rag.generate.speed`).
 
 Why a layer of our own rather than ``torch.ao.quantization.quantize_dynamic`` on the model: a
 decode step reads every weight to produce one token, so int8 weights (a quarter of float32, half
@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from rag.decode_speed import DecodeSpeedError
+from rag.generate.speed import DecodeSpeedError
 
 
 class Int8DecodeLinear(nn.Linear):

@@ -9,7 +9,7 @@ by default until the measurement says which to keep.
 - ``quantize="int8"``: every ``nn.Linear`` (the LM head included) gains an int8 copy of its
   weights that serves the one-token calls of decode steps, through torch's dynamic int8 kernel;
   prefill and scoring keep the float (bf16 on AMX) weights, and each sequence of a batch is its
-  own call, so the prefix cache and batching stay exact (:mod:`rag.int8_decode` says why not
+  own call, so the prefix cache and batching stay exact (:mod:`rag.generate.int8_linear` says why not
   ``quantize_dynamic`` on the whole model). CPU only.
 - ``compile=True``: with the dynamic cache, the model's ``forward`` is replaced by
   ``torch.compile(forward, dynamic=True)``, so every caller (``generate``, the prefix cache, the
@@ -48,7 +48,7 @@ class DecodeSpeedError(ValueError):
 
 @dataclass(frozen=True)
 class DecodeSpeed:
-    """The decoder speed options of one :class:`rag.generate.Generator` (module docstring)."""
+    """The decoder speed options of one :class:`rag.generate.generator.Generator` (module docstring)."""
 
     quantize: str = "none"  # none | int8
     compile: bool = False  # torch.compile the forward (dynamic cache) or the decode step (static)
@@ -106,7 +106,7 @@ class DecodeSpeed:
         in, or its forward compiled (dynamic cache only; the static cache compiles in
         :meth:`generate_kwargs`). Idempotent for unchanged options; returns the model to use."""
         if self.quantize == "int8":
-            from rag.int8_decode import quantize_int8
+            from rag.generate.int8_linear import quantize_int8
 
             model = quantize_int8(model)
         if self.compile and self.cache == "dynamic" and not hasattr(model, "_rag_compiled"):

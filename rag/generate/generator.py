@@ -1,7 +1,7 @@
 """Answer generation: a causal LM with the KV cache on, a reusable prefix cache and streaming.
 
 Decoding itself is ``transformers``' ``model.generate`` (greedy or nucleus sampling, stop strings,
-KV cache), with :mod:`rag.decoding`'s loop guard and stop rules; what is ours here is the *prefix
+KV cache), with :mod:`rag.generate.stopping`'s loop guard and stop rules; what is ours here is the *prefix
 cache*. Every grounded prompt starts with the same system turn
 (:data:`rag.prompt.SYSTEM_PROMPT` rendered through the chat template), so its keys and values are
 computed once per generator and a deep copy of that ``DynamicCache`` is handed to ``generate`` for
@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from rag import context_budget, scoring
-from rag.batching import BatchedDecoder
-from rag.decode_speed import DecodeSpeed
-from rag.decoding import DecodingRules, trim_repetition
+from rag.generate import context_budget, scoring
+from rag.generate.batching import BatchedDecoder
+from rag.generate.speed import DecodeSpeed
+from rag.generate.stopping import DecodingRules, trim_repetition
+from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
 from rag.prompt import build_messages
-from rag.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
 
 # ChatML without a default system turn: used only when a tokenizer ships no chat template.
 FALLBACK_CHAT_TEMPLATE = (
@@ -46,7 +46,7 @@ class Generator:
 
     One instance is shared by every request (the UI's sessions included): decoding runs under a
     lock, so concurrent callers queue instead of fighting for the same CPU cores, or, opt-in
-    (``batching=True``), share the steps of one :class:`rag.batching.BatchedDecoder`.
+    (``batching=True``), share the steps of one :class:`rag.generate.batching.BatchedDecoder`.
     """
 
     def __init__(
@@ -64,13 +64,13 @@ class Generator:
         refusal_threshold: float | None = None,
         speed: DecodeSpeed | None = None,
     ) -> None:
-        # decoder speed options (rag.decode_speed); the model comes with them already applied
+        # decoder speed options (rag.generate.speed); the model comes with them already applied
         self.speed = speed or DecodeSpeed()
         self.speed.check(batching=batching)
         self.model = model
-        self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.decoding)
+        self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.generate.stopping)
         self.profile = profile  # prompt profile of rag.prompt.build_messages
-        # the refusal gate threshold its adapter was tuned with (rag.refusal); None = greedy
+        # the refusal gate threshold its adapter was tuned with (rag.answer.refusal); None = greedy
         self.refusal_threshold = refusal_threshold
         self.tokenizer = tokenizer
         self.device = device
@@ -98,7 +98,7 @@ class Generator:
         """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
         ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
         ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default);
-        ``speed``: int8 / compile / static cache (:mod:`rag.decode_speed`, off by default)."""
+        ``speed``: int8 / compile / static cache (:mod:`rag.generate.speed`, off by default)."""
         from rag.models import (
             load_generator,
             pick_device,
@@ -161,7 +161,7 @@ class Generator:
         self, question: str, passages: Sequence[str], max_new_tokens: int = 256
     ) -> list[str]:
         """The passages (in rank order) that fit the context budget, the last one maybe trimmed
-        (:func:`rag.context_budget.fit_passages`)."""
+        (:func:`rag.generate.context_budget.fit_passages`)."""
         return context_budget.fit_passages(self, question, passages, max_new_tokens)
 
     # ---- caches --------------------------------------------------------------------------------
@@ -226,10 +226,12 @@ class Generator:
         use_prefix = self.prefix_cache if use_prefix_cache is None else use_prefix_cache
         cache = None
         if use_cache and prompt_cache is not None:
-            cache = prompt_cache  # e.g. rag.scoring.refusal_logprob's, all ids but the last
+            cache = (
+                prompt_cache  # e.g. rag.generate.scoring.refusal_logprob's, all ids but the last
+            )
         elif use_cache and use_prefix and 0 < prefix_len < len(ids):
             cache = self._prefix_cache_for(ids[:prefix_len])
-        if use_cache:  # the dynamic cache as is, or a static one holding it (rag.decode_speed)
+        if use_cache:  # the dynamic cache as is, or a static one holding it (rag.generate.speed)
             kw.update(self.speed.generate_kwargs(self.model, cache, len(ids) + max_new_tokens))
         return kw
 
@@ -326,12 +328,12 @@ class Generator:
         self, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
     ) -> list[float]:
         """Log-probability of each continuation after the prompt and the assistant's ``answer``
-        (:func:`rag.scoring.score_continuations`): which passage marker it would write next."""
+        (:func:`rag.generate.scoring.score_continuations`): which passage marker it would write next."""
         return scoring.score_continuations(self, messages, answer, continuations)
 
     def refusal_logprob(self, messages: Sequence[dict[str, str]]) -> tuple[float, Any]:
         """log p(REFUSAL | prompt) and a KV cache to decode the answer from
-        (:func:`rag.scoring.refusal_logprob`; the refusal gate of :mod:`rag.refusal`)."""
+        (:func:`rag.generate.scoring.refusal_logprob`; the refusal gate of :mod:`rag.answer.refusal`)."""
         return scoring.refusal_logprob(self, messages)
 
     def stream(

@@ -1,10 +1,10 @@
-"""The search engine under both retrievers of :mod:`rag.retrieve`: dense (encoder + vector
+"""The search engine under both retrievers of :mod:`rag.retrieval.retriever`: dense (encoder + vector
 index), BM25, and hybrid by reciprocal rank fusion (or a convex fusion of normalised scores,
-:mod:`rag.fusion`), with an optional rerank stage over the best candidates (the reranker's score
-interpolated with the first stage's by ``rerank_weight``, :func:`rag.fusion.interpolate`).
+:mod:`rag.retrieval.fusion`), with an optional rerank stage over the best candidates (the reranker's score
+interpolated with the first stage's by ``rerank_weight``, :func:`rag.retrieval.fusion.interpolate`).
 
-It knows ids and scores only; :class:`rag.retrieve.Retriever` maps them to chunks of an
-ingested index and :class:`rag.retrieve.CorpusRetriever` to an in-memory corpus, so the evals
+It knows ids and scores only; :class:`rag.retrieval.retriever.Retriever` maps them to chunks of an
+ingested index and :class:`rag.retrieval.retriever.CorpusRetriever` to an in-memory corpus, so the evals
 measure the code the system searches with. Each stage's time is added to ``timings``.
 """
 
@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from indexes import VectorIndex
-from rag.answerability import COVERAGE_STOPWORDS, coverage
-from rag.bm25 import BM25Index, terms
+from rag.answer.answerability import COVERAGE_STOPWORDS, coverage
 from rag.defaults import MODES
-from rag.encoding import Encoder
-from rag.fusion import check_fusion, check_rerank_weight, fuse, rerank_head
-from rag.rerank import DEFAULT_RERANK_WEIGHT, Reranker
+from rag.retrieval.bm25 import BM25Index, terms
+from rag.retrieval.encoder import Encoder
+from rag.retrieval.fusion import check_fusion, check_rerank_weight, fuse, rerank_head
+from rag.retrieval.rerank import DEFAULT_RERANK_WEIGHT, Reranker
 
 RRF_K = 60
 
@@ -51,14 +51,14 @@ class SearchEngine:
     """Dense / BM25 / hybrid search plus rerank over an encoder, a vector index and a BM25 index.
 
     ``depth``: candidates each retriever contributes to fusion (and to the rerank stage).
-    ``fusion``/``alpha``/``norm``: how ``hybrid`` fuses the two lists (:func:`rag.fusion.fuse`;
+    ``fusion``/``alpha``/``norm``: how ``hybrid`` fuses the two lists (:func:`rag.retrieval.fusion.fuse`;
     the default, ``rrf`` with ``alpha`` 0.5, is plain reciprocal rank fusion).
     ``rerank_depth``: how many of the best candidates the reranker re-scores (default ``depth``);
     the rest follow in first-stage order. A cross-encoder costs one forward pass per candidate,
     so this depth sets the query latency.
     ``rerank_weight``: the reranker's share of the reranked head's score,
     ``weight * norm(rerank) + (1 - weight) * norm(first stage)`` (``norm`` as for fusion);
-    default :data:`rag.rerank.DEFAULT_RERANK_WEIGHT` (0.5, the product's setting, measured in
+    default :data:`rag.retrieval.rerank.DEFAULT_RERANK_WEIGHT` (0.5, the product's setting, measured in
     docs/retrieval.md); 1 = the reranker's order and raw scores; 0 = the first-stage order. A
     weak reranker (ours, trained on little data) is interpolated rather than trusted outright; ``evals.retrieval --rerank-weight default`` chooses the weight.
     ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
@@ -107,7 +107,7 @@ class SearchEngine:
         return self._encoder
 
     def coverage(self, query: str, texts: Sequence[str]) -> float | None:
-        """The answerability signal :func:`rag.answerability.coverage` of ``query`` over
+        """The answerability signal :func:`rag.answer.answerability.coverage` of ``query`` over
         ``texts``, weighted by this corpus's BM25 IDF; None without a BM25 index."""
         if self.bm25 is None:
             return None
@@ -216,7 +216,7 @@ class SearchEngine:
     ) -> list[Scored]:
         """``row`` with its head (one entry per score) re-ordered by the reranker's ``scores``
         interpolated with the first stage's by ``weight`` (default: the engine's;
-        :func:`rag.fusion.rerank_head`); the rest keep their order below them, with scores under
+        :func:`rag.retrieval.fusion.rerank_head`); the rest keep their order below them, with scores under
         the lowest reranked one (evaluators sort by score). Head entries become mode ``rerank``
         and keep their component scores."""
         weight = self.rerank_weight if weight is None else weight

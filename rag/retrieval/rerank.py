@@ -6,7 +6,7 @@ default) = the ``minilm-rerank`` artefact ``make models`` trains, when it is the
 no rerank stage; anything else = that cross-encoder. The CLIs, the pipeline, the server and the
 UI all resolve through it, so they agree on what runs and can name it.
 
-Kept apart from :mod:`rag.retrieve` (which re-exports these names) so that module stays about
+Kept apart from :mod:`rag.retrieval.retriever` (which re-exports these names) so that module stays about
 searching; ``sentence_transformers`` is imported only when a cross-encoder is loaded.
 """
 
@@ -23,12 +23,12 @@ from rag.loading import MODEL_LOAD_LOCK
 from rag.models import ModelNotFoundError, resolve_model
 from rag.paths import models_dir
 
-log = logging.getLogger("rag.rerank")
+log = logging.getLogger("rag.retrieval.rerank")
 
 # The rerank settings' defaults, in one place (rag.config.RAGConfig reads them): ``auto`` finds
 # AUTO_RERANKER, the cross-encoder `make models` writes (python -m training.rerank) under
 # $RAG_HOME/models. Depth = candidates re-scored (one forward pass each: the latency); weight =
-# the reranker's share of a reranked passage's score (1 = its order alone, rag.fusion).
+# the reranker's share of a reranked passage's score (1 = its order alone, rag.retrieval.fusion).
 # Measured (docs/retrieval.md, SciFact and SQuAD dev): the reranker's order alone (weight 1)
 # loses to the first stage on both; half and half over the top 10 gains a little on both
 # (0.8120 -> 0.8132, 0.9145 -> 0.9209) at about 170 ms per query on 2 CPU cores.
@@ -37,7 +37,7 @@ AUTO_RERANKER = "minilm-rerank"
 DEFAULT_RERANK = AUTO
 DEFAULT_RERANK_DEPTH = 10
 DEFAULT_RERANK_WEIGHT = 0.5
-# auto: bf16 on CUDA or a CPU with bf16 units (3.5x faster here, rag.encoding.resolve_precision)
+# auto: bf16 on CUDA or a CPU with bf16 units (3.5x faster here, rag.retrieval.encoder.resolve_precision)
 DEFAULT_RERANK_PRECISION = "auto"
 
 
@@ -53,9 +53,9 @@ class CrossEncoderReranker:
     writes); nothing downloads. ``max_length`` truncates each (query, passage) pair (None: the
     length the folder was saved with). Scores are raw logits: the order is the model's, and
     unlike its sigmoid they never saturate into ties. ``precision`` ``int8`` quantises the
-    transformer's Linear layers with the bi-encoder's recipe (:func:`rag.encoding.quantize_int8`;
+    transformer's Linear layers with the bi-encoder's recipe (:func:`rag.retrieval.encoder.quantize_int8`;
     the scoring head stays fp32) and runs on CPU, so ``device`` ``auto`` means CPU there; ``bf16``
-    casts the whole model to bfloat16 (:func:`rag.encoding.to_bf16`)."""
+    casts the whole model to bfloat16 (:func:`rag.retrieval.encoder.to_bf16`)."""
 
     def __init__(
         self,
@@ -67,8 +67,13 @@ class CrossEncoderReranker:
     ):
         from sentence_transformers import CrossEncoder
 
-        from rag.encoding import PRECISION_SETTINGS, quantize_int8, resolve_precision, to_bf16
         from rag.models import pick_device
+        from rag.retrieval.encoder import (
+            PRECISION_SETTINGS,
+            quantize_int8,
+            resolve_precision,
+            to_bf16,
+        )
 
         if precision not in PRECISION_SETTINGS:
             raise ValueError(

@@ -1,7 +1,7 @@
 """Retrieval: dense (encoder + vector index), BM25, and hybrid by reciprocal rank fusion (or a
-convex fusion of normalised scores, :mod:`rag.fusion`), with an optional cross-encoder rerank stage.
+convex fusion of normalised scores, :mod:`rag.retrieval.fusion`), with an optional cross-encoder rerank stage.
 
-Two faces over the same engine (:class:`rag.search_engine.SearchEngine`):
+Two faces over the same engine (:class:`rag.retrieval.engine.SearchEngine`):
 
 - :class:`Retriever` opens an index written by ``rag.ingest`` and returns :class:`Hit` objects
   with their chunks (what ``rag.search``, the answer pipeline, the UI and ``rag.serve`` use); it
@@ -20,19 +20,19 @@ from pathlib import Path
 from typing import Any
 
 from indexes import VectorIndex, load_generation, scratch_index
-from rag.bm25 import BM25Index
 from rag.defaults import MODES
-from rag.encoding import Encoder, EncoderMismatchError
-from rag.fusion import check_fusion, check_rerank_weight
 from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
-from rag.rerank import (
+from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.encoder import Encoder, EncoderMismatchError
+from rag.retrieval.engine import SearchEngine
+from rag.retrieval.fusion import check_fusion, check_rerank_weight
+from rag.retrieval.rerank import (
     DEFAULT_RERANK_WEIGHT,
     CrossEncoderReranker,
     Reranker,
     resolve_reranker,
 )
-from rag.search_engine import SearchEngine
 from rag.types import Chunk, Hit
 
 
@@ -62,7 +62,7 @@ class CorpusRetriever:
     ``encoder``: a SentenceTransformer, an alias/folder, an :class:`Encoder`, or None (BM25 only).
     ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
     ``fusion``/``alpha``/``norm``/``rerank_depth``/``rerank_weight``: as
-    :class:`~rag.search_engine.SearchEngine`.
+    :class:`~rag.retrieval.engine.SearchEngine`.
     """
 
     def __init__(
@@ -126,7 +126,7 @@ class CorpusRetriever:
         self, queries: list[str], k: int = 10, mode: str | None = None, **options: Any
     ) -> list[list[tuple[str, float]]]:
         """(id, score) lists, best first, one per query; ``options`` (``fusion``, ``alpha``,
-        ``rerank``, ``rerank_weight``) as :meth:`rag.search_engine.SearchEngine.search_many`."""
+        ``rerank``, ``rerank_weight``) as :meth:`rag.retrieval.engine.SearchEngine.search_many`."""
         rows = self.engine.search_many(queries, k, mode or self.mode, **options)
         return [[(r.id, r.score) for r in row] for row in rows]
 
@@ -136,7 +136,7 @@ class CorpusRetriever:
         return self.search_many([query], k, mode, **options)[0]
 
     def coverage(self, query: str, ids: Sequence[str]) -> float | None:
-        """Share of the query's IDF weight the best of ``ids`` holds (rag.answerability)."""
+        """Share of the query's IDF weight the best of ``ids`` holds (rag.answer.answerability)."""
         return self.engine.coverage(query, [self._text[i] for i in ids])
 
 
@@ -190,7 +190,7 @@ class Retriever:
     folder and its vectors (``rag.manifest.publish_generation``, ``VectorIndex.reconcile``);
     a snapshot whose folder is gone is never used for a new query.
     ``fusion``/``alpha``/``norm``/``rerank_depth``/``rerank_weight``: as
-    :class:`~rag.search_engine.SearchEngine` (defaults: plain RRF, every candidate reranked, by
+    :class:`~rag.retrieval.engine.SearchEngine` (defaults: plain RRF, every candidate reranked, by
     the reranker's score alone).
     """
 
@@ -211,7 +211,9 @@ class Retriever:
         check_fusion(fusion, alpha, norm)
         check_rerank_weight(rerank_weight)
         self.index, self.device, self.reranker, self.depth = index, device, reranker, depth
-        self.encoder_backend = encoder_backend  # query encoder: torch | onnx (rag.encoding)
+        self.encoder_backend = (
+            encoder_backend  # query encoder: torch | onnx (rag.retrieval.encoder)
+        )
         self.options = {
             "fusion": fusion,
             "alpha": alpha,
@@ -242,9 +244,9 @@ class Retriever:
         :class:`rag.paths.IndexNameError`. ``encoder`` None uses the index's own encoder; any
         other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
         both. ``reranker`` may be a Reranker, or a ``rerank`` setting resolved by
-        :func:`rag.rerank.resolve_reranker` (``auto``, ``none``, a cross-encoder folder, alias or
+        :func:`rag.retrieval.rerank.resolve_reranker` (``auto``, ``none``, a cross-encoder folder, alias or
         artefact name; ``max_length``: its tokens per query + passage pair; ``rerank_precision``:
-        its weights, as :class:`~rag.rerank.CrossEncoderReranker`'s); ``kw`` go to the
+        its weights, as :class:`~rag.retrieval.rerank.CrossEncoderReranker`'s); ``kw`` go to the
         constructor (``fusion``, ``alpha``, ``norm``, ``rerank_depth``, ``rerank_weight``, ...)."""
         if isinstance(reranker, (str, Path)):
             name = resolve_reranker(reranker)
@@ -373,7 +375,7 @@ class Retriever:
     def search(self, query: str, k: int = 10, mode: str = "hybrid", **options: Any) -> list[Hit]:
         """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid;
         ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
-        :meth:`rag.search_engine.SearchEngine.search_many`)."""
+        :meth:`rag.retrieval.engine.SearchEngine.search_many`)."""
         return self.search_many([query], k, mode, **options)[0]
 
     def search_many(
@@ -399,7 +401,7 @@ class Retriever:
         ]
 
     def coverage(self, query: str, hits: Sequence[Hit]) -> float | None:
-        """Share of the query's IDF weight the best of ``hits`` holds (rag.answerability); the
+        """Share of the query's IDF weight the best of ``hits`` holds (rag.answer.answerability); the
         hits' own texts, so a generation swapped in since the search cannot lose them."""
         return self.engine.coverage(query, [h.chunk.text for h in hits])
 

@@ -30,14 +30,14 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from rag.answer.rewrite import rewrite_query
 from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, add_config_args
 from rag.config import config_from_args as rag_config_from_args
 from rag.dataclass_cli import BoolFlag, add_dataclass_args, config_from_args
 from rag.paths import IndexNameError, check_index_name, indexes_dir
-from rag.rerank import describe_reranker, resolve_reranker
-from rag.rewrite import rewrite_query
-from rag.serve_api import (
+from rag.retrieval.rerank import describe_reranker, resolve_reranker
+from rag.serve.api import (
     DONE,
     MODEL_PREFIX,
     ApiError,
@@ -53,14 +53,14 @@ from rag.serve_api import (
     split_messages,
     sse,
 )
-from rag.serve_http import (
+from rag.serve.http import (
     ClosingStreamingResponse,
     Guard,
     install_error_handlers,
     server_error,
     stream_error,
 )
-from rag.serve_state import (
+from rag.serve.state import (
     END,
     PipelineFactory,
     Pipelines,
