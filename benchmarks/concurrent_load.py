@@ -2,7 +2,7 @@
 
     python -m benchmarks.concurrent_load [--decoder smollm2] [--adapter none] [--sessions 16] [--duration 60]
         [--max-new-tokens 16] [--max-batch 8] [--modes off,on] [--rounds 1] [--threads 2]
-        [--device cpu] [--dtype float32] [--json]
+        [--device cpu] [--precision fp32] [--json]
 
 Only the decoder is measured (no retrieval, no UI): each session streams answers to grounded
 prompts (system turn + passages from ``../shared/data/python-docs`` when present, else filler;
@@ -60,7 +60,7 @@ class LoadConfig:
     prompts_per_session: int = 3  # distinct prompts a session cycles through
     threads: int = 2  # torch CPU threads
     device: str = "cpu"  # cpu | cuda | auto
-    dtype: str = "float32"  # float32 | bfloat16 | auto
+    precision: str = "fp32"  # decoder weights (rag.precision): fp32 | bf16 | int8 | auto
     out: str | None = None  # output folder (default $RAG_HOME/benchmarks/concurrent_load)
 
 
@@ -148,7 +148,9 @@ def run(cfg: LoadConfig) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    plain = Generator.load(cfg.decoder, adapter=cfg.adapter, device=cfg.device, dtype=cfg.dtype)
+    plain = Generator.load(
+        cfg.decoder, adapter=cfg.adapter, device=cfg.device, precision=cfg.precision
+    )
     log(f"loaded {cfg.decoder} in {time.perf_counter() - t0:.1f}s on {plain.device}")
     batched = Generator(
         plain.model,

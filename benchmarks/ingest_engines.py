@@ -32,7 +32,7 @@ from benchmarks.cli import bench_main, bench_parser, command
 from benchmarks.loadgen import free_port
 from rag.manifest import index_dir
 from rag.paths import rag_home
-from rag.retrieval.encoder import PRECISIONS
+from rag.precision import PRECISIONS
 
 PROG = "benchmarks.ingest_engines"
 

@@ -32,7 +32,8 @@ from typing import Any
 
 from benchmarks.cli import bench_main, bench_parser
 from rag.paths import rag_home, shared_data_dir
-from rag.retrieval.encoder import ENCODER_BACKENDS, PRECISIONS
+from rag.precision import PRECISIONS
+from rag.retrieval.encoder import ENCODER_BACKENDS
 
 PROG = "benchmarks.ingest_throughput"
 

@@ -237,15 +237,14 @@ def build_pipeline(cfg: InjectionEvalConfig, docs: Path, index_dir: Path, genera
     """Ingest ``docs`` into ``index_dir`` and a pipeline over it, verification off (the eval
     verifies each answer itself). ``generator`` may be passed in, else it is loaded from cfg."""
     from rag.ingest import ingest
-    from rag.pipeline import RAGPipeline
-    from rag.retrieval.retriever import Retriever
+    from rag.pipeline import RAGPipeline, open_retriever
 
     report = ingest([docs], index_dir, encoder=cfg.encoder, device=cfg.device, progress=False)
     if report.failures:
         raise RuntimeError(f"ingesting {docs} failed: {report.failures}")
     # encoder is the temporary index's own (it was built with cfg.encoder): not passed again
     config = rag_config(cfg, encoder=None)
-    retriever = Retriever.open(index_dir, device=cfg.device)
+    retriever = open_retriever(config, index_dir)  # as the pipeline opens a named index
     pipeline = RAGPipeline(config, retriever=retriever, generator=generator, verify=False)
     _ = pipeline.generator  # a missing model fails before the first question
     return pipeline

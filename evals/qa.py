@@ -58,7 +58,9 @@ class QAEvalConfig:
     max_new_tokens: int = 32  # answer length cap
     seed: int = 0  # question sample and passage order
     device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # decoder weights: auto | float32 | bfloat16
+    # decoder weights (rag.precision): auto (bf16 where fast, else fp32) | fp32 | bf16 | int8 (decode
+    # steps through int8 linear layers, CPU: a decoder speed option, to measure its quality cost)
+    decoder_precision: str = "auto"
     profile: str = "auto"  # prompt profile: auto (the decoder's measured best) | plain | fewshot
     removed_articles: int = 0  # rag mode: articles taken out of the index (their questions: refuse)
     unanswerable_limit: int = 100  # rag mode: questions asked from the removed articles
@@ -69,7 +71,6 @@ class QAEvalConfig:
         None  # refuse only when p(refusal) >= this (rag.answer.refusal)
     )
     # decoder speed options (rag.generate.speed), to measure their quality cost
-    decoder_quantize: str = "none"  # none | int8 (decode steps through int8 linear layers)
     decoder_compile: bool = False  # torch.compile the decoder
     cache_implementation: str = "dynamic"  # dynamic | static KV cache
     # rag mode, rag.answer.answerability: refuse before decoding when p(unanswerable) >= this; none = off
@@ -140,11 +141,14 @@ class ParagraphRetriever:
 
     def __init__(self, paragraphs: list[SquadParagraph], retriever: str, encoder):
         from rag.retrieval.retriever import CorpusRetriever
+        from rag.retrieval.settings import RetrievalSettings
 
         self.by_id = {p.id: p for p in paragraphs}
         texts = [f"{p.title.replace('_', ' ')} {p.context}" for p in paragraphs]
         enc = encoder if retriever != "bm25" else None
-        self.index = CorpusRetriever(list(self.by_id), texts, enc, retriever)
+        # RRF, as the numbers in docs/answering.md were measured (hybrid: plain RRF, no rerank)
+        settings = RetrievalSettings(mode=retriever, fusion="rrf", rerank=None)
+        self.index = CorpusRetriever(list(self.by_id), texts, enc, settings)
         self.mode = retriever
 
     def search(self, query: str, k: int = 5, mode: str | None = None) -> list:
@@ -302,7 +306,7 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             cfg.generator,
             adapter=cfg.adapter,
             device=cfg.device,
-            dtype=cfg.dtype,
+            precision=cfg.decoder_precision,
             profile=cfg.profile,
             speed=DecodeSpeed.from_config(cfg),
         )

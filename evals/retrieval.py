@@ -62,7 +62,7 @@ from rag.evaluation.datasets import (
     squad_split,
 )
 from rag.evaluation.metrics import exclude_self_hits, mean_per_query, per_query_retrieval
-from rag.retrieval.encoder import PRECISIONS
+from rag.precision import PRECISION_SETTINGS
 from rag.retrieval.fusion import FUSIONS, NORMS
 
 QUERY_SETS = ("dev", "train", "all")  # fixed splits, see the module docstring
@@ -88,7 +88,7 @@ class RetrievalEvalConfig:
     tune_limit: int = 500  # at most this many tuning queries (fixed sample; 0 = all)
     rerank_depth: int = 100  # candidates the cross-encoder re-scores (sets query latency)
     rerank_max_length: int | None = None  # tokens per query+passage pair (None: the model's)
-    rerank_precision: str = "fp32"  # the cross-encoder's weights: fp32 | bf16 | int8 (CPU)
+    rerank_precision: str = "fp32"  # cross-encoder weights (rag.precision): auto|fp32|bf16|int8
     rerank_on: list[str] | None = None  # rows to rerank (bm25, dense, hybrid, hybrid-convex)
     # reranker's share of a reranked row's score in [0, 1] (1 = reranker only, 0 = first stage)
     # | default (chosen on --tune-queries, as alpha); the CLI takes several (one row each)
@@ -102,7 +102,7 @@ class RetrievalEvalConfig:
         "retriever": MODES,
         "fusion": FUSIONS,
         "norm": NORMS,
-        "rerank_precision": PRECISIONS,
+        "rerank_precision": PRECISION_SETTINGS,
     }
 
 
@@ -141,7 +141,9 @@ def make_retriever(
     (default ``cfg.retriever``) decides which indexes are built; ``hybrid`` builds both.
     """
     from rag.models import load_embedder
+    from rag.retrieval.rerank import load_reranker
     from rag.retrieval.retriever import CorpusRetriever
+    from rag.retrieval.settings import RetrievalSettings
 
     mode = mode or cfg.retriever
     ids = list(ds.corpus)
@@ -149,27 +151,12 @@ def make_retriever(
     enc = None
     if mode != "bm25":
         enc = encoder if encoder is not None else load_embedder(cfg.encoder, device=cfg.device)
-    reranker = None
-    if cfg.rerank:
-        from rag.retrieval.rerank import CrossEncoderReranker
-
-        reranker = CrossEncoderReranker(
-            cfg.rerank,
-            device=cfg.device,
-            max_length=cfg.rerank_max_length,
-            precision=cfg.rerank_precision,
-        )
-    return CorpusRetriever(
-        ids,
-        texts,
-        enc,
-        mode,
-        reranker=reranker,
-        device=cfg.device,
-        depth=max(cfg.k, 100),
-        norm=cfg.norm,
-        rerank_depth=cfg.rerank_depth,
+    # every row passes its own fusion, alpha and rerank weight to the search (evaluate_modes),
+    # so those two (strings here: "default", "auto") only need a valid placeholder
+    settings = RetrievalSettings.from_config(
+        cfg, mode=mode, alpha=0.5, rerank_weight=0.5, depth=max(cfg.k, 100)
     )
+    return CorpusRetriever(ids, texts, enc, settings, reranker=load_reranker(settings))
 
 
 def run_retrieval(

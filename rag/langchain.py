@@ -22,6 +22,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict
 
+from rag.retrieval.settings import DEFAULTS, RetrievalSettings
 from rag.types import Hit
 
 
@@ -97,12 +98,14 @@ class IndexRetriever(BaseRetriever):
 
     @classmethod
     def from_index(
-        cls, index: str, *, encoder: str | None = None, device: str = "auto", **kwargs: Any
+        cls, index: str, settings: RetrievalSettings | None = None, **kwargs: Any
     ) -> IndexRetriever:
-        """Open an index built by ``rag.ingest`` (``encoder`` None = the index's own)."""
+        """Open an index built by ``rag.ingest`` with ``settings`` (default: the product's,
+        :class:`~rag.retrieval.settings.RetrievalSettings`: the index's own encoder, convex
+        fusion, the trained reranker when there is one)."""
         from rag.retrieval.retriever import Retriever
 
-        return cls(retriever=Retriever.open(index, encoder=encoder, device=device), **kwargs)
+        return cls(retriever=Retriever.from_settings(index, settings or DEFAULTS), **kwargs)
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun

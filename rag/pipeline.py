@@ -27,19 +27,23 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rag.answer.answerability import AnswerabilityDecision, check
 from rag.answer.refusal import RefusalDecision, decide, supports_gate
-from rag.answer.relevance import hybrid_is_relevant, relevant_hits  # noqa: F401  (re-exported)
+from rag.answer.relevance import relevant_hits
+from rag.answer.rewrite import rewrite_query
 from rag.answer.verify import verify_answer
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, parse_citations
 from rag.types import Answer, Citation, Hit
 
-History = Sequence[tuple[str, str]]
+if TYPE_CHECKING:
+    from rag.retrieval.retriever import Retriever
+
 RewriteFn = Callable[[str, list[tuple[str, str]]], str]
 
 
@@ -54,6 +58,25 @@ class Prepared:
     timings: dict[str, float]
     answerable: AnswerabilityDecision | None = None  # rag.answer.answerability; None = not checked
     reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
+
+
+def open_retriever(config: RAGConfig, index: str | Path | None = None) -> Retriever:
+    """The retriever ``config`` asks for, over ``config.index`` or over ``index`` (an index
+    folder, ``rag.ask --index-dir``): both opened from the same
+    :class:`~rag.retrieval.settings.RetrievalSettings` (``config.retrieval``), so a named index
+    and its folder retrieve, fuse and rerank alike."""
+    from rag.retrieval.retriever import Retriever
+
+    return Retriever.from_settings(config.index if index is None else index, config.retrieval)
+
+
+def conversational(config: RAGConfig) -> RAGConfig:
+    """``config`` for a conversation (the UI, ``rag.serve``): follow-up questions are rewritten
+    into standalone retrieval queries (:func:`rag.answer.rewrite.rewrite_query`) unless the
+    config has its own rewrite hook."""
+    if config.rewrite_query is not None:
+        return config
+    return replace(config, rewrite_query=rewrite_query)
 
 
 def normalise_history(history: Any) -> list[tuple[str, str]]:
@@ -151,22 +174,7 @@ class RAGPipeline:
         if self._retriever is None:
             with self._retriever_lock:
                 if self._retriever is None:
-                    from rag.retrieval.retriever import Retriever
-
-                    cfg = self.config
-                    self._retriever = Retriever.open(
-                        cfg.index,
-                        encoder=cfg.encoder,
-                        device=cfg.device,
-                        encoder_backend=cfg.encoder_backend,
-                        reranker=cfg.rerank,
-                        max_length=cfg.rerank_max_length,
-                        rerank_precision=cfg.rerank_precision,
-                        rerank_depth=cfg.rerank_depth,
-                        rerank_weight=cfg.rerank_weight,
-                        fusion=cfg.fusion,
-                        alpha=cfg.alpha,
-                    )
+                    self._retriever = open_retriever(self.config)
         return self._retriever
 
     @property
@@ -184,7 +192,7 @@ class RAGPipeline:
                         device=cfg.device,
                         prefix_cache=cfg.prefix_cache,
                         max_context_tokens=cfg.max_context_tokens,
-                        dtype=cfg.dtype,
+                        precision=cfg.decoder_precision,
                         profile=cfg.profile,
                         batching=cfg.batching,
                         max_batch=cfg.max_batch,

@@ -23,6 +23,7 @@ from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
 from rag.retrieval.bm25 import BM25Index, terms
 from rag.retrieval.retriever import CorpusRetriever, FusedHit
+from rag.retrieval.settings import RetrievalSettings
 from rag.types import Chunk, Hit
 
 TEXTS = [
@@ -64,7 +65,9 @@ class CoverageRetriever:
     """Fused hits with a fixed dense score; coverage computed over the hits' texts."""
 
     def __init__(self, dense: float):
-        self.engine = CorpusRetriever(["a", "b", "c"], TEXTS, None, "bm25").engine
+        self.engine = CorpusRetriever(
+            ["a", "b", "c"], TEXTS, None, RetrievalSettings(mode="bm25")
+        ).engine
         self.dense = dense
 
     def search(self, query, k=5, mode="hybrid"):

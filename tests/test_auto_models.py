@@ -21,12 +21,8 @@ from rag.ingest import main as ingest_main
 from rag.manifest import open_generation
 from rag.models import BASE_ENCODER, TUNED_ENCODER, ModelNotFoundError, default_encoder
 from rag.paths import indexes_dir, models_dir
-from rag.retrieval.rerank import (
-    AUTO_RERANKER,
-    DEFAULT_RERANK_DEPTH,
-    describe_reranker,
-    resolve_reranker,
-)
+from rag.retrieval.rerank import AUTO_RERANKER, describe_reranker, resolve_reranker
+from rag.retrieval.settings import DEFAULTS
 
 
 @pytest.fixture
@@ -199,7 +195,7 @@ def test_ui_shows_the_active_reranker_and_can_turn_it_off(trained_reranker):
     base = ("docs", "(index default)", "smollm2", "(none)")
     app._pipeline(*base)  # a /chat client that predates the setting: the app's reranker
     app._pipeline(*base, NO_RERANKER, 25.0)
-    want = [(AUTO_RERANKER, DEFAULT_RERANK_DEPTH), (None, 25)]
+    want = [(AUTO_RERANKER, DEFAULTS.rerank_depth), (None, 25)]
     assert [(c.rerank, c.rerank_depth) for c in built] == want
 
 

@@ -62,7 +62,7 @@ def change(docs):
 
 
 def check_loads(index):
-    r = Retriever.open(index)
+    r = Retriever.from_settings(index)
     assert len(r) > 0
     assert r.search("zebra stripes", k=3, mode="hybrid")
 

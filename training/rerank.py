@@ -128,6 +128,7 @@ def collect_examples(
     """Every source's examples with mined negatives, shuffled, checked against the dev splits;
     also {pool kind: (retriever, corpus)} (the dev eval's first stage reuses them)."""
     from rag.retrieval.retriever import CorpusRetriever
+    from rag.retrieval.settings import RetrievalSettings
 
     if bad := [m for m in cfg.mine if m not in MINERS]:
         raise ValueError(f"--mine must be among {', '.join(MINERS)}, not {bad[0]!r}")
@@ -138,7 +139,8 @@ def collect_examples(
         ids = list(pool.corpus)
         mode = "hybrid" if "dense" in cfg.mine else "bm25"
         enc = encoder if mode == "hybrid" else None
-        retriever = CorpusRetriever(ids, [pool.corpus[i] for i in ids], enc, mode, depth=100)
+        settings = RetrievalSettings(mode=mode, fusion="rrf", rerank=None)  # as first measured
+        retriever = CorpusRetriever(ids, [pool.corpus[i] for i in ids], enc, settings)
         retrievers[pool.kind] = (retriever, pool.corpus)
         examples += R.mine_pool(
             pool,

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 from rag.generate import context_budget, scoring
 from rag.generate.batching import BatchedDecoder
 from rag.generate.speed import DecodeSpeed
@@ -90,14 +91,15 @@ class Generator:
         adapter: str | Path | None = None,
         device: str = "auto",
         *,
-        dtype: str = "float32",
+        precision: str = "fp32",
         profile: str = "auto",
         speed: DecodeSpeed | None = None,
         **kwargs: Any,
     ) -> Generator:
         """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
         ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
-        ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default);
+        ``precision`` (:mod:`rag.precision`): ``auto`` = bf16 where the hardware has bf16 units
+        (the pipeline's default), ``int8`` = int8 decode steps over those weights;
         ``speed``: int8 / compile / static cache (:mod:`rag.generate.speed`, off by default)."""
         from rag.models import (
             load_generator,
@@ -109,9 +111,9 @@ class Generator:
 
         dev = pick_device(device)
         adapter = resolve_adapter(name, adapter)
-        speed = speed or DecodeSpeed()
+        speed = (speed or DecodeSpeed()).with_precision(precision)
         speed.check(batching=kwargs.get("batching", False))  # before minutes of loading
-        model, tokenizer = load_generator(name, adapter, dev, dtype, speed)
+        model, tokenizer = load_generator(name, adapter, dev, precision, speed)
         profile = pick_profile(name, adapter) if profile == "auto" else profile
         kwargs.update(profile=profile, refusal_threshold=pick_refusal_threshold(adapter))
         return cls(model, tokenizer, dev, speed=speed, **kwargs)
@@ -158,7 +160,7 @@ class Generator:
         return list(enc(full, add_special_tokens=False)["input_ids"]), 0
 
     def fit_passages(
-        self, question: str, passages: Sequence[str], max_new_tokens: int = 256
+        self, question: str, passages: Sequence[str], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     ) -> list[str]:
         """The passages (in rank order) that fit the context budget, the last one maybe trimmed
         (:func:`rag.generate.context_budget.fit_passages`)."""
@@ -247,7 +249,7 @@ class Generator:
         ids: list[int],
         prefix_len: int = 0,
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         stop: Sequence[str] | None = None,
@@ -296,7 +298,7 @@ class Generator:
     def generate(
         self,
         messages: Sequence[dict[str, str]],
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         stop: Sequence[str] | None = DEFAULT_STOP,
@@ -339,7 +341,7 @@ class Generator:
     def stream(
         self,
         messages: Sequence[dict[str, str]],
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         stop: Sequence[str] | None = DEFAULT_STOP,
