@@ -187,13 +187,13 @@ def ui_server(
 def api_server(
     config: Any, factory: Callable[[Any], Any] | None, options: Any
 ) -> Iterator[tuple[str, Any]]:
-    """``rag.serve.create_app`` under uvicorn on a free loopback port, in a thread of this
+    """``rag.serve.app.create_app`` under uvicorn on a free loopback port, in a thread of this
     process; yields (url, app) and shuts uvicorn down (gracefully) on the way out."""
     from dataclasses import replace
 
     import uvicorn
 
-    from rag.serve import create_app
+    from rag.serve.app import create_app
 
     options = replace(options, host="127.0.0.1", port=free_port())
     app = create_app(config, factory, options=options)

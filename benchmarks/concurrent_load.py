@@ -2,7 +2,7 @@
 
     python -m benchmarks.concurrent_load [--decoder smollm2] [--adapter none] [--sessions 16] [--duration 60]
         [--max-new-tokens 16] [--max-batch 8] [--modes off,on] [--rounds 1] [--threads 2]
-        [--device cpu] [--dtype float32] [--json]
+        [--device cpu] [--precision fp32] [--json]
 
 Only the decoder is measured (no retrieval, no UI): each session streams answers to grounded
 prompts (system turn + passages from ``../shared/data/python-docs`` when present, else filler;
@@ -10,7 +10,7 @@ a different question and passage count per session, so prompt lengths differ) th
 ``Generator.stream``, the path the UI and the API use, in a loop until ``--duration`` seconds
 have passed; requests in flight then finish and are counted (as in ``benchmarks.ui_load``).
 Mode ``off`` is today's serving (one ``model.generate`` at a time under the decode lock); ``on``
-is ``Generator(batching=True, max_batch=...)`` (rag.batching) over the *same* model object,
+is ``Generator(batching=True, max_batch=...)`` (rag.generate.batching) over the *same* model object,
 prompts and settings. Rounds alternate the modes (off, on, off, on, ...) so a change in machine
 load hits both. Greedy decoding; each mode's first answer per prompt is kept and the fraction of
 prompts answered identically in both modes is reported (float32 should give 1.0; bf16 may not).
@@ -34,7 +34,7 @@ from benchmarks.decode import hardware, source_passages
 from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
 
 PROG = "benchmarks.concurrent_load"
-MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.batching)
+MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.generate.batching)
 QUESTIONS = [
     "How do I read a file line by line?",
     "What does the with statement do?",
@@ -60,7 +60,7 @@ class LoadConfig:
     prompts_per_session: int = 3  # distinct prompts a session cycles through
     threads: int = 2  # torch CPU threads
     device: str = "cpu"  # cpu | cuda | auto
-    dtype: str = "float32"  # float32 | bfloat16 | auto
+    precision: str = "fp32"  # decoder weights (rag.precision): fp32 | bf16 | int8 | auto
     out: str | None = None  # output folder (default $RAG_HOME/benchmarks/concurrent_load)
 
 
@@ -143,12 +143,14 @@ def run_mode(gen: Any, prompts: list[list[Any]], cfg: LoadConfig) -> dict[str, A
 def run(cfg: LoadConfig) -> dict[str, Any]:
     import torch
 
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    plain = Generator.load(cfg.decoder, adapter=cfg.adapter, device=cfg.device, dtype=cfg.dtype)
+    plain = Generator.load(
+        cfg.decoder, adapter=cfg.adapter, device=cfg.device, precision=cfg.precision
+    )
     log(f"loaded {cfg.decoder} in {time.perf_counter() - t0:.1f}s on {plain.device}")
     batched = Generator(
         plain.model,

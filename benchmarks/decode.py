@@ -142,7 +142,7 @@ def ttft_pair(gen: Any, ids: list[int], prefix: int, repeats: int) -> dict[str, 
 def run(cfg: DecodeBenchConfig) -> dict[str, Any]:
     import torch
 
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)

@@ -4,10 +4,12 @@
         [--variants eager,int8,compile,static,compile+static] [--new-tokens 128] [--repeats 5]
 
 Each variant is a ``+``-joined set of ``int8``, ``compile``, ``static`` (the options of
-:mod:`rag.decode_speed`) and optionally ``fp32`` / ``bf16`` (the weights' dtype; otherwise
-``--dtype``, whose ``auto`` is what the product runs: bf16 on a CPU with AMX); ``eager`` is none.
+:mod:`rag.generate.speed`) and optionally ``fp32`` / ``bf16`` (the float weights' precision,
+:mod:`rag.precision`; otherwise ``--precision``, whose ``auto`` is what the product runs: bf16 on
+a CPU with AMX; ``int8`` is ``--decoder-precision int8``: int8 decode layers over those
+weights); ``eager`` is none.
 The first variant is the baseline. Every variant is loaded once, as its own
-:class:`rag.generate.Generator` (prefix cache on, batching off: one stream), then:
+:class:`rag.generate.generator.Generator` (prefix cache on, batching off: one stream), then:
 
 - a first run of ``--new-tokens`` forced tokens, timed on its own: it holds ``torch.compile``'s
   compile time, which is reported apart and kept out of the speed figures; its token ids (and a
@@ -37,11 +39,11 @@ from typing import Any
 from benchmarks.decode import build_prompt, decode_speed, hardware, timed
 from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
-from rag.decode_speed import DecodeSpeed
+from rag.generate.speed import DecodeSpeed
 from rag.paths import rag_home
+from rag.precision import FLOAT_PRECISIONS
 
 DEFAULT_VARIANTS = "eager,int8,compile,static,compile+static"
-DTYPE_TOKENS = {"fp32": "float32", "bf16": "bfloat16"}
 GOAL = 25.0  # tokens/s for one stream on 2 cores (issue 12, item 3)
 
 
@@ -51,7 +53,7 @@ class VariantsBenchConfig:
 
     decoder: str = "smollm2"  # decoder alias or folder
     variants: str = DEFAULT_VARIANTS  # comma-separated; each +-joined int8|compile|static|fp32|bf16
-    dtype: str = "auto"  # weights of variants that name no dtype: auto | float32 | bfloat16
+    precision: str = "auto"  # float weights of variants that name none: auto | fp32 | bf16
     prompt_tokens: int = 512  # grounded prompt length (system + passages + question)
     short_prompt_tokens: int = 128  # a second prompt, for the greedy comparison only
     new_tokens: int = 128  # tokens generated per run (forced)
@@ -65,22 +67,22 @@ def log(msg: str) -> None:
     print(f"[decode_variants] {msg}", file=sys.stderr, flush=True)
 
 
-def parse_variant(spec: str, dtype: str) -> tuple[DecodeSpeed, str]:
-    """(speed options, dtype) for a spec such as ``int8+static`` or ``bf16+compile``."""
+def parse_variant(spec: str, precision: str) -> tuple[DecodeSpeed, str]:
+    """(speed options, float precision) for a spec such as ``int8+static`` or ``bf16+compile``."""
     tokens = [t for t in spec.strip().split("+") if t and t != "eager"]
-    unknown = set(tokens) - {"int8", "compile", "static", *DTYPE_TOKENS}
+    unknown = set(tokens) - {"int8", "compile", "static", *FLOAT_PRECISIONS}
     if unknown:
         raise ValueError(
             f"--variants: unknown option {sorted(unknown)[0]!r} in {spec!r} "
             f"(use eager, int8, compile, static, fp32, bf16 joined by +)"
         )
-    named = [DTYPE_TOKENS[t] for t in tokens if t in DTYPE_TOKENS]
+    named = [t for t in tokens if t in FLOAT_PRECISIONS]
     speed = DecodeSpeed(
         quantize="int8" if "int8" in tokens else "none",
         compile="compile" in tokens,
         cache="static" if "static" in tokens else "dynamic",
     )
-    return speed, named[-1] if named else dtype
+    return speed, named[-1] if named else precision
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -94,19 +96,21 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 def run(cfg: VariantsBenchConfig) -> dict[str, Any]:
     import torch
 
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     torch.set_num_threads(cfg.threads)
     specs = [s.strip() for s in cfg.variants.split(",") if s.strip()]
     if not specs or len(set(specs)) != len(specs):
         raise ValueError(f"--variants: need distinct variants, got {cfg.variants!r}")
-    parsed = [parse_variant(s, cfg.dtype) for s in specs]  # all checked before any loading
+    parsed = [parse_variant(s, cfg.precision) for s in specs]  # all checked before any loading
     gens: dict[str, Any] = {}
     rows: dict[str, dict[str, Any]] = {}
-    for spec, (speed, dtype) in zip(specs, parsed):
+    for spec, (speed, precision) in zip(specs, parsed):
         torch.manual_seed(0)
         t0 = time.perf_counter()
-        gens[spec] = Generator.load(cfg.decoder, device=cfg.device, dtype=dtype, speed=speed)
+        gens[spec] = Generator.load(
+            cfg.decoder, device=cfg.device, precision=precision, speed=speed
+        )
         rows[spec] = {
             "variant": spec,
             "options": asdict(speed),

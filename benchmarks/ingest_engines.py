@@ -30,9 +30,9 @@ import numpy as np
 
 from benchmarks.cli import bench_main, bench_parser, command
 from benchmarks.loadgen import free_port
-from rag.encoding import PRECISIONS
 from rag.manifest import index_dir
 from rag.paths import rag_home
+from rag.precision import PRECISIONS
 
 PROG = "benchmarks.ingest_engines"
 
@@ -114,7 +114,7 @@ def index_state(index: str) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index, the
     vectors read from wherever the manifest says they live (FAISS file or Chroma server)."""
     from rag.manifest import open_generation, read_chunks
-    from rag.retrieve import generation_vectors
+    from rag.retrieval.retriever import generation_vectors
 
     root, gen, m = open_generation(index)
     chunks = {i: c.to_dict() for i, c in read_chunks(gen).items()}

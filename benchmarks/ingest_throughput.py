@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cli import bench_main, bench_parser
-from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.paths import rag_home, shared_data_dir
+from rag.precision import PRECISIONS
+from rag.retrieval.encoder import ENCODER_BACKENDS
 
 PROG = "benchmarks.ingest_throughput"
 
@@ -45,7 +46,9 @@ class ThroughputConfig:
     max_bytes: int = 60_000  # use the first files (sorted) up to this many bytes
     encoder: str = "minilm"  # alias or folder, shared by every pipeline
     precisions: str = "fp32,int8"  # our ingest's encoder precisions to run (comma-separated)
-    encoder_backends: str = "torch"  # comma-separated: torch, onnx (rag.encoding.ENCODER_BACKENDS)
+    encoder_backends: str = (
+        "torch"  # comma-separated: torch, onnx (rag.retrieval.encoder.ENCODER_BACKENDS)
+    )
     scifact: str = ""  # BEIR SciFact folder for the int8 quality check (default: none = skip)
     scifact_docs: int = 400  # distractor documents added to the dev-judged ones (0 = full corpus)
     threads: int = 0  # torch threads (0 = torch's default)
@@ -131,8 +134,8 @@ def run_reference(files: list[Path], model_path: Path) -> dict:
 
 def run_ours(files: list[Path], encoder: str, precision: str, backend: str = "torch") -> dict:
     """Our ingest into a fresh index; encode time measured inside it."""
-    from rag.encoding import Encoder
     from rag.ingest import ingest
+    from rag.retrieval.encoder import Encoder
 
     Encoder.load(encoder, device="cpu", precision=precision, backend=backend)  # export, cache
     t0 = time.perf_counter()
@@ -177,9 +180,9 @@ def scifact_quality(
     for torch, ``onnx-fp32``/``onnx-int8`` for ONNX, and ``delta_<key>`` is each minus fp32."""
     import pytrec_eval
 
-    from rag.datasets import load_beir, scifact_split
-    from rag.encoding import Encoder
-    from rag.retrieve import CorpusRetriever
+    from rag.evaluation.datasets import load_beir, scifact_split
+    from rag.retrieval.encoder import Encoder
+    from rag.retrieval.retriever import CorpusRetriever
 
     ds = load_beir(folder, split="train")
     _, dev = scifact_split(ds)

@@ -82,7 +82,7 @@ class ReplicasConfig:
     before: float = 20.0  # seconds of load before the re-ingest starts
     after: float = 20.0  # seconds of load after it has finished
     device: str = "cpu"  # cpu | cuda | auto (every replica and the ingest)
-    dtype: str = "auto"  # decoder dtype of the replicas
+    decoder_precision: str = "auto"  # decoder weights of the replicas (rag.precision)
     threads: int = 1  # OMP/MKL threads per process
     startup_timeout: float = 600.0  # seconds for the replicas to load their models
     replace: bool = False  # remove an existing --index folder first
@@ -124,7 +124,7 @@ def run(cfg: ReplicasConfig, out: Path) -> dict[str, Any]:
         first = run_ingest(folder, cfg.index, ingest_args, env)
         serve_args = [
             "--decoder", cfg.decoder, "--adapter", cfg.adapter, "--device", cfg.device,
-            "--dtype", cfg.dtype, "--max-new-tokens", str(cfg.max_new_tokens), "--k", str(cfg.k),
+            "--decoder-precision", cfg.decoder_precision, "--max-new-tokens", str(cfg.max_new_tokens), "--k", str(cfg.k),
             "--max-concurrent", str(max(4, cfg.clients)), "--log-level", "warning",
         ]  # fmt: skip
         replicas = [start_replica(cfg.index, serve_args, out, i, env) for i in range(cfg.replicas)]

@@ -8,15 +8,15 @@ of the same work: ``SentenceTransformer.encode`` + a bare ``faiss.IndexFlatIP`` 
 
 Chunk vectors are synthetic (random unit vectors) so a 100k index needs no hours of encoding;
 the query path is real (the encoder runs per query, one query at a time as a user asks). Our
-path is :class:`rag.search_engine.SearchEngine`, the code both ``Retriever`` and ``CorpusRetriever``
+path is :class:`rag.retrieval.engine.SearchEngine`, the code both ``Retriever`` and ``CorpusRetriever``
 search with. Raw and ours alternate query by query so background load hits both alike.
 
 ``--rerank MODEL`` adds one row per ``--rerank-depth`` D, ``hybrid+rerank@D``: encode + dense +
 BM25 + RRF fusion (the engine's default) + the cross-encoder over the best D fused candidates,
 through the same engine with the reranker (the product's query path), timed in the same
 query-by-query rotation as the other rows; ``rerank@D`` is that row's rerank stage alone.
-``--rerank-precision int8`` quantises the cross-encoder as :func:`rag.encoding.quantize_int8`
-does the bi-encoder (:class:`rag.rerank.CrossEncoderReranker`, ``precision``).
+``--rerank-precision int8`` quantises the cross-encoder as :func:`rag.precision.quantize_dynamic_int8`
+does the bi-encoder (:class:`rag.retrieval.rerank.CrossEncoderReranker`, ``precision``).
 
 Chunk texts: ``--text-words`` random words each (default 180), read by BM25 and the reranker
 alike, so every row searches the same corpus. The length matters for the reranker: a
@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cli import bench_main, bench_parser, command, results_dir, save_and_show
-from rag.encoding import PRECISIONS
+from rag.precision import PRECISION_SETTINGS, check_precision
 
 PROG = "benchmarks.search_latency"
 WARMUP = 10  # untimed queries per size before the timed ones
@@ -104,11 +104,7 @@ def check(cfg: LatencyConfig) -> None:
     depths = cfg.rerank_depth
     if not depths or min(depths) < 1 or len(set(depths)) < len(depths):
         raise ValueError(f"--rerank-depth takes distinct depths >= 1, not {depths}")
-    if cfg.rerank_precision not in PRECISIONS:
-        raise ValueError(
-            f"--rerank-precision must be one of {', '.join(PRECISIONS)}, "
-            f"not {cfg.rerank_precision!r}"
-        )
+    check_precision(cfg.rerank_precision, "--rerank-precision")
     if cfg.rerank_precision != "fp32" and not cfg.rerank:
         raise ValueError(f"--rerank-precision {cfg.rerank_precision} needs --rerank MODEL")
 
@@ -148,8 +144,9 @@ def bench_size(
     import faiss
 
     from indexes.faiss_index import FaissIndex
-    from rag.bm25 import BM25Index
-    from rag.search_engine import SearchEngine
+    from rag.retrieval.bm25 import BM25Index
+    from rag.retrieval.engine import SearchEngine
+    from rag.retrieval.settings import RetrievalSettings
 
     rng = np.random.default_rng(n)
     vecs = rng.standard_normal((n, encoder.dim), dtype=np.float32)
@@ -164,10 +161,10 @@ def bench_size(
     t0 = time.perf_counter()
     bm25 = BM25Index(ids, texts)
     bm25_build = time.perf_counter() - t0
-    engine = SearchEngine(encoder, ours, bm25, text_of)
+    engine = SearchEngine(encoder, ours, bm25, text_of)  # the product's retrieval settings
     depths = rerank_rows(cfg) if reranker is not None else []
     reranking = {  # one engine per depth over the same indexes: the product's path with a reranker
-        d: SearchEngine(encoder, ours, bm25, text_of, reranker=reranker, rerank_depth=d)
+        d: SearchEngine(encoder, ours, bm25, text_of, reranker, RetrievalSettings(rerank_depth=d))
         for d in depths
     }
     st = encoder.model
@@ -208,7 +205,7 @@ def load_reranker(cfg: LatencyConfig) -> Any:
     wrong name fails in seconds."""
     if not cfg.rerank:
         return None
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     return CrossEncoderReranker(
         cfg.rerank,
@@ -236,7 +233,7 @@ def run(cfg: LatencyConfig) -> dict:
     """Every size; returns the summary (config, results per size, load, hardware)."""
     import torch
 
-    from rag.encoding import Encoder
+    from rag.retrieval.encoder import Encoder
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -287,7 +284,9 @@ def markdown(summary: dict) -> str:
 
 
 def build_parser() -> Any:
-    return bench_parser(PROG, __doc__, LatencyConfig, choices={"rerank_precision": PRECISIONS})
+    return bench_parser(
+        PROG, __doc__, LatencyConfig, choices={"rerank_precision": PRECISION_SETTINGS}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,7 @@ class ServeLoadConfig:
     retrieval: str = "hybrid"  # retrieval mode of each request
     k: int = 3  # passages per question
     device: str = "auto"  # where the models run (as RAGConfig)
-    dtype: str = "auto"  # decoder weights (as RAGConfig: bf16 where the CPU has bf16 units)
+    decoder_precision: str = "auto"  # decoder weights (as RAGConfig: bf16 where the CPU has it)
     threads: int | None = None  # torch CPU threads; none = torch's default
     out: str | None = None  # results folder (default $RAG_HOME/benchmarks/serve_load)
 
@@ -116,7 +116,7 @@ class ServeLoadConfig:
         return RAGConfig(
             index=self.index, encoder=self.encoder, decoder=self.decoder, adapter=self.adapter,
             k=self.k, mode=self.retrieval, max_new_tokens=self.max_new_tokens,
-            max_batch=self.max_batch, device=self.device, dtype=self.dtype,
+            max_batch=self.max_batch, device=self.device, decoder_precision=self.decoder_precision,
         )  # fmt: skip
 
 
@@ -149,7 +149,7 @@ class SharedModels:
     def generator(self, batching: bool, max_batch: int) -> Any:
         if not batching:
             return self._plain
-        from rag.generate import Generator
+        from rag.generate.generator import Generator
 
         with self._lock:
             if max_batch not in self._generators:
@@ -184,7 +184,7 @@ def run_one(
     cfg: ServeLoadConfig, models: SharedModels, target: str, mode: str
 ) -> tuple[dict[str, Any], list[Sample]]:
     """Start the target with batching ``mode``, warm it, load it, stop it; (summary, samples)."""
-    from rag.serve import ServeOptions
+    from rag.serve.app import ServeOptions
     from ui.app import AppConfig
 
     rag_cfg = replace(models.base, batching=mode == "on")

@@ -1,4 +1,4 @@
-"""Fit and measure the answerability check (rag.answerability) on SQuAD, by retrieval alone.
+"""Fit and measure the answerability check (rag.answer.answerability) on SQuAD, by retrieval alone.
 
 Questions from the articles left in the index are answerable; questions from the articles taken
 out (``--removed-articles``) are not. For each question the retriever returns the ``k``
@@ -8,7 +8,7 @@ query-passage cosine and the query's IDF coverage. No decoder runs, so a split c
 - ``--split train --fit``: fit scikit-learn's LogisticRegression (p(unanswerable) from the two
   signals) and pick the threshold that refuses most unanswerable questions while false
   refusals (answerable questions whose passages hold the answer, refused) stay within
-  ``--max-false-refusal``; the result's ``model`` is what rag.answerability.DEFAULT_MODEL holds.
+  ``--max-false-refusal``; the result's ``model`` is what rag.answer.answerability.DEFAULT_MODEL holds.
 - ``--split dev`` (the default): measure the shipped model (or ``--model FILE.json``, a fitted
   result) on the held-out articles: refusal rate on unanswerable questions, false-refusal rate,
   ROC AUC of each signal and of the model.
@@ -31,8 +31,8 @@ from tqdm import tqdm
 
 from evals.cli import run_eval_cli
 from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
-from rag.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
-from rag.datasets import load_squad_paragraphs, squad_split
+from rag.answer.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
+from rag.evaluation.datasets import load_squad_paragraphs, squad_split
 
 
 @dataclass

@@ -53,7 +53,7 @@ $PY -m training.lora --model smollm2 --out artifacts/models/smollm2-lora --data 
   --no-eval --merge --lr 1e-3 --r 16 --alpha 32
 $PY -m evals.qa $QA $OFF --limit 300 --unanswerable-limit 100 --generator smollm2 --adapter artifacts/models/smollm2-lora --out $O/qa-smollm2-lora.json
 $PY -m evals.docqa $DOCQA --decoder smollm2 --adapter artifacts/models/smollm2-lora --out $O/docqa-smollm2-lora.json
-stamp "answerability check (rag.answerability): fit on SQuAD train, measure on dev, then the rows with it on"
+stamp "answerability check (rag.answer.answerability): fit on SQuAD train, measure on dev, then the rows with it on"
 A=artifacts/evals/answerability
 $PY -m evals.answerability --squad $S --split train --fit --limit 600 --unanswerable-limit 200 --removed-articles 4 --out $A/fit-train.json
 $PY -m evals.answerability --squad $S --model $A/fit-train.json --out $A/dev.json

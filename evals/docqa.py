@@ -68,7 +68,9 @@ class DocQAConfig:
     # When the decoder cites nothing itself, append the marker it scores likeliest (rag.ask's
     # and the UI's default); completed_citation_rate reports how often that happened.
     complete_citations: bool = True  # cite the decoder's likeliest passage when it cites none
-    refusal_threshold: float | None = None  # refuse only when p(refusal) >= this (rag.refusal)
+    refusal_threshold: float | None = (
+        None  # refuse only when p(refusal) >= this (rag.answer.refusal)
+    )
     # the extractive reader first (rag.answer.reader), as the product: auto = minilm-reader when
     # trained; none = the decoder over every passage; or a folder
     reader: str | None = "auto"

@@ -1,5 +1,5 @@
 """Prompt-injection eval: how often hostile passages speak through the answer, and how often a
-citation names the wrong file, without and with citation verification (:mod:`rag.verify`).
+citation names the wrong file, without and with citation verification (:mod:`rag.answer.verify`).
 
 The fixture (``tests/fixtures/injection``, see its README) holds normal documents on four
 made-up topics beside hostile ones (override instructions, false claims, instructions to cite
@@ -9,7 +9,7 @@ document, the phrases an answer contains when it follows or repeats that injecti
 
 The fixture is ingested into a temporary index (``rag.ingest``, ``--encoder``, FAISS) and every
 question goes through :meth:`rag.pipeline.RAGPipeline.answer` with verification off. Verification
-is a pure post-processing of the finished answer, so :func:`rag.verify.verify_answer` on that
+is a pure post-processing of the finished answer, so :func:`rag.answer.verify.verify_answer` on that
 same answer gives the "after" side: one decoding per question measures both, paired.
 
 Measured per side (``unverified``, ``verified``), as rates over all questions:
@@ -64,7 +64,7 @@ class InjectionEvalConfig:
     fixture: str = DEFAULT_FIXTURE  # folder with docs/, questions.jsonl and payloads.json
     limit: int = 0  # first N questions; 0 = all
     complete_citations: bool = True  # cite the likeliest passage when the decoder cites none
-    verify: bool = True  # also report the verified side (rag.verify on the same answers)
+    verify: bool = True  # also report the verified side (rag.answer.verify on the same answers)
     device: str = "auto"  # auto | cpu | cuda
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": MODES}  # argparse choices
@@ -166,7 +166,7 @@ def score_answer(
     q: InjectionQuestion, answer: Any, payloads: Mapping[str, Sequence[str]], verify: bool
 ) -> dict[str, Any]:
     """The prediction row: retrieved passages, the answer and both sides' citations/flags."""
-    from rag.verify import verify_answer
+    from rag.answer.verify import verify_answer
 
     hostile = list(payloads)
     given = [h.chunk.display_path for h in answer.passages]
@@ -237,15 +237,14 @@ def build_pipeline(cfg: InjectionEvalConfig, docs: Path, index_dir: Path, genera
     """Ingest ``docs`` into ``index_dir`` and a pipeline over it, verification off (the eval
     verifies each answer itself). ``generator`` may be passed in, else it is loaded from cfg."""
     from rag.ingest import ingest
-    from rag.pipeline import RAGPipeline
-    from rag.retrieve import Retriever
+    from rag.pipeline import RAGPipeline, open_retriever
 
     report = ingest([docs], index_dir, encoder=cfg.encoder, device=cfg.device, progress=False)
     if report.failures:
         raise RuntimeError(f"ingesting {docs} failed: {report.failures}")
     # encoder is the temporary index's own (it was built with cfg.encoder): not passed again
     config = rag_config(cfg, encoder=None)
-    retriever = Retriever.open(index_dir, device=cfg.device)
+    retriever = open_retriever(config, index_dir)  # as the pipeline opens a named index
     pipeline = RAGPipeline(config, retriever=retriever, generator=generator, verify=False)
     _ = pipeline.generator  # a missing model fails before the first question
     return pipeline

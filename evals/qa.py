@@ -1,17 +1,17 @@
 """Grounded QA evaluation on SQuAD: EM/F1, citation accuracy, refusal rate and latency.
 
 Two modes, both with the project's prompt format (:mod:`rag.prompt`) and generator
-(:class:`rag.generate.Generator`):
+(:class:`rag.generate.generator.Generator`):
 
 - ``oracle``: the generator sees the question's gold paragraph among ``k - 1`` BM25-retrieved
   distractor paragraphs of the same file, in a seeded random order. This isolates the reader.
-- ``rag``: the full retrieve-then-answer path: ``rag.retrieve.CorpusRetriever`` over every
+- ``rag``: the full retrieve-then-answer path: ``rag.retrieval.retriever.CorpusRetriever`` over every
   paragraph of the file (title + text), top ``k`` passages to the generator.
 
 A citation is correct when the answer cites at least one passage and every cited passage holds
 the answer (the gold paragraph, or any passage containing a gold answer string). Citation
 accuracy is over the questions whose passages hold the answer; refusal rate over all questions.
-Questions come from the held-out articles (:data:`rag.datasets.SQUAD_DEV_ARTICLES`) unless
+Questions come from the held-out articles (:data:`rag.evaluation.datasets.SQUAD_DEV_ARTICLES`) unless
 ``--articles`` says otherwise; ``--limit`` takes a seeded sample across those articles.
 
 Refusals (rag mode): ``--removed-articles N`` takes N of those articles (seeded) out of the index
@@ -35,9 +35,9 @@ from dataclasses import asdict, dataclass, field
 from tqdm import tqdm
 
 from evals.cli import run_eval_cli
-from rag.answerability import DEFAULT_MODEL
-from rag.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
-from rag.metrics import citation_correct, exact_match, f1_score, normalize_answer
+from rag.answer.answerability import DEFAULT_MODEL
+from rag.evaluation.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
+from rag.evaluation.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.prompt import build_messages, parse_citations
 
 
@@ -58,19 +58,22 @@ class QAEvalConfig:
     max_new_tokens: int = 32  # answer length cap
     seed: int = 0  # question sample and passage order
     device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # decoder weights: auto | float32 | bfloat16
+    # decoder weights (rag.precision): auto (bf16 where fast, else fp32) | fp32 | bf16 | int8 (decode
+    # steps through int8 linear layers, CPU: a decoder speed option, to measure its quality cost)
+    decoder_precision: str = "auto"
     profile: str = "auto"  # prompt profile: auto (the decoder's measured best) | plain | fewshot
     removed_articles: int = 0  # rag mode: articles taken out of the index (their questions: refuse)
     unanswerable_limit: int = 100  # rag mode: questions asked from the removed articles
     complete_citations: bool = False  # rag mode: the pipeline's likelihood citation fallback
-    # rag mode, rag.refusal gate: 1.0 decodes every answer with the refusal barred and records
+    # rag mode, rag.answer.refusal gate: 1.0 decodes every answer with the refusal barred and records
     # p(refusal), which evals.refusal_sweep turns into every threshold's metrics
-    refusal_threshold: float | None = None  # refuse only when p(refusal) >= this (rag.refusal)
-    # decoder speed options (rag.decode_speed), to measure their quality cost
-    decoder_quantize: str = "none"  # none | int8 (decode steps through int8 linear layers)
+    refusal_threshold: float | None = (
+        None  # refuse only when p(refusal) >= this (rag.answer.refusal)
+    )
+    # decoder speed options (rag.generate.speed), to measure their quality cost
     decoder_compile: bool = False  # torch.compile the decoder
     cache_implementation: str = "dynamic"  # dynamic | static KV cache
-    # rag mode, rag.answerability: refuse before decoding when p(unanswerable) >= this; none = off
+    # rag mode, rag.answer.answerability: refuse before decoding when p(unanswerable) >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
     # rag mode, rag.answer.reader: the extractive reader first (auto = the trained minilm-reader
     # when there is one, as the product; none = off; or a folder); EM/F1 then score its short
@@ -123,7 +126,7 @@ class OraclePassages:
     """Gold paragraph + ``k - 1`` BM25 distractors from the same file, in a seeded order."""
 
     def __init__(self, paragraphs: list[SquadParagraph], k: int, seed: int):
-        from rag.bm25 import BM25Index
+        from rag.retrieval.bm25 import BM25Index
 
         self.by_id = {p.id: p for p in paragraphs}
         self.k, self.seed = k, seed
@@ -143,16 +146,19 @@ class ParagraphRetriever:
     mode) -> list[Hit]`` face that :class:`rag.pipeline.RAGPipeline` expects of a retriever."""
 
     def __init__(self, paragraphs: list[SquadParagraph], retriever: str, encoder):
-        from rag.retrieve import CorpusRetriever
+        from rag.retrieval.retriever import CorpusRetriever
+        from rag.retrieval.settings import RetrievalSettings
 
         self.by_id = {p.id: p for p in paragraphs}
         texts = [f"{p.title.replace('_', ' ')} {p.context}" for p in paragraphs]
         enc = encoder if retriever != "bm25" else None
-        self.index = CorpusRetriever(list(self.by_id), texts, enc, retriever)
+        # RRF, as the numbers in docs/answering.md were measured (hybrid: plain RRF, no rerank)
+        settings = RetrievalSettings(mode=retriever, fusion="rrf", rerank=None)
+        self.index = CorpusRetriever(list(self.by_id), texts, enc, settings)
         self.mode = retriever
 
     def search(self, query: str, k: int = 5, mode: str | None = None) -> list:
-        from rag.retrieve import FusedHit
+        from rag.retrieval.retriever import FusedHit
         from rag.types import Chunk
 
         rows = self.index.engine.search_many([query], k, self.mode)[0]
@@ -169,7 +175,7 @@ class ParagraphRetriever:
         ]
 
     def coverage(self, query: str, hits: list) -> float | None:
-        """rag.answerability's IDF coverage over the indexed texts (title + paragraph)."""
+        """rag.answer.answerability's IDF coverage over the indexed texts (title + paragraph)."""
         return self.index.coverage(query, [h.chunk.id for h in hits])
 
 
@@ -285,7 +291,7 @@ def summarize(rows: list[dict]) -> dict[str, float]:
 
 
 def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool = True) -> dict:
-    """Run the evaluation; ``generator`` (a :class:`rag.generate.Generator`) and ``encoder`` may
+    """Run the evaluation; ``generator`` (a :class:`rag.generate.generator.Generator`) and ``encoder`` may
     be passed in already loaded (the experiment does), else they are loaded from ``cfg``."""
     if cfg.mode not in ("oracle", "rag"):
         raise ValueError(f"--mode must be oracle or rag, not {cfg.mode!r}")
@@ -304,14 +310,14 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     questions = select_questions(paragraphs, asked, cfg.limit, cfg.seed)
     unanswerable = select_questions(paragraphs, removed, cfg.unanswerable_limit, cfg.seed)
     if generator is None:
-        from rag.decode_speed import DecodeSpeed
-        from rag.generate import Generator
+        from rag.generate.generator import Generator
+        from rag.generate.speed import DecodeSpeed
 
         generator = Generator.load(
             cfg.generator,
             adapter=cfg.adapter,
             device=cfg.device,
-            dtype=cfg.dtype,
+            precision=cfg.decoder_precision,
             profile=cfg.profile,
             speed=DecodeSpeed.from_config(cfg),
         )

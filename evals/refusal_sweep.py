@@ -1,4 +1,4 @@
-"""Tune the refusal gate's threshold (rag.refusal) from one QA run, without re-decoding.
+"""Tune the refusal gate's threshold (rag.answer.refusal) from one QA run, without re-decoding.
 
 Run ``evals.qa`` in rag mode with ``--refusal-threshold 1.0`` on the SQuAD *train* articles:
 every answer is then decoded with the refusal barred and its p(refusal | prompt) recorded. For

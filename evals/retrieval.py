@@ -1,7 +1,7 @@
 """Retrieval evaluation on a BEIR folder or a SQuAD file, through the project's own retriever.
 
-The retriever is ``rag.retrieve.CorpusRetriever`` (the code the RAG system searches with, not a
-copy), metrics come from ``pytrec_eval`` via :mod:`rag.metrics`. BEIR conventions: documents are
+The retriever is ``rag.retrieval.retriever.CorpusRetriever`` (the code the RAG system searches with, not a
+copy), metrics come from ``pytrec_eval`` via :mod:`rag.evaluation.metrics`. BEIR conventions: documents are
 title + text, ids are strings, a document whose id equals the query id is not counted (BEIR's
 ``ignore_identical_ids``), 100 results per query.
 
@@ -13,7 +13,7 @@ Rows: each ``--retriever`` mode; ``hybrid`` once per ``--fusion`` (``rrf``: reci
 fusion, plain at the default weight; ``convex``: normalised scores, weight chosen on the train
 queries); with ``--rerank`` each row (or those named by ``--rerank-on``) again with the
 cross-encoder on top, once per ``--rerank-weight`` (the reranker's share of the interpolated
-score, :func:`rag.fusion.interpolate`; ``default``: chosen on the train queries, as ``alpha``).
+score, :func:`rag.retrieval.fusion.interpolate`; ``default``: chosen on the train queries, as ``alpha``).
 ``--latency`` searches one query at a time and reports p50/p90 latency.
 
 CLI::
@@ -52,7 +52,8 @@ from evals.retrieval_rows import (
 )
 from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
-from rag.datasets import (
+from rag.defaults import MODES
+from rag.evaluation.datasets import (
     DatasetError,
     RetrievalDataset,
     load_beir,
@@ -60,10 +61,9 @@ from rag.datasets import (
     scifact_split,
     squad_split,
 )
-from rag.defaults import MODES
-from rag.encoding import PRECISIONS
-from rag.fusion import FUSIONS, NORMS
-from rag.metrics import exclude_self_hits, mean_per_query, per_query_retrieval
+from rag.evaluation.metrics import exclude_self_hits, mean_per_query, per_query_retrieval
+from rag.precision import PRECISION_SETTINGS
+from rag.retrieval.fusion import FUSIONS, NORMS
 
 QUERY_SETS = ("dev", "train", "all")  # fixed splits, see the module docstring
 
@@ -81,14 +81,14 @@ class RetrievalEvalConfig:
     k: int = 100  # results per query (Recall@100 / MAP@100 need 100)
     limit: int = 0  # evaluate only the first N queries (0 = all), for quick checks
     device: str = "auto"  # auto | cpu | cuda
-    fusion: str = "rrf"  # hybrid fusion: rrf | convex (rag.fusion); the CLI takes several
+    fusion: str = "rrf"  # hybrid fusion: rrf | convex (rag.retrieval.fusion); the CLI takes several
     alpha: str = "default"  # dense weight in [0, 1] | auto | default (rrf 0.5, convex auto)
     norm: str = "minmax"  # convex fusion's score normalisation: minmax | zscore
     tune_queries: str = "train"  # query set alpha is chosen on (auto): never the reported one
     tune_limit: int = 500  # at most this many tuning queries (fixed sample; 0 = all)
     rerank_depth: int = 100  # candidates the cross-encoder re-scores (sets query latency)
     rerank_max_length: int | None = None  # tokens per query+passage pair (None: the model's)
-    rerank_precision: str = "fp32"  # the cross-encoder's weights: fp32 | bf16 | int8 (CPU)
+    rerank_precision: str = "fp32"  # cross-encoder weights (rag.precision): auto|fp32|bf16|int8
     rerank_on: list[str] | None = None  # rows to rerank (bm25, dense, hybrid, hybrid-convex)
     # reranker's share of a reranked row's score in [0, 1] (1 = reranker only, 0 = first stage)
     # | default (chosen on --tune-queries, as alpha); the CLI takes several (one row each)
@@ -102,7 +102,7 @@ class RetrievalEvalConfig:
         "retriever": MODES,
         "fusion": FUSIONS,
         "norm": NORMS,
-        "rerank_precision": PRECISIONS,
+        "rerank_precision": PRECISION_SETTINGS,
     }
 
 
@@ -134,14 +134,16 @@ def _build_mode(modes: list[str]) -> str:
 def make_retriever(
     ds: RetrievalDataset, cfg: RetrievalEvalConfig, encoder=None, mode: str | None = None
 ):
-    """``rag.retrieve.CorpusRetriever`` over the whole corpus (title + text per document).
+    """``rag.retrieval.retriever.CorpusRetriever`` over the whole corpus (title + text per document).
 
     ``encoder`` may be an already loaded SentenceTransformer (the experiment passes its fine-tuned
     models); otherwise ``cfg.encoder`` is loaded by rag for dense and hybrid modes. ``mode``
     (default ``cfg.retriever``) decides which indexes are built; ``hybrid`` builds both.
     """
     from rag.models import load_embedder
-    from rag.retrieve import CorpusRetriever
+    from rag.retrieval.rerank import load_reranker
+    from rag.retrieval.retriever import CorpusRetriever
+    from rag.retrieval.settings import RetrievalSettings
 
     mode = mode or cfg.retriever
     ids = list(ds.corpus)
@@ -149,27 +151,12 @@ def make_retriever(
     enc = None
     if mode != "bm25":
         enc = encoder if encoder is not None else load_embedder(cfg.encoder, device=cfg.device)
-    reranker = None
-    if cfg.rerank:
-        from rag.rerank import CrossEncoderReranker
-
-        reranker = CrossEncoderReranker(
-            cfg.rerank,
-            device=cfg.device,
-            max_length=cfg.rerank_max_length,
-            precision=cfg.rerank_precision,
-        )
-    return CorpusRetriever(
-        ids,
-        texts,
-        enc,
-        mode,
-        reranker=reranker,
-        device=cfg.device,
-        depth=max(cfg.k, 100),
-        norm=cfg.norm,
-        rerank_depth=cfg.rerank_depth,
+    # every row passes its own fusion, alpha and rerank weight to the search (evaluate_modes),
+    # so those two (strings here: "default", "auto") only need a valid placeholder
+    settings = RetrievalSettings.from_config(
+        cfg, mode=mode, alpha=0.5, rerank_weight=0.5, depth=max(cfg.k, 100)
     )
+    return CorpusRetriever(ids, texts, enc, settings, reranker=load_reranker(settings))
 
 
 def run_retrieval(

@@ -3,8 +3,8 @@
 Split from :mod:`evals.retrieval` (which runs them): which rows one command produces (each mode,
 hybrid once per fusion, each optionally reranked once per rerank weight), how a fusion's dense
 weight ``alpha`` is fixed or chosen on queries other than the reported ones
-(:func:`rag.fusion.choose_weight`), and how the reranker's interpolation weight is
-(:func:`rag.fusion.choose_rerank_weight`, from one cached reranker pass).
+(:func:`rag.retrieval.fusion.choose_weight`), and how the reranker's interpolation weight is
+(:func:`rag.retrieval.fusion.choose_rerank_weight`, from one cached reranker pass).
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rag.datasets import RetrievalDataset
 from rag.defaults import MODES
-from rag.fusion import FUSIONS
-from rag.metrics import exclude_self_hits, retrieval_metrics
+from rag.evaluation.datasets import RetrievalDataset
+from rag.evaluation.metrics import exclude_self_hits, retrieval_metrics
+from rag.retrieval.fusion import FUSIONS
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,10 @@ def choose_alphas(
     load_tune: Callable[[], RetrievalDataset],
 ) -> dict[str, dict]:
     """The dense weight per fusion: fixed (``--alpha 0.3``), plain RRF's 0.5 (``default`` for
-    rrf), or chosen by :func:`rag.fusion.choose_weight` on ``cfg.tune_queries`` (``auto``, and
+    rrf), or chosen by :func:`rag.retrieval.fusion.choose_weight` on ``cfg.tune_queries`` (``auto``, and
     ``default`` for convex), scored with the same pytrec_eval nDCG@10 as the table.
     ``load_tune`` gives the tuning queries; it is called only when a weight is chosen."""
-    from rag.fusion import choose_weight
+    from rag.retrieval.fusion import choose_weight
 
     out: dict[str, dict] = {}
     tune = None
@@ -129,14 +129,14 @@ def choose_rerank_weights(
     load_tune: Callable[[], RetrievalDataset],
 ) -> dict[tuple[str, str | None], dict]:
     """The rerank weight of each reranked first stage ``(mode, fusion)`` whose weight is
-    ``default``, chosen by :func:`rag.fusion.choose_rerank_weight` on the tuning queries as
+    ``default``, chosen by :func:`rag.retrieval.fusion.choose_rerank_weight` on the tuning queries as
     :func:`choose_alphas` chooses ``alpha`` (same queries, grid 0..1, pytrec_eval nDCG@10, ties
     to the middle), over the same first stage the reported row reranks (its alpha, depth, norm).
 
     Cost: the reranker scores each (query, passage) pair once, in a cache shared by every first
     stage tuned here (hybrid and hybrid-convex heads mostly overlap); all eleven weights re-sort
     those cached scores. ``load_tune`` is called only when a weight is chosen."""
-    from rag.fusion import choose_rerank_weight
+    from rag.retrieval.fusion import choose_rerank_weight
 
     wanted = list(
         dict.fromkeys((r.mode, r.fusion) for r in rows if r.rerank and r.weight == "default")

@@ -7,7 +7,7 @@
 
 Prints the answer and its sources (paths relative to the ingested folder) and the reranker that
 ordered them (``--rerank auto``, the default: the trained ``minilm-rerank`` when present, see
-:func:`rag.rerank.resolve_reranker`); ``--json`` prints
+:func:`rag.retrieval.rerank.resolve_reranker`); ``--json`` prints
 ``Answer.to_dict()`` on stdout (logs go to stderr); ``--stream`` prints the answer as it is
 decoded, then the sources. Settings come from flags over ``rag.toml`` (see :mod:`rag.config`).
 Any failure is one line on stderr; exit status 2 for a bad flag, setting, name or path, 1 for a
@@ -23,10 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from rag.cli import OneLineParser, run_cli
-from rag.config import RAGConfig, add_config_args, config_from_args
-from rag.models import DECODER_ALIASES, ENCODER_ALIASES, ModelNotFoundError, resolve_model
+from rag.config import RAGConfig, add_config_args, check_models, config_from_args
 from rag.paths import check_index_name
-from rag.rerank import resolve_reranker
 from rag.types import Answer
 
 PROG = "rag.ask"
@@ -53,7 +51,7 @@ CLI_FIELDS = (
     "device",
     "encoder_backend",
     "batching",
-    "decoder_quantize",
+    "decoder_precision",
     "decoder_compile",
     "cache_implementation",
 )
@@ -77,53 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def check_models(cfg: RAGConfig) -> None:
-    """Fail now, naming the flag, on a model name that is no alias, folder or artefact (or a
-    ``--rerank`` that is no cross-encoder): the decoder is loaded only when something relevant
-    was retrieved, so a typo in ``--decoder`` would otherwise pass unnoticed on a question the
-    documents do not answer."""
-    aliases = {*ENCODER_ALIASES, *DECODER_ALIASES}
-    for flag, name in (
-        ("--encoder", cfg.encoder),
-        ("--decoder", cfg.decoder),
-        ("--adapter", cfg.adapter),
-    ):
-        if not name or name in aliases or name in ("auto", "none"):
-            continue
-        if Path(name).expanduser().exists():
-            continue
-        try:
-            resolve_model(name)
-        except ModelNotFoundError as e:
-            raise ModelNotFoundError(f"{flag}: {e}") from None
-    try:  # auto and none never fail; an explicit cross-encoder must exist and be one
-        resolve_reranker(cfg.rerank)
-    except ModelNotFoundError as e:
-        raise ModelNotFoundError(f"--rerank: {e}") from None
-    except ValueError as e:
-        raise ValueError(f"--rerank: {e}") from None
-    from rag.answer.reader import resolve_reader
-
-    resolve_reader(cfg.reader)  # FileNotFoundError naming --reader
-
-
 def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
-    """The retriever for ``--index-dir`` (an explicit folder), else None: the pipeline opens the
-    index named by ``cfg.index``, which must be a plain name (checked here, before any model
+    """The retriever for ``--index-dir`` (an explicit folder), opened as the pipeline opens a
+    named index (:func:`rag.pipeline.open_retriever`), else None: the pipeline opens the index
+    named by ``cfg.index``, which must be a plain name (checked here, before any model
     loads)."""
     if args.index_dir is None:
         check_index_name(cfg.index)
         return None
     if getattr(args, "index", None) is not None:
         raise ValueError("give --index NAME or --index-dir PATH, not both")
-    from rag.retrieve import Retriever
+    from rag.pipeline import open_retriever as open_index
 
-    return Retriever.open(
-        Path(args.index_dir),
-        encoder=cfg.encoder,
-        device=cfg.device,
-        encoder_backend=cfg.encoder_backend,
-    )
+    return open_index(cfg, Path(args.index_dir))  # the settings a named index gets
 
 
 def format_sources(answer: Answer) -> str:

@@ -24,21 +24,28 @@ from typing import Any, ClassVar
 
 import tomllib
 
-from rag.answer.reader import COMPOSE, DEFAULT_READER
-from rag.answerability import DEFAULT_MODEL
+from rag.answer.answerability import DEFAULT_MODEL
+from rag.answer.reader import COMPOSE, DEFAULT_READER, describe_reader, resolve_reader
 from rag.dataclass_cli import add_dataclass_args, field_type
-from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE, DecodeSpeed, DecodeSpeedError
-from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, DTYPES, MODES
-from rag.encoding import ENCODER_BACKENDS, PRECISION_SETTINGS
-from rag.fusion import FUSIONS
-from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
-from rag.prompt import PROFILES
-from rag.rerank import (
-    DEFAULT_RERANK,
-    DEFAULT_RERANK_DEPTH,
-    DEFAULT_RERANK_PRECISION,
-    DEFAULT_RERANK_WEIGHT,
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, MODES
+from rag.generate.speed import CACHE_IMPLEMENTATIONS, DecodeSpeed, DecodeSpeedError
+from rag.models import (
+    DECODER_ALIASES,
+    DEFAULT_ADAPTER,
+    DEFAULT_DECODER,
+    ENCODER_ALIASES,
+    ModelNotFoundError,
+    describe_decoder,
+    resolve_adapter,
+    resolve_model,
 )
+from rag.precision import PRECISION_SETTINGS
+from rag.prompt import PROFILES
+from rag.retrieval.encoder import ENCODER_BACKENDS
+from rag.retrieval.fusion import FUSIONS
+from rag.retrieval.rerank import describe_reranker, resolve_reranker
+from rag.retrieval.settings import DEFAULTS as RETRIEVAL
+from rag.retrieval.settings import RetrievalSettings
 
 DEFAULT_CONFIG_FILE = "rag.toml"
 # Keys older rag.toml files may hold that answering never read: they are rag.ingest flags.
@@ -51,55 +58,64 @@ class ConfigError(ValueError):
 
 @dataclass
 class RAGConfig:
-    """Everything needed to answer a question from an index."""
+    """Everything needed to answer a question from an index.
+
+    The retrieval fields (``k``, ``mode``, ``fusion``, ``alpha``, ``rerank*``, ``encoder``,
+    ``encoder_backend``, ``device``) are :class:`~rag.retrieval.settings.RetrievalSettings`'s,
+    with its defaults (the only retrieval defaults); :attr:`retrieval` builds the settings.
+    """
 
     index: str = "default"  # index name under $RAG_HOME/indexes (or a folder path)
-    encoder: str | None = (
-        None  # query encoder alias/folder; None = the one the index was built with
-    )
+    # query encoder alias/folder; None = the one the index was built with
+    encoder: str | None = RETRIEVAL.encoder
     decoder: str = DEFAULT_DECODER  # causal LM alias or folder that writes the answer
     # peft LoRA adapter for the decoder: none = the base model alone (the measured default: the
     # current LoRA recipe over-refuses on documentation questions, docs/answering.md); auto =
     # <decoder>-lora under $RAG_HOME/models when `make models` trained it; or a folder/name
     adapter: str | None = DEFAULT_ADAPTER
-    k: int = 5  # passages retrieved and given to the decoder
-    # cross-encoder reranking the first stage's best (rag.rerank.resolve_reranker): auto =
-    # minilm-rerank under $RAG_HOME/models when `make models` trained it, else no rerank;
+    k: int = RETRIEVAL.k  # passages retrieved and given to the decoder
+    # cross-encoder reranking the first stage's best (rag.retrieval.rerank.resolve_reranker):
+    # auto = minilm-rerank under $RAG_HOME/models when `make models` trained it, else no rerank;
     # none = no rerank; or a cross-encoder folder/artefact name
-    rerank: str | None = DEFAULT_RERANK
+    rerank: str | None = RETRIEVAL.rerank
     # candidates the reranker re-scores (one forward pass each: latency)
-    rerank_depth: int = DEFAULT_RERANK_DEPTH
+    rerank_depth: int = RETRIEVAL.rerank_depth
     # tokens per query+passage pair; None = the length the reranker was trained and saved with
-    rerank_max_length: int | None = None
+    rerank_max_length: int | None = RETRIEVAL.rerank_max_length
     # reranker's share of a reranked passage's score: w * norm(rerank) + (1 - w) * norm(first
-    # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order (rag.fusion.interpolate)
-    rerank_weight: float = DEFAULT_RERANK_WEIGHT
-    # the reranker's weights: auto = bf16 on CUDA or a CPU with bf16 units (AMX), else fp32 |
-    # fp32 | bf16 | int8 (CPU); same ranking quality, measured in docs/retrieval.md
-    rerank_precision: str = DEFAULT_RERANK_PRECISION
-    # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.fusion). convex with
-    # alpha 0.5 is the best measured (docs/retrieval.md: SciFact dev ties RRF, SQuAD dev +0.03)
-    fusion: str = "convex"  # hybrid fusion: convex (normalised scores) | rrf (ranks)
-    alpha: float = 0.5  # dense weight in hybrid fusion (chosen on train queries: 0.5 / 0.4)
-    mode: str = "hybrid"  # retrieval mode
+    # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order
+    # (rag.retrieval.fusion.interpolate)
+    rerank_weight: float = RETRIEVAL.rerank_weight
+    # the reranker's weights (rag.precision): auto = bf16 on CUDA or a CPU with bf16 units (AMX),
+    # else fp32 | fp32 | bf16 | int8 (CPU); same ranking quality, measured in docs/retrieval.md
+    rerank_precision: str = RETRIEVAL.rerank_precision
+    # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.retrieval.fusion).
+    # convex with alpha 0.5 is the best measured (docs/retrieval.md: SciFact dev ties RRF, SQuAD
+    # dev +0.03)
+    fusion: str = RETRIEVAL.fusion  # hybrid fusion: convex (normalised scores) | rrf (ranks)
+    # dense weight in hybrid fusion (chosen on train queries: 0.5 / 0.4)
+    alpha: float = RETRIEVAL.alpha
+    mode: str = RETRIEVAL.mode  # retrieval mode
     temperature: float = 0.0  # 0 = greedy decoding (deterministic); > 0 samples
     top_p: float = 1.0  # nucleus sampling mass when temperature > 0
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # answer length limit in decoder tokens
     max_context_tokens: int | None = 2048  # prompt+answer cap below the decoder's max positions
     min_score: float | None = None  # relevance threshold on hit scores; None = per-mode default
     prefix_cache: bool = True  # reuse the KV cache of the fixed system prompt across questions
-    batching: bool = True  # decode concurrent requests together (rag.batching; 3.2x req/s measured)
+    batching: bool = (
+        True  # decode concurrent requests together (rag.generate.batching; 3.2x req/s measured)
+    )
     max_batch: int = 16  # rows per decode step when batching is on
-    # check each cited sentence against the passage it names; re-attribute or flag (rag.verify)
+    # check each cited sentence against the passage it names; re-attribute or flag (rag.answer.verify)
     verify_citations: bool = True
     # when the answer cites nothing (and is no refusal), append the passage marker [i] the decoder
     # itself scores likeliest after its answer; Answer.citations_completed records it
     complete_citations: bool = True
-    # refusal gate (rag.refusal): refuse only when p(refusal | prompt) >= this, else decode the
+    # refusal gate (rag.answer.refusal): refuse only when p(refusal | prompt) >= this, else decode the
     # answer with the refusal barred; None = the adapter's tuned threshold (its run.json), and
     # without one the decoder's greedy choice stands
     refusal_threshold: float | None = None
-    # answerability check (rag.answerability): refuse without decoding when p(unanswerable),
+    # answerability check (rag.answer.answerability): refuse without decoding when p(unanswerable),
     # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
     # extractive reader (rag.answer.reader) that finds the answer span before anything is
@@ -112,16 +128,16 @@ class RAGConfig:
     # who writes the answer around the reader's span: decoder (one to three sentences from the
     # span's passage alone) | extract (that passage's own sentence; nothing decoded: fastest)
     compose: str = "decoder"
-    device: str = "auto"  # where the models run; auto = cuda when a GPU is visible
-    # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.encoding)
-    encoder_backend: str = "torch"
-    # decoder weights: auto = bfloat16 on CUDA or a CPU with bf16 units (AMX), else float32
-    dtype: str = "auto"
+    device: str = RETRIEVAL.device  # where the models run; auto = cuda when a GPU is visible
+    # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.retrieval.encoder)
+    encoder_backend: str = RETRIEVAL.encoder_backend
+    # decoder weights (rag.precision): auto = bf16 on CUDA or a CPU with bf16 units (AMX), else
+    # fp32 | fp32 | bf16 | int8 = decode steps through int8 copies of the linear layers (CPU;
+    # the prompt runs on the auto float weights; measured by benchmarks.decode_variants)
+    decoder_precision: str = "auto"
     # prompt format (rag.prompt.PROFILES): auto = the decoder's measured best (rag.models)
     profile: str = "auto"
-    # decoder speed (rag.decode_speed; measured by benchmarks.decode_variants), all off by default:
-    # int8 = decode steps through int8 copies of the linear layers (CPU; prefill stays float)
-    decoder_quantize: str = "none"
+    # decoder speed (rag.generate.speed; measured by benchmarks.decode_variants), off by default:
     # torch.compile the decoder's forward (dynamic cache) or generate's decode step (static cache)
     decoder_compile: bool = False
     # KV cache: dynamic (grows per token) | static (preallocated; needs --no-batching)
@@ -140,14 +156,18 @@ class RAGConfig:
         "device": DEVICES,
         "encoder_backend": ENCODER_BACKENDS,
         "rerank_precision": PRECISION_SETTINGS,
-        "dtype": DTYPES,
+        "decoder_precision": PRECISION_SETTINGS,
         "profile": ("auto", *PROFILES),
-        "decoder_quantize": QUANTIZE,
         "cache_implementation": CACHE_IMPLEMENTATIONS,
     }
 
     def __post_init__(self) -> None:
         validate(self)
+
+    @property
+    def retrieval(self) -> RetrievalSettings:
+        """The retrieval settings of this config: how every path opens its index."""
+        return RetrievalSettings.from_config(self)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values for ``run.json`` / ``--json`` (the rewrite hook is shown by name)."""
@@ -184,6 +204,10 @@ def validate(cfg: RAGConfig) -> None:
     try:
         DecodeSpeed.from_config(cfg).check(device=cfg.device, batching=cfg.batching)
     except DecodeSpeedError as e:
+        raise ConfigError(str(e)) from e
+    try:
+        cfg.retrieval  # noqa: B018 - the retrieval settings' own checks
+    except ValueError as e:
         raise ConfigError(str(e)) from e
 
 
@@ -284,7 +308,7 @@ CLI_HELP = {
     "rerank_precision": "reranker weights: auto = bf16 on CUDA or a CPU with bf16 units, else "
     "fp32; or fp32, bf16, int8 (CPU)",
     "refusal_threshold": "refuse only when p(refusal) >= this, in (0, 1], else answer with the "
-    "refusal barred; none = the decoder's own choice (rag.refusal)",
+    "refusal barred; none = the decoder's own choice (rag.answer.refusal)",
 }
 
 
@@ -309,3 +333,58 @@ def config_from_args(args: argparse.Namespace, config_path: str | Path | None = 
 def with_overrides(cfg: RAGConfig, **kwargs: Any) -> RAGConfig:
     """A copy of ``cfg`` with the non-None ``kwargs`` applied (validated)."""
     return replace(cfg, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+# ---- the models a config names ------------------------------------------------------------------
+
+
+def check_models(cfg: RAGConfig) -> None:
+    """Fail now, naming the flag, on a model name that is no alias, folder or artefact (or a
+    ``--rerank`` that is no cross-encoder): the decoder is loaded only when something relevant
+    was retrieved, so a typo in ``--decoder`` would otherwise pass unnoticed on a question the
+    documents do not answer. Every front end (rag.ask, rag.serve, the UI) checks through here."""
+    aliases = {*ENCODER_ALIASES, *DECODER_ALIASES}
+    for flag, name in (
+        ("--encoder", cfg.encoder),
+        ("--decoder", cfg.decoder),
+        ("--adapter", cfg.adapter),
+    ):
+        if not name or name in aliases or name in ("auto", "none"):
+            continue
+        if Path(name).expanduser().exists():
+            continue
+        try:
+            resolve_model(name)
+        except ModelNotFoundError as e:
+            raise ModelNotFoundError(f"{flag}: {e}") from None
+    try:  # auto and none never fail; an explicit cross-encoder must exist and be one
+        resolve_reranker(cfg.rerank)
+    except ModelNotFoundError as e:
+        raise ModelNotFoundError(f"--rerank: {e}") from None
+    except ValueError as e:
+        raise ValueError(f"--rerank: {e}") from None
+    resolve_reader(cfg.reader)  # auto and none never fail; a missing one names --reader
+
+
+@dataclass(frozen=True)
+class ResolvedModels:
+    """What a config's ``auto`` / ``none`` model settings came to, for a front end to show."""
+
+    config: RAGConfig  # adapter and rerank resolved to a name or None
+    decoder_line: str  # the decoder and its adapter, for people (rag.models.describe_decoder)
+    reranker_line: str  # the reranker, or that reranking is off and why
+    reader_line: str  # the extractive reader, or that it is off and why
+
+
+def resolve_models(cfg: RAGConfig) -> ResolvedModels:
+    """``cfg`` with its adapter and reranker settings resolved (``auto`` → the trained artefact
+    when present, else none; rag.models.resolve_adapter, rag.retrieval.rerank.resolve_reranker),
+    and one line on each for people, so the server and the UI say which models answer."""
+    rerank = resolve_reranker(cfg.rerank)
+    adapter = resolve_adapter(cfg.decoder, cfg.adapter)
+    return ResolvedModels(
+        replace(cfg, adapter=adapter, rerank=rerank),
+        describe_decoder(cfg.decoder, cfg.adapter),
+        describe_reranker(cfg.rerank, rerank),
+        describe_reader(cfg.reader),
+    )

@@ -10,8 +10,9 @@ same in every CLI (rag.*, training.*, evals.*, ui.app):
 - ``list[X]`` -> one flag taking one or more values (repeating the flag adds more);
 - a field with a fixed set of values gets argparse ``choices`` from the constant that defines the
   set: the dataclass's ``CHOICES`` (e.g. ``rag.config.RAGConfig.CHOICES``), a ``choices=``
-  mapping, and for ``device`` / ``dtype`` everywhere :data:`rag.defaults.DEVICES` / ``DTYPES``
-  (``decoder_quantize`` / ``cache_implementation``: :mod:`rag.decode_speed`'s sets).
+  mapping, and for ``device`` everywhere :data:`rag.defaults.DEVICES`, for ``precision`` /
+  ``rerank_precision`` / ``decoder_precision`` :data:`rag.precision.PRECISION_SETTINGS`
+  (``cache_implementation``: :mod:`rag.generate.speed`'s set).
   A typo then stops at parse time, naming the flag and the allowed values (exit 2, rag.cli);
 - a field without a default is positional.
 
@@ -40,16 +41,18 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rag.cli import OneLineParser, says_default, show_default
-from rag.decode_speed import CACHE_IMPLEMENTATIONS, QUANTIZE
-from rag.defaults import DEVICES, DTYPES
+from rag.defaults import DEVICES
+from rag.generate.speed import CACHE_IMPLEMENTATIONS
+from rag.precision import PRECISION_SETTINGS
 
 T = typing.TypeVar("T")
 # Sets of values a field of this name has in every config of the project (applied only when the
 # field's default is one of them, so an unrelated field of the same name keeps its own values).
 COMMON_CHOICES: dict[str, Sequence[str]] = {
     "device": DEVICES,
-    "dtype": DTYPES,
-    "decoder_quantize": QUANTIZE,
+    "precision": PRECISION_SETTINGS,
+    "rerank_precision": PRECISION_SETTINGS,
+    "decoder_precision": PRECISION_SETTINGS,
     "cache_implementation": CACHE_IMPLEMENTATIONS,
 }
 SCALARS = (str, int, float, bool)

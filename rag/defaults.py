@@ -1,21 +1,22 @@
 """Values that several modules and command lines share, each defined here once.
 
-Why a module of its own, with no imports: the retrieval modes, devices and dtypes, and the
+Why a module of its own, with no imports: the retrieval modes and devices, and the
 default chunk and answer sizes are read by the config (rag.config), every CLI (their flags take
 ``choices`` from here), ingest, retrieval, the UI, the evals and training. Written in each of them
 they drifted (three mode lists, chunk size five times); imported from here they cannot, and
 importing them costs nothing (no torch, no index library).
 
 Sets of values owned by one subsystem stay beside it and are imported from there:
-``indexes.BACKENDS``, ``rag.encoding.ENCODER_BACKENDS`` / ``PRECISIONS``, ``rag.fusion.FUSIONS``,
-``rag.prompt.PROFILES``.
+``indexes.BACKENDS``, ``rag.retrieval.encoder.ENCODER_BACKENDS``, ``rag.retrieval.fusion.FUSIONS``,
+``rag.prompt.PROFILES``, and the one precision vocabulary of every model,
+``rag.precision.PRECISION_SETTINGS``; the retrieval defaults are
+``rag.retrieval.settings.RetrievalSettings``'s.
 """
 
 from __future__ import annotations
 
 MODES = ("dense", "bm25", "hybrid")  # retrieval: the encoder's vectors, BM25, or both fused
 DEVICES = ("auto", "cpu", "cuda")  # auto = cuda when a GPU is visible, else cpu
-DTYPES = ("auto", "float32", "bfloat16")  # decoder weights; auto = bf16 where the hardware has it
 
 DEFAULT_CHUNK_TOKENS = 256  # ingest: chunk size in encoder tokens (capped at the encoder's limit)
 DEFAULT_OVERLAP = 32  # ingest: tokens shared by consecutive chunks of a section

@@ -22,6 +22,7 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict
 
+from rag.retrieval.settings import DEFAULTS, RetrievalSettings
 from rag.types import Hit
 
 
@@ -83,7 +84,7 @@ def hit_to_document(hit: Hit) -> Document:
 
 
 class IndexRetriever(BaseRetriever):
-    """A langchain-core retriever over :class:`rag.retrieve.Retriever` (or anything with
+    """A langchain-core retriever over :class:`rag.retrieval.retriever.Retriever` (or anything with
     ``search(query, k=, mode=) -> list[Hit]``)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -97,12 +98,14 @@ class IndexRetriever(BaseRetriever):
 
     @classmethod
     def from_index(
-        cls, index: str, *, encoder: str | None = None, device: str = "auto", **kwargs: Any
+        cls, index: str, settings: RetrievalSettings | None = None, **kwargs: Any
     ) -> IndexRetriever:
-        """Open an index built by ``rag.ingest`` (``encoder`` None = the index's own)."""
-        from rag.retrieve import Retriever
+        """Open an index built by ``rag.ingest`` with ``settings`` (default: the product's,
+        :class:`~rag.retrieval.settings.RetrievalSettings`: the index's own encoder, convex
+        fusion, the trained reranker when there is one)."""
+        from rag.retrieval.retriever import Retriever
 
-        return cls(retriever=Retriever.open(index, encoder=encoder, device=device), **kwargs)
+        return cls(retriever=Retriever.from_settings(index, settings or DEFAULTS), **kwargs)
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun

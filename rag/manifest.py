@@ -8,7 +8,7 @@
         manifest.json      sources (content hash, size, mtime, chunk ids), encoder identity,
                            backend, chunking settings
         chunks.jsonl       chunk store: text + metadata by id
-        bm25/              rag.bm25.BM25Index over the same chunks
+        bm25/              rag.retrieval.bm25.BM25Index over the same chunks
         vectors/faiss.npz  the FAISS backend's vectors (Chroma keeps its own store)
         run.json           the ingest config that wrote it
       chroma/              embedded Chroma data (chroma backend only)
@@ -24,7 +24,7 @@ one before it stay on disk (:data:`KEEP_GENERATIONS`), and a vector store every 
 shares keeps every id either one names (:func:`kept_chunk_ids`). So a long-lived reader (a
 ``rag.serve`` replica, the UI) still searching the previous generation finds it whole, on disk
 and in the store, until the *next* publication; it switches at its next query
-(:class:`rag.retrieve.Retriever`).
+(:class:`rag.retrieval.retriever.Retriever`).
 """
 
 from __future__ import annotations

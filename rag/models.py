@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag.decode_speed import DecodeSpeed
-from rag.defaults import DEVICES, DTYPES
+from rag.defaults import DEVICES
+from rag.generate.speed import DecodeSpeed
 from rag.gguf import (
     GGUF_PACKAGES,
     convert_gguf,
@@ -32,6 +32,7 @@ from rag.gguf import (
 )
 from rag.loading import MODEL_LOAD_LOCK
 from rag.paths import models_dir
+from rag.precision import check_precision, float_precision, torch_dtype
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -150,6 +151,62 @@ def list_artifacts() -> list[str]:
     )
 
 
+def check_cross_encoder(path: Path) -> None:
+    """Refuse a folder that is not a cross-encoder (a bi-encoder such as ``minilm`` would load
+    with a random scoring head and rerank at random): it must be saved as a sentence-transformers
+    CrossEncoder or be a Hugging Face sequence-classification model."""
+    st_cfg = path / "config_sentence_transformers.json"
+    if st_cfg.is_file() and json.loads(st_cfg.read_text()).get("model_type") == "CrossEncoder":
+        return
+    hf_cfg = path / "config.json"
+    archs = (json.loads(hf_cfg.read_text()).get("architectures") or []) if hf_cfg.is_file() else []
+    if not (path / "modules.json").exists() and any(
+        a.endswith("ForSequenceClassification") for a in archs
+    ):
+        return
+    raise ValueError(
+        f"{path} is not a cross-encoder (no CrossEncoder config, no sequence-classification "
+        "head); train one with `python -m training.rerank`"
+    )
+
+
+def is_cross_encoder(path: Path) -> bool:
+    """Whether ``path`` passes :func:`check_cross_encoder` (unreadable config: no)."""
+    try:
+        check_cross_encoder(path)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def is_decoder(folder: Path) -> bool:
+    """Whether ``folder`` holds a causal LM (a ``*CausalLM`` architecture in its config.json)."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return any("CausalLM" in a for a in cfg.get("architectures") or [])
+
+
+def list_models() -> dict[str, list[str]]:
+    """The models on this machine by kind: the baseline aliases plus the artefacts under
+    ``$RAG_HOME/models``, split into encoders, decoders (a CausalLM architecture), LoRA adapters
+    and rerankers (cross-encoders: as an encoder one would embed at random, so they are only
+    rerankers). What the UI's dropdowns offer."""
+    enc, dec, ada, rer = [*ENCODER_ALIASES], [*DECODER_ALIASES], [], []
+    for name in list_artifacts():
+        folder = models_dir() / name
+        if (folder / "adapter_config.json").exists():
+            ada.append(name)
+        elif is_decoder(folder):
+            dec.append(name)
+        elif is_cross_encoder(folder):
+            rer.append(name)
+        elif name not in DECODER_ALIASES:
+            enc.append(name)
+    return {"encoders": enc, "decoders": dec, "adapters": ada, "rerankers": rer}
+
+
 def lm_objective(config: Any) -> str | None:
     """``clm`` or ``mlm`` from a model config's ``architectures`` (causal-LM or masked-LM head
     class names); None when they name neither."""
@@ -243,7 +300,7 @@ def pick_profile(name: str | Path, adapter: str | Path | None = None) -> str:
 
 
 def pick_refusal_threshold(adapter: str | Path | None) -> float | None:
-    """The refusal gate threshold (rag.refusal) an adapter was tuned with, from its run.json
+    """The refusal gate threshold (rag.answer.refusal) an adapter was tuned with, from its run.json
     ("refusal_threshold", chosen on SQuAD train articles by evals.refusal_sweep); None = none."""
     if adapter is None:
         return None
@@ -251,56 +308,29 @@ def pick_refusal_threshold(adapter: str | Path | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) and 0 < value <= 1 else None
 
 
-def cpu_has_bf16() -> bool:
-    """True when the CPU has bf16 matrix units (AMX or AVX512-BF16), where bf16 decoding is
-    several times faster than fp32 (prefill 43 -> 529 tokens/s for Qwen 0.5B on 2 cores)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def bf16_is_fast(device: str) -> bool:
-    """Whether bf16 weights run fast on ``device`` (a resolved ``cpu`` or ``cuda``): on CUDA, or
-    a CPU with bf16 units. What every ``auto`` precision (decoder dtype, reranker) decides by."""
-    return device == "cuda" or cpu_has_bf16()
-
-
-def pick_dtype(dtype: str, device: str) -> Any:
-    """``auto`` → bfloat16 where :func:`bf16_is_fast`, else float32."""
-    import torch
-
-    if dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    if dtype == "auto":
-        dtype = "bfloat16" if bf16_is_fast(device) else "float32"
-    return getattr(torch, dtype)
-
-
 def load_generator(
     name: str | Path,
     adapter: str | Path | None = None,
     device: str = "auto",
-    dtype: Any = None,
+    precision: str = "fp32",
     speed: DecodeSpeed | None = None,
 ):
     """(model, tokenizer) for a causal LM folder or alias, with an optional peft LoRA adapter.
-    ``dtype``: a torch dtype, or ``auto`` / ``float32`` / ``bfloat16`` (None = float32).
-    ``speed``: int8 decode layers / compiled forward, applied after the adapter is merged
-    (:mod:`rag.decode_speed`)."""
-    import torch
+    ``precision``: ``fp32 | bf16 | int8 | auto`` (:mod:`rag.precision`; int8 = int8 decode
+    layers over the ``auto`` float weights). ``speed``: int8 decode layers / compiled forward,
+    applied after the adapter is merged (:mod:`rag.generate.speed`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model(name)
     dev = pick_device(device)
-    speed = speed or DecodeSpeed()
+    speed = (speed or DecodeSpeed()).with_precision(
+        check_precision(precision, "--decoder-precision")
+    )
     speed.check(device=dev)
-    if isinstance(dtype, str):
-        dtype = pick_dtype(dtype, dev)
+    dtype = torch_dtype(float_precision(precision, dev))
     with MODEL_LOAD_LOCK:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
         if adapter is not None:
             from peft import PeftModel
 

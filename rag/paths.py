@@ -37,6 +37,14 @@ def indexes_dir() -> Path:
     return rag_home() / "indexes"
 
 
+def list_indexes() -> list[str]:
+    """Index folders under ``$RAG_HOME/indexes`` (the server's models, the UI's dropdown)."""
+    root = indexes_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 # An index is named, never addressed by a path: a name cannot climb out of $RAG_HOME/indexes
 # ("../../escape"), land on a hidden folder or read as a flag. Letters, digits, '.', '_', '-';
 # not '.' or '-' first; at most 100 characters. The one rule for the CLIs (--index), rag.toml
@@ -82,10 +90,6 @@ def display_source(source: str, roots: Iterable[str]) -> str:
         if source.startswith(prefix) and (best is None or len(root) < best_len):
             best, best_len = source[len(prefix) :], len(root)
     return best or os.path.basename(source) or source
-
-
-def evals_dir() -> Path:
-    return rag_home() / "evals"
 
 
 def tokenizer_dir() -> Path:

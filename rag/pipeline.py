@@ -7,7 +7,7 @@ concurrent sessions share one copy of each model.
 Grounding rules, in one place:
 
 - nothing relevant retrieved (no hits, or every hit under the relevance threshold), or the
-  answerability check (:mod:`rag.answerability`) judges the passages unable to hold the answer
+  answerability check (:mod:`rag.answer.answerability`) judges the passages unable to hold the answer
   → the answer is :data:`rag.prompt.REFUSAL` and the model is not called;
 - citation markers ``[n]`` are parsed with :func:`rag.prompt.parse_citations`; each valid number
   maps to the passage given at that position; a number that names no given passage is dropped
@@ -17,7 +17,7 @@ Grounding rules, in one place:
   log-probability of the continuation `` [i]`` for every given passage i after its own answer, and
   the likeliest marker is appended (``Answer.citations_completed`` is then true). Small zero-shot
   models (SmolLM2-135M) answer but almost never write markers by themselves;
-- every citation is then verified against the passage it names (:mod:`rag.verify`): one whose
+- every citation is then verified against the passage it names (:mod:`rag.answer.verify`): one whose
   sentence that passage does not support is re-attributed to a passage that clearly does, or
   flagged (``Citation.supported``); an answer that repeats instruction-like passage text is
   marked ``suspected_injection``. ``RAGPipeline(verify=False)`` turns this off.
@@ -41,19 +41,23 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rag.answerability import AnswerabilityDecision, check
+from rag.answer.answerability import AnswerabilityDecision, check
+from rag.answer.refusal import RefusalDecision, decide, supports_gate
+from rag.answer.relevance import relevant_hits
+from rag.answer.rewrite import rewrite_query
+from rag.answer.verify import verify_answer
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, build_span_messages, parse_citations
-from rag.refusal import RefusalDecision, decide, supports_gate
-from rag.relevance import hybrid_is_relevant, relevant_hits  # noqa: F401  (re-exported)
 from rag.types import Answer, AnswerSpan, Citation, Hit
-from rag.verify import verify_answer
 
-History = Sequence[tuple[str, str]]
+if TYPE_CHECKING:
+    from rag.retrieval.retriever import Retriever
+
 RewriteFn = Callable[[str, list[tuple[str, str]]], str]
 
 
@@ -66,10 +70,29 @@ class Prepared:
     hits: list[Hit]  # passages given to the model, in prompt order ([1] first)
     messages: list[dict[str, str]]
     timings: dict[str, float]
-    answerable: AnswerabilityDecision | None = None  # rag.answerability; None = not checked
+    answerable: AnswerabilityDecision | None = None  # rag.answer.answerability; None = not checked
     reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
     span: AnswerSpan | None = None  # the reader's trusted short answer (hits = its passage)
     reader_abstained: bool = False  # the reader ran and no passage had a span it trusts
+
+
+def open_retriever(config: RAGConfig, index: str | Path | None = None) -> Retriever:
+    """The retriever ``config`` asks for, over ``config.index`` or over ``index`` (an index
+    folder, ``rag.ask --index-dir``): both opened from the same
+    :class:`~rag.retrieval.settings.RetrievalSettings` (``config.retrieval``), so a named index
+    and its folder retrieve, fuse and rerank alike."""
+    from rag.retrieval.retriever import Retriever
+
+    return Retriever.from_settings(config.index if index is None else index, config.retrieval)
+
+
+def conversational(config: RAGConfig) -> RAGConfig:
+    """``config`` for a conversation (the UI, ``rag.serve``): follow-up questions are rewritten
+    into standalone retrieval queries (:func:`rag.answer.rewrite.rewrite_query`) unless the
+    config has its own rewrite hook."""
+    if config.rewrite_query is not None:
+        return config
+    return replace(config, rewrite_query=rewrite_query)
 
 
 def normalise_history(history: Any) -> list[tuple[str, str]]:
@@ -140,7 +163,7 @@ class RAGPipeline:
 
     ``retriever`` / ``generator`` may be passed in (tests, evals reusing loaded models); else they
     are built from ``config`` on first use. ``rewrite_query`` overrides ``config.rewrite_query``.
-    ``verify`` checks citations against their passages (:mod:`rag.verify`); None = the config's
+    ``verify`` checks citations against their passages (:mod:`rag.answer.verify`); None = the config's
     ``verify_citations`` when it has one, else on.
     """
 
@@ -172,22 +195,7 @@ class RAGPipeline:
         if self._retriever is None:
             with self._retriever_lock:
                 if self._retriever is None:
-                    from rag.retrieve import Retriever
-
-                    cfg = self.config
-                    self._retriever = Retriever.open(
-                        cfg.index,
-                        encoder=cfg.encoder,
-                        device=cfg.device,
-                        encoder_backend=cfg.encoder_backend,
-                        reranker=cfg.rerank,
-                        max_length=cfg.rerank_max_length,
-                        rerank_precision=cfg.rerank_precision,
-                        rerank_depth=cfg.rerank_depth,
-                        rerank_weight=cfg.rerank_weight,
-                        fusion=cfg.fusion,
-                        alpha=cfg.alpha,
-                    )
+                    self._retriever = open_retriever(self.config)
         return self._retriever
 
     @property
@@ -195,8 +203,8 @@ class RAGPipeline:
         if self._generator is None:
             with self._generator_lock:
                 if self._generator is None:
-                    from rag.decode_speed import DecodeSpeed
-                    from rag.generate import Generator
+                    from rag.generate.generator import Generator
+                    from rag.generate.speed import DecodeSpeed
 
                     cfg = self.config
                     self._generator = Generator.load(
@@ -205,7 +213,7 @@ class RAGPipeline:
                         device=cfg.device,
                         prefix_cache=cfg.prefix_cache,
                         max_context_tokens=cfg.max_context_tokens,
-                        dtype=cfg.dtype,
+                        precision=cfg.decoder_precision,
                         profile=cfg.profile,
                         batching=cfg.batching,
                         max_batch=cfg.max_batch,
@@ -457,7 +465,7 @@ class RAGPipeline:
         return answer, gate
 
     def _gate(self, prep: Prepared) -> RefusalDecision | None:
-        """The refusal gate's decision (rag.refusal), or None when it is off or unsupported.
+        """The refusal gate's decision (rag.answer.refusal), or None when it is off or unsupported.
         The threshold is the config's; else, when the answerability check ran, 1.0 (the
         refusal barred: with the check deciding, the decoder's own refusals only added false
         refusals, SQuAD train: 86.7% of unanswerable refused either way, false refusals 6.9%
@@ -508,7 +516,7 @@ def extracted_answer(prep: Prepared) -> str:
 def span_reply(raw: str, prep: Prepared) -> str:
     """The decoder's sentence around the span, cited [1]; the extracted sentence instead when
     the reply refuses or does not hold the span word for word (normalised)."""
-    from rag.metrics import normalize_answer
+    from rag.evaluation.metrics import normalize_answer
 
     parsed = parse_citations(raw, 1)
     if parsed.refused or normalize_answer(prep.span.text) not in normalize_answer(parsed.text):

@@ -3,7 +3,7 @@ all import it from here.
 
 A prompt is a chat: a fixed head (the system instruction and, in the ``fewshot`` profile, worked
 demonstrations as earlier turns) and a user turn holding k numbered passages and the question.
-The head comes first and never changes, so :class:`rag.generate.Generator` computes its KV cache
+The head comes first and never changes, so :class:`rag.generate.generator.Generator` computes its KV cache
 once and the demonstrations cost nothing per question. The target answer is a short answer (a
 phrase for a factual question, one or two sentences for a how-to) followed by the citation
 marker(s) of the passage(s) it came from, e.g. ``Denver Broncos [2]``, or exactly

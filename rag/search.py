@@ -70,25 +70,14 @@ def build_parser() -> OneLineParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
+    from rag.retrieval.settings import RetrievalSettings
 
     t0 = time.perf_counter()
     index = Path(args.index_dir) if args.index_dir else args.index
-    if args.k <= 0:
-        raise ValueError(f"--k must be positive, not {args.k}")
-    retriever = Retriever.open(
-        index,
-        encoder=args.encoder,
-        device=args.device,
-        reranker=args.rerank,
-        encoder_backend=args.encoder_backend,
-        fusion=args.fusion,
-        alpha=args.alpha,
-        rerank_depth=args.rerank_depth,
-        rerank_weight=args.rerank_weight,
-        rerank_precision=args.rerank_precision,
-    )
-    hits = retriever.search(args.query, k=args.k, mode=args.mode)
+    settings = RetrievalSettings.from_config(args)  # the flags are RAGConfig's retrieval fields
+    retriever = Retriever.from_settings(index, settings)
+    hits = retriever.search(args.query)
     seconds = time.perf_counter() - t0
     reranker = getattr(retriever.reranker, "name", None)
     if args.json:

@@ -70,7 +70,7 @@ class Citation:
     ``source`` is the absolute path as stored; ``path`` the one to show (relative to the
     ingested folder, see :class:`Chunk`). :class:`Answer` fills an empty ``path`` from the
     passage with the same chunk id. ``supported`` is False when citation verification
-    (:mod:`rag.verify`) found a sentence it covers that the passage does not support."""
+    (:mod:`rag.answer.verify`) found a sentence it covers that the passage does not support."""
 
     number: int
     source: str
@@ -133,17 +133,17 @@ class Answer:
     passages: list[Hit] = field(default_factory=list)
     query: str = ""  # the (possibly rewritten) query used for retrieval
     timings: dict[str, float] = field(default_factory=dict)
-    # the cross-encoder that reranked the retrieved passages (rag.rerank); None = no rerank stage
+    # the cross-encoder that reranked the retrieved passages (rag.retrieval.rerank); None = no rerank stage
     reranker: str | None = None
     # True when the model wrote no marker and the pipeline appended the one it scored likeliest
     # (see rag.pipeline.complete_citation); ``citation_logprobs[i-1]`` is the score of `` [i]``.
     citations_completed: bool = False
     citation_logprobs: list[float] = field(default_factory=list)
-    # p(REFUSAL | prompt) when the refusal gate is on (rag.refusal); None when it is off
+    # p(REFUSAL | prompt) when the refusal gate is on (rag.answer.refusal); None when it is off
     refusal_probability: float | None = None
-    # p(the passages cannot answer) from retrieval signals (rag.answerability); None = unchecked
+    # p(the passages cannot answer) from retrieval signals (rag.answer.answerability); None = unchecked
     unanswerable_probability: float | None = None
-    # Citation verification (rag.verify), when ``verified``: numbers of citations flagged as
+    # Citation verification (rag.answer.verify), when ``verified``: numbers of citations flagged as
     # unsupported by their passage (kept, Citation.supported False); (from, to) pairs of
     # citations moved to the passage that supports the sentence; whether the answer looks like
     # it follows an instruction planted in a passage (a heuristic), and why.
@@ -169,7 +169,7 @@ class Answer:
     def generation(self) -> str:
         """The index generation the passages came from (``gen-000007``; "" when none was
         retrieved or the retriever names none). One search takes all its hits from one
-        generation (:class:`rag.retrieve.Snapshot`); were they ever mixed, every name would
+        generation (:class:`rag.retrieval.retriever.Snapshot`); were they ever mixed, every name would
         show here, comma-separated, rather than one hiding the other."""
         return ",".join(sorted({g for h in self.passages if (g := getattr(h, "generation", ""))}))
 

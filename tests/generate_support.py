@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from rag.generate import FALLBACK_CHAT_TEMPLATE
+from rag.generate.generator import FALLBACK_CHAT_TEMPLATE
 from rag.prompt import SYSTEM_PROMPT, build_messages
 
 CORPUS = [

@@ -21,7 +21,7 @@ from ui_support import ScriptedGenerator, free_port, module_rag_home
 
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline, normalise_history
-from rag.serve import ServeOptions, create_app
+from rag.serve.app import ServeOptions, create_app
 from rag.types import Answer, Chunk, Citation, Hit
 
 KEY = "sk-test-key"
@@ -42,7 +42,7 @@ FOLLOW_UP = [
     {"role": "assistant", "content": ANSWER},
     {"role": "user", "content": "and how do I close it?"},
 ]
-REWRITTEN = "how do I close it? (open file Python)"  # rag.rewrite's own docstring example
+REWRITTEN = "how do I close it? (open file Python)"  # rag.answer.rewrite's own docstring example
 
 
 class FakeEncoder:

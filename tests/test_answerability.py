@@ -1,4 +1,4 @@
-"""The answerability check (rag.answerability): IDF coverage, the dense signal, the decision, the
+"""The answerability check (rag.answer.answerability): IDF coverage, the dense signal, the decision, the
 pipeline refusing before decoding, and its fit/measure eval (evals.answerability)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from test_evals_qa import squad  # noqa: F401  (fixture: a two-article SQuAD fil
 from test_pipeline import FakeGenerator
 
 from evals.answerability import AnswerabilityEvalConfig, fit, pick_threshold, rates, signals
-from rag.answerability import (
+from rag.answer.answerability import (
     DEFAULT_MODEL,
     AnswerabilityModel,
     best_dense,
@@ -18,11 +18,12 @@ from rag.answerability import (
     coverage,
     decide,
 )
-from rag.bm25 import BM25Index, terms
 from rag.config import ConfigError, RAGConfig
 from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
-from rag.retrieve import CorpusRetriever, FusedHit
+from rag.retrieval.bm25 import BM25Index, terms
+from rag.retrieval.retriever import CorpusRetriever, FusedHit
+from rag.retrieval.settings import RetrievalSettings
 from rag.types import Chunk, Hit
 
 TEXTS = [
@@ -64,7 +65,9 @@ class CoverageRetriever:
     """Fused hits with a fixed dense score; coverage computed over the hits' texts."""
 
     def __init__(self, dense: float):
-        self.engine = CorpusRetriever(["a", "b", "c"], TEXTS, None, "bm25").engine
+        self.engine = CorpusRetriever(
+            ["a", "b", "c"], TEXTS, None, RetrievalSettings(mode="bm25")
+        ).engine
         self.dense = dense
 
     def search(self, query, k=5, mode="hybrid"):
@@ -159,7 +162,7 @@ def test_cli_measures_a_fitted_model_and_names_a_bad_one(squad, tiny_mlm_dir, tm
 def test_each_encoder_gets_the_model_fitted_on_its_cosines(monkeypatch):
     from types import SimpleNamespace
 
-    from rag import answerability as A
+    from rag.answer import answerability as A
 
     other = A.AnswerabilityModel(1.0, 1.0, 0.0, 0.5, "test")
     monkeypatch.setitem(A.MODELS, "minilm-tuned", other)
@@ -172,7 +175,7 @@ def test_each_encoder_gets_the_model_fitted_on_its_cosines(monkeypatch):
 
 
 def test_tuned_model_folds_its_threshold_without_changing_a_decision():
-    from rag.answerability import MODELS, TUNED_MODEL, AnswerabilityModel
+    from rag.answer.answerability import MODELS, TUNED_MODEL, AnswerabilityModel
 
     fitted = AnswerabilityModel(-6.149, -6.115, 5.166, 0.354)  # evals.answerability's output
     grid = [(d / 50, c / 50) for d in range(-10, 51) for c in range(0, 51)]

@@ -1,5 +1,5 @@
 """The trained models are used when `make models` wrote them and the baselines when not:
-``rerank = auto`` (rag.rerank.resolve_reranker) and ``rag.ingest --encoder auto``
+``rerank = auto`` (rag.retrieval.rerank.resolve_reranker) and ``rag.ingest --encoder auto``
 (rag.models.default_encoder). Each test points RAG_HOME at its own tmp_path, so an artefact one
 test saves never leaks into another; every model is tiny and built here (nothing downloads)."""
 
@@ -21,7 +21,8 @@ from rag.ingest import main as ingest_main
 from rag.manifest import open_generation
 from rag.models import BASE_ENCODER, TUNED_ENCODER, ModelNotFoundError, default_encoder
 from rag.paths import indexes_dir, models_dir
-from rag.rerank import AUTO_RERANKER, DEFAULT_RERANK_DEPTH, describe_reranker, resolve_reranker
+from rag.retrieval.rerank import AUTO_RERANKER, describe_reranker, resolve_reranker
+from rag.retrieval.settings import DEFAULTS
 
 
 @pytest.fixture
@@ -47,14 +48,14 @@ def recorded_encoder(index: str) -> str:
 
 def test_auto_is_the_default_and_finds_nothing_without_the_artefact(home, caplog):
     assert RAGConfig().rerank == "auto"
-    with caplog.at_level(logging.INFO, logger="rag.rerank"):
+    with caplog.at_level(logging.INFO, logger="rag.retrieval.rerank"):
         assert resolve_reranker("auto") is None
     assert "auto found no minilm-rerank" in caplog.text
     assert "make models" in describe_reranker("auto", None)
 
 
 def test_auto_finds_the_trained_cross_encoder(trained_reranker, caplog):
-    with caplog.at_level(logging.INFO, logger="rag.rerank"):
+    with caplog.at_level(logging.INFO, logger="rag.retrieval.rerank"):
         assert resolve_reranker("auto") == AUTO_RERANKER
     assert "reranker: minilm-rerank (auto" in caplog.text
     assert describe_reranker("auto", AUTO_RERANKER) == "minilm-rerank (auto)"
@@ -64,7 +65,7 @@ def test_auto_passes_over_a_folder_that_is_no_cross_encoder(home, caplog):
     folder = models_dir() / AUTO_RERANKER  # e.g. a training run cut short
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
-    with caplog.at_level(logging.INFO, logger="rag.rerank"):
+    with caplog.at_level(logging.INFO, logger="rag.retrieval.rerank"):
         assert resolve_reranker("auto") is None
     assert "no valid cross-encoder" in caplog.text
 
@@ -117,7 +118,7 @@ def test_ask_parses_the_rerank_flags(home):
 
 
 def test_serve_and_ui_take_the_same_flags(home):
-    from rag.serve import build_parser as serve_parser
+    from rag.serve.app import build_parser as serve_parser
     from ui.config import parse_args
 
     argv = ["--rerank", "none", "--rerank-depth", "10", "--rerank-weight", "0.5"]
@@ -171,7 +172,7 @@ def test_search_reports_the_reranker(trained_reranker, tiny_index, capsys):
 def test_health_names_the_reranker(trained_reranker):
     from fastapi.testclient import TestClient
 
-    from rag.serve import create_app
+    from rag.serve.app import create_app
 
     app = create_app(RAGConfig(index="docs"), lambda cfg: None)
     assert TestClient(app).get("/health").json()["reranker"] == AUTO_RERANKER
@@ -194,7 +195,7 @@ def test_ui_shows_the_active_reranker_and_can_turn_it_off(trained_reranker):
     base = ("docs", "(index default)", "smollm2", "(none)")
     app._pipeline(*base)  # a /chat client that predates the setting: the app's reranker
     app._pipeline(*base, NO_RERANKER, 25.0)
-    want = [(AUTO_RERANKER, DEFAULT_RERANK_DEPTH), (None, 25)]
+    want = [(AUTO_RERANKER, DEFAULTS.rerank_depth), (None, 25)]
     assert [(c.rerank, c.rerank_depth) for c in built] == want
 
 

@@ -1,4 +1,4 @@
-"""Batched decoding (rag.batching): a request decoded with others gives what it gives alone.
+"""Batched decoding (rag.generate.batching): a request decoded with others gives what it gives alone.
 
 Tiny random Llama and Qwen2 decoders (tests/generate_support.py), float32. Requests of different
 prompt lengths join at different steps (left padding and per-row positions are exercised); a
@@ -18,11 +18,11 @@ import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages, model_config
 
-from rag.batching import BatchedDecoder
-from rag.decoding import DecodingRules
-from rag.generate import Generator
+from rag.generate.batching import BatchedDecoder
+from rag.generate.generator import Generator
+from rag.generate.stopping import DecodingRules
+from rag.generate.streaming import Cancel
 from rag.prompt import build_messages
-from rag.streaming import Cancel
 
 QUESTIONS = [
     "how do I read a file?",
@@ -316,7 +316,7 @@ def test_unsupported_cache_stays_unbatched(tok, caplog):
     """ModernBERT-decoder's local attention layers keep a sliding-window cache: no batching."""
     model = build_model("modernbert", tok)
     assert not BatchedDecoder.supports(model)
-    with caplog.at_level("WARNING", logger="rag.batching"):
+    with caplog.at_level("WARNING", logger="rag.generate.batching"):
         gen = Generator(model, tok, "cpu", batching=True)
     assert gen.batcher is None and "stays off" in caplog.text
     assert isinstance(gen.generate(messages(), max_new_tokens=4), str)

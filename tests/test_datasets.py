@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rag.datasets import (
+from rag.evaluation.datasets import (
     SQUAD_DEV_ARTICLES,
     DatasetError,
     load_beir,

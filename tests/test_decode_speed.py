@@ -1,4 +1,4 @@
-"""Decoder speed options (rag.decode_speed): what each keeps exact, and what is refused.
+"""Decoder speed options (rag.generate.speed): what each keeps exact, and what is refused.
 
 Tiny random Llama (smollm2's architecture) and Qwen2 (Qwen2.5's) decoders in float32, with
 weights 10x the usual init so that a wrong cache column or position changes the greedy tokens
@@ -22,8 +22,8 @@ import torch
 from generate_support import build_model, build_tokenizer, messages
 
 from rag.config import ConfigError, RAGConfig, add_config_args, config_from_args, read_toml
-from rag.decode_speed import STATIC_CACHE_STEP, DecodeSpeed, DecodeSpeedError, static_capacity
-from rag.generate import Generator
+from rag.generate.generator import Generator
+from rag.generate.speed import STATIC_CACHE_STEP, DecodeSpeed, DecodeSpeedError, static_capacity
 from rag.prompt import build_messages
 
 ARCHS = ("llama", "qwen2")
@@ -165,13 +165,18 @@ def test_int8_keeps_batched_decoding_exact(base):
         gen.batcher.close()
 
 
-@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
-def test_int8_loads_with_the_model_dtype(tmp_path, tok, dtype):
+@pytest.mark.parametrize(
+    ("precision", "speed"),
+    [("int8", None), ("auto", DecodeSpeed("int8")), ("bf16", DecodeSpeed("int8"))],
+)
+def test_int8_loads_with_the_float_weights(tmp_path, tok, precision, speed):
+    """precision int8 = int8 decode layers over the auto float weights; int8 decode layers over
+    bf16 weights keep the prefill in bf16."""
     build_model("llama", tok).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    gen = Generator.load(tmp_path, device="cpu", dtype=dtype, speed=DecodeSpeed("int8"))
+    gen = Generator.load(tmp_path, device="cpu", precision=precision, speed=speed)
     assert gen.speed.quantize == "int8"
-    if dtype == "bfloat16":
+    if precision == "bf16":
         assert next(gen.model.parameters()).dtype == torch.bfloat16  # prefill stays bf16
     assert gen.generate(messages(), max_new_tokens=4)
 
@@ -183,9 +188,9 @@ def test_int8_loads_with_the_model_dtype(tmp_path, tok, dtype):
     ("settings", "flag"),
     [
         ({"cache_implementation": "static"}, "--no-batching"),
-        ({"decoder_quantize": "int8", "device": "cuda"}, "--device cpu"),
-        ({"decoder_quantize": "int8", "decoder_compile": True}, "--decoder-compile"),
-        ({"decoder_quantize": "int4"}, "decoder_quantize"),
+        ({"decoder_precision": "int8", "device": "cuda"}, "--device cpu"),
+        ({"decoder_precision": "int8", "decoder_compile": True}, "--decoder-compile"),
+        ({"decoder_precision": "int4"}, "decoder_precision"),
         ({"cache_implementation": "paged"}, "cache_implementation"),
     ],
 )
@@ -196,8 +201,10 @@ def test_bad_combinations_are_refused_naming_the_flag(settings, flag):
 
 def test_good_combinations_are_accepted(tmp_path):
     RAGConfig(cache_implementation="static", batching=False, decoder_compile=True)
-    RAGConfig(decoder_quantize="int8", dtype="auto", cache_implementation="static", batching=False)
-    RAGConfig(decoder_quantize="int8", dtype="float32")  # int8 with batching: fine
+    RAGConfig(decoder_precision="int8", cache_implementation="static", batching=False)
+    RAGConfig(decoder_precision="int8")  # int8 with batching: fine
+    assert DecodeSpeed.from_config(RAGConfig(decoder_precision="int8")).quantize == "int8"
+    assert DecodeSpeed.from_config(RAGConfig(decoder_precision="bf16")).quantize == "none"
     toml = tmp_path / "rag.toml"
     toml.write_text('cache_implementation = "static"\nbatching = false\ndecoder_compile = true\n')
     assert RAGConfig(**read_toml(toml)).cache_implementation == "static"
@@ -214,7 +221,7 @@ def test_cli_flags_come_from_the_config():
     args = parser.parse_args(["--cache-implementation", "static", "--no-batching"])
     assert DecodeSpeed.from_config(config_from_args(args)).label == "static"
     with pytest.raises(SystemExit):
-        parser.parse_args(["--decoder-quantize", "int4"])
+        parser.parse_args(["--decoder-precision", "int4"])
 
 
 def test_generator_refuses_static_cache_with_batching(base):

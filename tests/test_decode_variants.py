@@ -9,13 +9,13 @@ import pytest
 from generate_support import save_tiny_llama
 
 from benchmarks.decode_variants import first_difference, main, parse_variant
-from rag.decode_speed import DecodeSpeed
+from rag.generate.speed import DecodeSpeed
 
 
 def test_parse_variant():
     assert parse_variant("eager", "auto") == (DecodeSpeed(), "auto")
     assert parse_variant("int8+static", "auto") == (DecodeSpeed("int8", cache="static"), "auto")
-    assert parse_variant("fp32+compile", "auto") == (DecodeSpeed(compile=True), "float32")
+    assert parse_variant("fp32+compile", "auto") == (DecodeSpeed(compile=True), "fp32")
     with pytest.raises(ValueError, match="'int4'"):
         parse_variant("int4", "auto")
     with pytest.raises(ValueError, match="--decoder-compile"):

@@ -1,4 +1,4 @@
-"""Which decoder, adapter, prompt profile and dtype answer: the rules users rely on."""
+"""Which decoder, adapter, prompt profile and precision answer: the rules users rely on."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from rag.models import (
     DECODER_ALIASES,
     DEFAULT_DECODER,
     describe_decoder,
-    pick_dtype,
     pick_profile,
     resolve_adapter,
 )
+from rag.precision import check_precision, float_precision, torch_dtype
 from rag.prompt import DEMOS, REFUSAL, SYSTEM_PROMPT, build_messages
 
 
@@ -60,14 +60,17 @@ def test_profile_follows_the_adapter_then_the_alias_then_run_json(home):
     assert pick_profile(str(home / "nowhere")) == "plain"
 
 
-def test_dtype_choice():
+def test_decoder_precision_choice():
+    """The decoder's float weights for each precision: fp32 / bf16 as given, auto (and int8,
+    whose prompt runs on the float weights) bf16 where bf16 is fast."""
     import torch
 
-    assert pick_dtype("float32", "cpu") is torch.float32
-    assert pick_dtype("bfloat16", "cpu") is torch.bfloat16
-    assert pick_dtype("auto", "cuda") is torch.bfloat16
-    with pytest.raises(ValueError, match="--dtype must be"):
-        pick_dtype("fp8", "cpu")
+    assert torch_dtype(float_precision("fp32", "cpu")) is torch.float32
+    assert torch_dtype(float_precision("bf16", "cpu")) is torch.bfloat16
+    assert torch_dtype(float_precision("auto", "cuda")) is torch.bfloat16
+    assert torch_dtype(float_precision("int8", "cuda")) is torch.bfloat16
+    with pytest.raises(ValueError, match="--decoder-precision must be one of auto, fp32"):
+        check_precision("fp8", "--decoder-precision")
 
 
 def test_fewshot_head_is_fixed_and_demos_never_refuse():

@@ -13,7 +13,8 @@ import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages, model_config
 
-from rag.decoding import (
+from rag.generate.generator import DEFAULT_STOP, Generator
+from rag.generate.stopping import (
     DEFAULT_STOP_STRINGS,
     DecodingRules,
     LoopGuard,
@@ -22,8 +23,7 @@ from rag.decoding import (
     settled_length,
     trim_repetition,
 )
-from rag.generate import DEFAULT_STOP, Generator
-from rag.streaming import cut_at_stop, stream_tokens
+from rag.generate.streaming import cut_at_stop, stream_tokens
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from ingest_support import write_docs
 from rag.ingest import ingest
 from rag.manifest import open_generation
 from rag.paths import display_source
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 from rag.search import main as search_main
 from rag.types import Answer, Chunk, Citation, Hit
 from ui.render import sources_html, uncited_html
@@ -38,7 +38,7 @@ def test_hits_answers_and_ui_show_relative_paths(tmp_path, tiny_mlm_dir, capsys)
     assert all(os.path.isabs(k) for k in manifest.sources)  # internal keys stay absolute
     assert str(docs) in manifest.roots
 
-    r = Retriever.open("paths")
+    r = Retriever.from_settings("paths")
     io_hit = r.search("io module readline", k=1, mode="bm25")[0]
     assert io_hit.chunk.path == "library/io.rst.txt" and os.path.isabs(io_hit.chunk.source)
     memo = r.search("pangolins", k=1, mode="bm25")[0]

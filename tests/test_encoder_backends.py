@@ -6,8 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag.encoding import Encoder
 from rag.paths import rag_home
+from rag.retrieval.encoder import Encoder
+from rag.retrieval.settings import RetrievalSettings
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -89,7 +90,7 @@ def test_ingest_and_query_with_onnx_backend(tmp_path, tiny_mlm_dir):
 
     from rag.ingest import main
     from rag.manifest import open_generation
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     docs = write_docs(tmp_path / "docs")
     args = [str(docs), "--index", "onnx-idx", "--encoder", str(tiny_mlm_dir), "--no-progress"]
@@ -102,8 +103,10 @@ def test_ingest_and_query_with_onnx_backend(tmp_path, tiny_mlm_dir):
     assert second.encoder["fingerprint"] == first.encoder["fingerprint"]
     assert set(second.sources) - set(first.sources) == {str(docs / "more.md")}
     q = "read a file line by line"
-    got = Retriever.open("onnx-idx", encoder_backend="onnx").search(q, k=3, mode="dense")
-    ref = Retriever.open("onnx-idx").search(q, k=3, mode="dense")
+    got = Retriever.from_settings("onnx-idx", RetrievalSettings(encoder_backend="onnx")).search(
+        q, k=3, mode="dense"
+    )
+    ref = Retriever.from_settings("onnx-idx").search(q, k=3, mode="dense")
     assert [h.chunk.id for h in got] == [h.chunk.id for h in ref]
     with pytest.raises(SystemExit):  # argparse refuses it (OpenVINO is not offered)
         main([*args, "--encoder-backend", "openvino"])

@@ -19,7 +19,7 @@ from evals.division_of_labor.data import subsample
 from evals.division_of_labor.presets import ROWS
 from evals.division_of_labor.report import aggregate, markdown
 from evals.division_of_labor.run import main
-from rag.datasets import RetrievalDataset
+from rag.evaluation.datasets import RetrievalDataset
 from training.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
 
 KW = dict(

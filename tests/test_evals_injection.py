@@ -130,7 +130,7 @@ class FixtureRetriever:
     """BM25 over the fixture's files, one chunk per file (no encoder to load)."""
 
     def __init__(self, docs: Path):
-        from rag.bm25 import BM25Index
+        from rag.retrieval.bm25 import BM25Index
 
         files = sorted(docs.rglob("*.md"))
         self.chunks = {

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rag.metrics import (
+from rag.evaluation.metrics import (
     citation_accuracy,
     exact_match,
     exclude_self_hits,

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from evals.qa import OraclePassages, QAEvalConfig, evaluate_qa, holds_answer, select_questions
-from rag.datasets import DatasetError, load_squad_paragraphs
+from rag.evaluation.datasets import DatasetError, load_squad_paragraphs
 
 COLOURS = ["red", "green", "blue", "yellow", "purple", "orange"]
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from evals.retrieval import RetrievalEvalConfig, evaluate, evaluate_modes, load_eval_dataset, main
-from rag.datasets import DatasetError
+from rag.evaluation.datasets import DatasetError
 
 DOCS = {
     "d1": ("Python lists", "A list is a mutable sequence; append adds an item at the end."),

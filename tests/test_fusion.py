@@ -1,5 +1,5 @@
 """Fusion as pure functions (documented orders on hand-made lists, alpha = 1/0 = one input,
-weight choice) and its wiring into the hybrid mode without changing the default."""
+weight choice) and its wiring into the hybrid mode, as the retrieval settings say."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from rag.fusion import (
+from rag.retrieval.fusion import (
     choose_weight,
     convex,
     fuse,
@@ -16,7 +16,7 @@ from rag.fusion import (
     normalize,
     weighted_rrf,
 )
-from rag.search_engine import rrf
+from rag.retrieval.settings import RetrievalSettings
 
 DENSE = [("a", 0.9), ("b", 0.5), ("c", 0.1)]
 BM25 = [("c", 10.0), ("d", 8.0), ("a", 2.0)]
@@ -64,6 +64,16 @@ def test_convex_with_alpha_one_or_zero_is_its_single_input(norm):
         assert ids(fuse(a, b, "convex", 0.0, norm))[: len(b)] == ids(b)
 
 
+def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
+    """Plain reciprocal rank fusion (Cormack et al. 2009), written out as the reference:
+    score(d) = sum of 1 / (k + rank), rank from 1, ties in first-seen order."""
+    scores: dict[str, float] = {}
+    for ranking in rankings:
+        for rank, doc in enumerate(ranking, start=1):
+            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda kv: -kv[1])
+
+
 def test_weighted_rrf_and_plain_rrf():
     fused = weighted_rrf([DENSE, BM25])
     assert fused == rrf([ids(DENSE), ids(BM25)])  # weights of 1 = plain RRF, score for score
@@ -85,7 +95,7 @@ def test_weighted_rrf_and_plain_rrf():
 
 
 def test_ndcg_matches_pytrec_eval():
-    from rag.metrics import retrieval_metrics
+    from rag.evaluation.metrics import retrieval_metrics
 
     qrels = {"q1": {"a": 2, "d": 1}, "q2": {"x": 1}, "q3": {"b": 1}}
     run = {"q1": [("c", 3.0), ("a", 2.0), ("b", 1.0), ("d", 0.5)], "q2": [("y", 1.0)]}
@@ -130,21 +140,26 @@ def hybrid(tmp_path_factory):
     from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
     from training_support import save_tiny_encoder
 
-    from rag.retrieve import CorpusRetriever
+    from rag.retrieval.retriever import CorpusRetriever
 
     folder = save_tiny_encoder(tmp_path_factory.mktemp("fusion_enc"))
     tr = Transformer(str(folder), max_seq_length=32)
     st = SentenceTransformer(modules=[tr, Pooling(64, "mean"), Normalize()], device="cpu")
-    return CorpusRetriever(list(CORPUS), list(CORPUS.values()), st, "hybrid", device="cpu")
+    return CorpusRetriever(
+        list(CORPUS), list(CORPUS.values()), st, RetrievalSettings(mode="hybrid", device="cpu")
+    )
 
 
-def test_hybrid_default_is_still_plain_rrf(hybrid):
+def test_hybrid_fuses_as_the_settings_say(hybrid):
+    """The default settings fuse by convex fusion at alpha 0.5 (the product's, RAGConfig's);
+    ``fusion="rrf"`` at the same alpha is plain RRF, score for score."""
     queries = ["file with statement close", "zebras stripes", "try except"]
     dense = hybrid.search_many(queries, 100, "dense")
     sparse = hybrid.search_many(queries, 100, "bm25")
-    got = hybrid.search_many(queries, 5, "hybrid")
-    assert hybrid.engine.fusion == "rrf" and hybrid.engine.alpha == 0.5
-    for row, d, b in zip(got, dense, sparse):
+    assert hybrid.engine.fusion == "convex" and hybrid.engine.alpha == 0.5
+    for row, d, b in zip(hybrid.search_many(queries, 5, "hybrid"), dense, sparse):
+        assert row == fuse(d, b, "convex", 0.5)[:5]
+    for row, d, b in zip(hybrid.search_many(queries, 5, "hybrid", fusion="rrf"), dense, sparse):
         assert row == rrf([ids(d), ids(b)])[:5]
 
 

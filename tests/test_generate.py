@@ -13,9 +13,9 @@ import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages
 
-from rag.generate import Generator
+from rag.generate.generator import Generator
+from rag.generate.streaming import cut_at_stop, stream_text
 from rag.prompt import build_messages
-from rag.streaming import cut_at_stop, stream_text
 
 ARCHS = ("llama", "modernbert")
 

@@ -12,7 +12,7 @@ from ingest_support import write_docs
 from indexes import open_index
 from rag.ingest import ingest
 from rag.manifest import index_dir, kept_chunk_ids, open_generation, read_chunks
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 
 OKAPI = "# Okapi\n\nThe okapi is a forest giraffe.\n"
 
@@ -26,7 +26,7 @@ def _chunk_ids(index: str) -> tuple[str, set[str]]:
 def test_hits_carry_their_generation_and_a_taken_snapshot_stays_whole(tmp_path, tiny_mlm_dir):
     docs = write_docs(tmp_path / "docs")
     first = ingest([docs], index="gens", encoder=str(tiny_mlm_dir), progress=False)
-    r = Retriever.open("gens")
+    r = Retriever.from_settings("gens")
     hits = r.search("zebra stripes", k=3, mode="hybrid")
     assert hits and {h.generation for h in hits} == {first.generation} == {r.generation}
     old = r.snapshot  # what a query in flight holds
@@ -47,7 +47,7 @@ def test_a_reload_in_progress_does_not_stall_other_queries(tmp_path, tiny_mlm_di
     using the loaded one; once it is loaded every query uses the new one."""
     docs = write_docs(tmp_path / "docs")
     first = ingest([docs], index="stall", encoder=str(tiny_mlm_dir), progress=False)
-    r = Retriever.open("stall")
+    r = Retriever.from_settings("stall")
     (docs / "okapi.md").write_text(OKAPI, encoding="utf-8")
     second = ingest([docs], index="stall", progress=False)
     with r._reload:  # as if another thread were loading it
@@ -60,7 +60,7 @@ def test_concurrent_searches_during_publications_never_mix(tmp_path, tiny_mlm_di
     docs = write_docs(tmp_path / "docs")
     ingest([docs], index="mix", encoder=str(tiny_mlm_dir), progress=False)
     gens = dict([_chunk_ids("mix")])
-    r = Retriever.open("mix")
+    r = Retriever.from_settings("mix")
     results, errors, stop = [], [], threading.Event()
 
     def search() -> None:
@@ -99,7 +99,7 @@ def test_shared_store_keeps_the_previous_generation(tmp_path, tiny_mlm_dir):
     docs = write_docs(tmp_path / "docs")
     ingest([docs], index="keep", encoder=str(tiny_mlm_dir), backend="chroma", progress=False)
     g1, ids1 = _chunk_ids("keep")
-    reader = Retriever.open("keep")  # stays on g1 for its snapshot below
+    reader = Retriever.from_settings("keep")  # stays on g1 for its snapshot below
     old = reader.snapshot
     (docs / "errors.rst").unlink()
     ingest([docs], index="keep", progress=False)

@@ -26,25 +26,50 @@ ALLOWED: dict[str, set[str]] = {
 }
 
 
-def imported_packages(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
-    """(line, top-level package) of every absolute import in ``source``, at any depth.
+# Inside rag, by subpackage (docs/architecture.md): the command-line entry points are imported by
+# no other module of the project packages below, so the server and the UI share model checks
+# and settings through rag.config and rag.pipeline instead of CLI code; and ui talks to rag
+# through its public face (the config, the pipeline, what it returns, ingest, and the CLI
+# plumbing every command shares), never to a rag subpackage's insides.
+ENTRY_POINTS = ("rag.ask", "rag.search", "rag.serve.app")
+UI_RAG_API = {
+    "rag.cli", "rag.config", "rag.dataclass_cli", "rag.documents", "rag.ingest", "rag.models",
+    "rag.paths", "rag.pipeline", "rag.prompt", "rag.types",
+}  # fmt: skip
+
+
+def imported_modules(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, dotted name) of every absolute import in ``source``, at any depth: ``import a.b``
+    gives ``a.b``; ``from a.b import c`` gives ``a.b`` and ``a.b.c`` (``c`` may be a module).
     Relative imports stay inside the importing package and are not reported."""
     found = []
     for node in ast.walk(ast.parse(source, filename=filename)):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
+            found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
-        elif (
-            isinstance(node, ast.Call)
-            and _called_name(node.func) in ("import_module", "__import__")
-            and node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-            and not node.args[0].value.startswith(".")
-        ):
-            found.append((node.lineno, node.args[0].value.split(".")[0]))
+            found.append((node.lineno, node.module))
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+        elif (name := literal_import(node)) and not name.startswith("."):
+            found.append((node.lineno, name))
     return found
+
+
+def literal_import(node: ast.AST) -> str | None:
+    """The module a call ``import_module("x.y")`` / ``__import__("x.y")`` names, else None."""
+    if (
+        isinstance(node, ast.Call)
+        and _called_name(node.func) in ("import_module", "__import__")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and isinstance(node.args[0].value, str)
+    ):
+        return node.args[0].value
+    return None
+
+
+def imported_packages(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, top-level package) of every absolute import in ``source``, at any depth."""
+    return sorted({(line, name.split(".")[0]) for line, name in imported_modules(source, filename)})
 
 
 def _called_name(func: ast.expr) -> str | None:
@@ -85,7 +110,7 @@ if TYPE_CHECKING:
     from ui.app import App
 
 def f():
-    import rag.metrics
+    import rag.evaluation.metrics
     class C:
         def g(self):
             from indexes.base import VectorIndex
@@ -98,3 +123,40 @@ def f():
 def test_every_package_is_walked():
     for package in ALLOWED:
         assert len(list((ROOT / package).rglob("*.py"))) >= 2, package
+
+
+def _imports(package: str) -> list[tuple[str, int, str]]:
+    """(file, line, dotted name) of every absolute import in ``package``'s files."""
+    out = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        out += [
+            (str(rel), line, name) for line, name in imported_modules(path.read_text(), str(rel))
+        ]
+    return out
+
+
+def test_entry_points_are_imported_only_by_their_main():
+    """``rag.ask``, ``rag.search`` and ``rag.serve.app`` are commands: no module of rag, ui,
+    training or evals imports them (benchmarks drive them, tests call them), except the
+    ``__main__.py`` beside one (``python -m rag.serve``)."""
+    bad = []
+    for package in ("rag", "ui", "training", "evals"):
+        for rel, line, name in _imports(package):
+            module = Path(name.replace(".", "/"))
+            own_main = Path(rel) == module.parent / "__main__.py"
+            if name in ENTRY_POINTS and not own_main:
+                bad.append(f"{rel}:{line}: imports {name}")
+    assert not bad, "entry points imported as libraries:\n" + "\n".join(bad)
+
+
+def test_ui_uses_the_public_face_of_rag():
+    bad = [
+        f"{rel}:{line}: imports {name}"
+        for rel, line, name in _imports("ui")
+        if name.split(".")[0] == "rag"
+        and name != "rag"
+        and not any(name == m or name.startswith(m + ".") for m in UI_RAG_API)
+    ]
+    allowed = ", ".join(sorted(UI_RAG_API))
+    assert not bad, f"ui may import from rag only {allowed}:\n" + "\n".join(bad)

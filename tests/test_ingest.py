@@ -10,11 +10,11 @@ import pytest
 from ingest_support import DOCS, perturbed_copy, write_docs
 
 from indexes import open_index
-from rag.bm25 import BM25Index
-from rag.encoding import EncoderMismatchError
 from rag.ingest import ingest, main
 from rag.manifest import open_generation, read_chunks
-from rag.retrieve import Retriever
+from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.encoder import EncoderMismatchError
+from rag.retrieval.retriever import Retriever
 
 
 def index_state(name: str) -> dict:
@@ -70,7 +70,7 @@ def test_incremental_reingest(tmp_path, tiny_mlm_dir):
     assert removed.removed == [os.path.abspath(gone)] and removed.chunks_removed == len(gone_ids)
     final = index_state("inc")
     assert not gone_ids & set(final["chunks"]) and not gone_ids & set(final["bm25"])
-    r = Retriever.open("inc")
+    r = Retriever.from_settings("inc")
     assert all(
         "errors.rst" not in h.chunk.source
         for h in r.search("exception finally try", k=10, mode="bm25")
@@ -113,7 +113,7 @@ def test_bad_inputs_reported_and_rest_ingested(tmp_path, tiny_mlm_dir, monkeypat
     assert "no such file" in reasons["dangling.md"].lower() and "link" in reasons["dangling.md"]
     assert [os.path.basename(p) for p in out["added"]] == ["good.md"]
     assert out["counts"]["failed"] == 7
-    r = Retriever.open("bad")
+    r = Retriever.from_settings("bad")
     assert len(r) == out["chunks"] > 0
     assert r.search("fine words", k=1, mode="bm25")[0].chunk.source.endswith("good.md")
 
@@ -126,9 +126,9 @@ def test_other_encoder_is_refused(tmp_path, tiny_mlm_dir):
         ingest([docs], index="enc", encoder=str(other), progress=False)
     assert str(tiny_mlm_dir) in str(e.value) and str(other) in str(e.value)
     with pytest.raises(EncoderMismatchError, match="other-encoder"):
-        Retriever.open("enc", encoder=str(other))
+        Retriever.from_settings("enc", encoder=str(other))
     assert main([str(docs), "--index", "enc", "--encoder", str(other), "--no-progress"]) == 2
-    Retriever.open("enc", encoder=str(tiny_mlm_dir))  # the same weights are accepted
+    Retriever.from_settings("enc", encoder=str(tiny_mlm_dir))  # the same weights are accepted
 
 
 def test_chroma_backend_reconciles_with_manifest(tmp_path, tiny_mlm_dir):
@@ -148,7 +148,7 @@ def test_chroma_backend_reconciles_with_manifest(tmp_path, tiny_mlm_dir):
         np.ones((1, manifest.encoder["dim"]), np.float32) / manifest.encoder["dim"] ** 0.5,
     )
     col.delete([ids[0]])
-    r = Retriever.open("chr")
+    r = Retriever.from_settings("chr")
     assert all(h.chunk.id != "stray" for h in r.search("zebra", k=50, mode="dense"))
     fixed = ingest([docs], index="chr", progress=False)
     assert fixed.chunks_embedded == 1 and not fixed.added
@@ -175,8 +175,10 @@ def test_faiss_hnsw_flag(tmp_path, tiny_mlm_dir):
     flat = ingest([docs], index="flat", encoder=str(tiny_mlm_dir), progress=False)
     assert flat.ok
     q = "read a file line by line"
-    got = [h.chunk.text for h in Retriever.open("hnsw").search(q, k=3, mode="dense")]
-    assert got == [h.chunk.text for h in Retriever.open("flat").search(q, k=3, mode="dense")]
+    got = [h.chunk.text for h in Retriever.from_settings("hnsw").search(q, k=3, mode="dense")]
+    assert got == [
+        h.chunk.text for h in Retriever.from_settings("flat").search(q, k=3, mode="dense")
+    ]
     root, gen, _ = open_generation("hnsw")
     import numpy as np
 
@@ -195,18 +197,19 @@ def test_faiss_ivf_flag(tmp_path, tiny_mlm_dir, capsys):
     flat = ingest([docs], index="ivf-flat", encoder=enc, faiss_kind="flat", progress=False)
     assert flat.ok
     q = "read a file line by line"
-    ivf = Retriever.open("ivf-kind")
+    ivf = Retriever.from_settings("ivf-kind")
     assert (ivf.engine.vectors.kind, ivf.engine.vectors.nprobe) == ("ivf", 4)
     # a few dozen chunks: one IVF list, so exactly the flat index's hits
     got = [(h.chunk.text, h.score) for h in ivf.search(q, k=3, mode="dense")]
     want = [
-        (h.chunk.text, h.score) for h in Retriever.open("ivf-flat").search(q, k=3, mode="dense")
+        (h.chunk.text, h.score)
+        for h in Retriever.from_settings("ivf-flat").search(q, k=3, mode="dense")
     ]
     assert [t for t, _ in got] == [t for t, _ in want], (got, want)
     assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
     (docs / "new.md").write_text("# New\n\nA new page about zebras.\n")
     assert ingest([docs], index="ivf-kind", progress=False).ok  # no --faiss-kind: the index's own
-    assert Retriever.open("ivf-kind").engine.vectors.kind == "ivf"
+    assert Retriever.from_settings("ivf-kind").engine.vectors.kind == "ivf"
     capsys.readouterr()
     assert main([*argv, "--faiss-nprobe", "0"]) == 2
     assert "--faiss-nprobe must be at least 1, not 0" in capsys.readouterr().err

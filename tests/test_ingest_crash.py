@@ -20,7 +20,7 @@ from test_ingest import index_state
 from indexes import open_index
 from rag.ingest import CRASH_ENV, ingest
 from rag.manifest import kept_chunk_ids, open_generation, read_chunks
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 
 FAST = ["mid-encode", "after-bm25", "after-rename"]
 SLOW = ["after-encode", "after-vectors", "before-publish", "after-pointer"]
@@ -62,7 +62,7 @@ def change(docs):
 
 
 def check_loads(index):
-    r = Retriever.open(index)
+    r = Retriever.from_settings(index)
     assert len(r) > 0
     assert r.search("zebra stripes", k=3, mode="hybrid")
 

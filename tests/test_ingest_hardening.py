@@ -14,7 +14,7 @@ from rag.ingest import ingest, main
 from rag.ingest.config import effective_chunking, same_chunking
 from rag.manifest import open_generation, read_manifest
 from rag.paths import indexes_dir, rag_home
-from rag.retrieve import Retriever
+from rag.retrieval.retriever import Retriever
 
 SECRET = "Zanzibar passphrase: the okapi sleeps at noon.\n"
 
@@ -56,7 +56,7 @@ def test_symlink_outside_folder_is_reported_not_read(linked_docs, tiny_mlm_dir, 
     assert "not followed" in reasons["linked"] and "not followed" in reasons["cycle"]
     assert sorted(os.path.basename(p) for p in out["added"]) == ["alias.md", "good.md"]
     assert any(line.startswith("failed: ") and "leak.md" in line for line in err)
-    r = Retriever.open("links")
+    r = Retriever.from_settings("links")
     assert all("Zanzibar" not in c.text for c in r.chunks.values())
 
 
@@ -70,7 +70,7 @@ def test_follow_links_reads_them_and_ends_cycles(linked_docs, tiny_mlm_dir, caps
     added = {os.path.relpath(p, linked_docs) for p in out["added"]}
     assert {"leak.md", "good.md", "alias.md", os.path.join("linked", "more.md")} <= added
     assert not any(p.startswith("cycle") for p in added)  # the folder is walked once
-    hits = Retriever.open("followed").search("Zanzibar passphrase", k=2, mode="bm25")
+    hits = Retriever.from_settings("followed").search("Zanzibar passphrase", k=2, mode="bm25")
     assert {h.chunk.path for h in hits} == {"leak.md", "linked/secret.md"}  # one file, two links
     # Without the flag again, the link's chunks leave the index.
     code, out, _ = run([str(linked_docs), "--index", "followed", "--json"], capsys)
@@ -92,7 +92,7 @@ def test_index_dir_is_explicit(tmp_path, tiny_mlm_dir, capsys):
     code, out, _ = run([docs, "--index-dir", str(where), "--encoder", str(tiny_mlm_dir)], capsys)
     assert code == 0 and (where / "CURRENT").is_file()
     assert not (indexes_dir() / "my-index").exists()
-    assert len(Retriever.open(where)) > 0
+    assert len(Retriever.from_settings(where)) > 0
     code, _, err = run([docs, "--index", "x", "--index-dir", str(where)], capsys)
     assert code == 2 and len(err) == 1 and "not allowed with" in err[0]
 
@@ -135,7 +135,9 @@ def test_failure_after_creation_removes_only_a_new_index(tmp_path, tiny_mlm_dir,
     monkeypatch.setattr(ingest_mod, "plan_changes", boom)
     with pytest.raises(RuntimeError):
         ingest([docs], index="kept", progress=False)
-    assert len(Retriever.open("kept")) == first.chunks  # an existing index is never removed
+    assert (
+        len(Retriever.from_settings("kept")) == first.chunks
+    )  # an existing index is never removed
 
 
 def test_chunk_tokens_above_the_encoder_limit_is_capped_and_said(tmp_path, tiny_mlm_dir, capsys):

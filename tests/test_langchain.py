@@ -22,7 +22,7 @@ TEXTS = {
 
 
 class KeywordRetriever:
-    """A stand-in for rag.retrieve.Retriever: scores chunks by shared words."""
+    """A stand-in for rag.retrieval.retriever.Retriever: scores chunks by shared words."""
 
     def __init__(self):
         self.chunks = [Chunk(k, v, f"{k}.md", ("Library", k)) for k, v in TEXTS.items()]
@@ -74,7 +74,7 @@ def test_format_docs_numbers_like_the_prompt():
 
 
 def test_chain_with_our_generator(tiny_decoder_dirs):  # noqa: F811
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu")
     retriever = IndexRetriever(retriever=KeywordRetriever(), k=2)

@@ -25,7 +25,7 @@ INDEX = "bench"
 
 @pytest.fixture(scope="module")
 def generator():
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     tok = build_tokenizer()
     return Generator(build_model("llama", tok, max_positions=2048), tok, "cpu")
@@ -40,7 +40,7 @@ def index():
 def config(tmp_path, **kw) -> ServeLoadConfig:
     settings = dict(
         index=INDEX, sessions=2, duration=1.0, max_new_tokens=16, max_batch=4, device="cpu",
-        dtype="float32", out=str(tmp_path),
+        decoder_precision="fp32", out=str(tmp_path),
     )  # fmt: skip
     return ServeLoadConfig(**{**settings, **kw})
 
@@ -116,7 +116,7 @@ def test_bad_flags_exit_2_before_loading_models(argv, capsys):
 
 def test_concurrent_load_modes_share_the_session_loop(generator):
     from benchmarks.concurrent_load import LoadConfig, agreement, build_prompts, run_mode
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     cfg = LoadConfig(sessions=2, duration=1.0, max_new_tokens=8, prompts_per_session=2)
     batched = Generator(generator.model, generator.tokenizer, "cpu", batching=True, max_batch=4)

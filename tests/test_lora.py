@@ -9,7 +9,7 @@ import pytest
 import torch
 from training_support import build_tokenizer, save_tiny_decoder, write_tiny_squad
 
-from rag.datasets import load_squad_paragraphs
+from rag.evaluation.datasets import load_squad_paragraphs
 from rag.prompt import REFUSAL, build_messages, parse_citations
 from training.lora import LoraTrainConfig, encode_example, fit
 from training.lora_data import (
@@ -119,7 +119,7 @@ def test_lora_loss_falls_and_artefacts_load_back(squad, tmp_path):
         model=str(base_dir), out=str(out), data=[str(squad)], r=4, alpha=8, dropout=0.0, epochs=4,
         batch_size=4, grad_accum=1, lr=5e-3, warmup_ratio=0.0, k_passages=2, max_examples=16,
         passage_words=12, eval_examples=2, eval_batch_size=2, max_new_tokens=3, merge=True,
-        logging_steps=1, device="cpu", threads=1, dtype="float32",
+        logging_steps=1, device="cpu", threads=1, precision="fp32",
     )  # fmt: skip
     merged, tok, summary = fit(cfg)
     rows = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]

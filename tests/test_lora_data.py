@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rag.datasets import load_squad_paragraphs, squad_split
+from rag.evaluation.datasets import load_squad_paragraphs, squad_split
 from rag.prompt import REFUSAL, parse_citations
 from training.doc_markup import clean_inline
 from training.doc_qa_data import doc_examples

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rag.models import TUNED_ENCODER, default_encoder
 from rag.paths import models_dir
-from rag.rerank import AUTO_RERANKER, resolve_reranker
+from rag.retrieval.rerank import AUTO_RERANKER, resolve_reranker
 from training.contrastive import tuned_retriever_config
 from training.make_models import retrieval_steps
 from training.rerank import reranker_config

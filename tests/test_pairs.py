@@ -90,7 +90,7 @@ def test_pairs_file_round_trip(tmp_path):
 
 
 def test_real_scifact_and_squad_pairs_exclude_dev(shared_data):
-    from rag.datasets import load_beir, scifact_split
+    from rag.evaluation.datasets import load_beir, scifact_split
 
     sci = P.scifact_pairs(shared_data / "scifact")
     ds = load_beir(shared_data / "scifact", "train")

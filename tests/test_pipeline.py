@@ -8,8 +8,9 @@ import threading
 import pytest
 from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
 
+from rag.answer.relevance import hybrid_is_relevant, relevant_hits
 from rag.config import RAGConfig
-from rag.pipeline import RAGPipeline, hybrid_is_relevant, relevant_hits
+from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
 from rag.types import Answer, Chunk, Hit
 
@@ -179,7 +180,7 @@ def test_empty_question_is_an_error():
 
 
 def test_models_load_once_across_threads(monkeypatch):
-    import rag.generate
+    import rag.generate.generator
 
     loads = []
 
@@ -188,7 +189,7 @@ def test_models_load_once_across_threads(monkeypatch):
         threading.Event().wait(0.05)  # widen the race window
         return FakeGenerator("x")
 
-    monkeypatch.setattr(rag.generate.Generator, "load", staticmethod(fake_load))
+    monkeypatch.setattr(rag.generate.generator.Generator, "load", staticmethod(fake_load))
     pipe = RAGPipeline(RAGConfig(decoder="tiny"), retriever=FakeRetriever([hit(1)]))
     got = []
     threads = [threading.Thread(target=lambda: got.append(pipe.generator)) for _ in range(8)]
@@ -210,7 +211,7 @@ def test_answer_to_dict_is_json_ready():
 
 def test_real_tiny_generator_composes(tiny_decoder_dirs):  # noqa: F811
     """The real Generator under the pipeline: citations always resolve to given passages."""
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu", max_context_tokens=256)
     hits = [
@@ -325,7 +326,7 @@ def test_real_tiny_generator_completion_is_the_argmax(tiny_decoder_dirs):  # noq
     argmax of log p(" [i]" | prompt, answer), computed here with one full forward pass per i."""
     import torch
 
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
     from rag.pipeline import complete_citation
 
     gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu")

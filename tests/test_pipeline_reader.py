@@ -8,7 +8,7 @@ import pytest
 
 import rag.pipeline as pipeline_module
 from rag.answer.reader import Span, sentence_around
-from rag.answerability import AnswerabilityDecision
+from rag.answer.answerability import AnswerabilityDecision
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
@@ -162,7 +162,7 @@ def test_missing_reader_names_the_flag(tmp_path):
 
 
 def test_answer_span_in_json_and_api_without_the_server_path():
-    from rag.serve_api import completion
+    from rag.serve.api import completion
 
     ans = make("The Black Forest [1].", {1: ("Black Forest", 5.0)}).answer("Where?")
     d = ans.to_dict()["answer_span"]

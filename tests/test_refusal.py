@@ -1,4 +1,4 @@
-"""The refusal gate (rag.refusal): its score equals a plain forward pass, its KV cache decodes
+"""The refusal gate (rag.answer.refusal): its score equals a plain forward pass, its KV cache decodes
 the same answer as a fresh prompt, the barred opening is never decoded, the pipeline refuses
 exactly when p >= threshold, and the threshold sweep over one recorded run."""
 
@@ -14,11 +14,11 @@ from test_generate import tiny_decoder_dirs, tiny_generator  # noqa: F401, F811 
 from test_pipeline import FakeGenerator, FakeRetriever, hit
 
 from evals.refusal_sweep import gated_row, pick_threshold, sweep
+from rag.answer.refusal import barred_refusal, decide
 from rag.config import ConfigError, RAGConfig
+from rag.generate.scoring import refusal_ids
 from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL
-from rag.refusal import barred_refusal, decide
-from rag.scoring import refusal_ids
 
 
 def test_refusal_logprob_equals_uncached_forward(tiny_generator):  # noqa: F811
@@ -82,7 +82,7 @@ class GatedFake(FakeGenerator):
 
 @pytest.fixture
 def no_tokenizer_ban(monkeypatch):
-    monkeypatch.setattr("rag.refusal.barred_refusal", lambda tok: [[7, 8]])
+    monkeypatch.setattr("rag.answer.refusal.barred_refusal", lambda tok: [[7, 8]])
 
 
 @pytest.mark.parametrize("p, refused", [(0.9, True), (0.5, True), (0.3, False)])

@@ -64,7 +64,7 @@ def test_two_replicas_answer_through_a_reingest(
     )  # fmt: skip
     serve_args = [
         "--decoder", str(tiny_decoder), "--adapter", "none", "--device", "cpu",
-        "--dtype", "float32", "--max-new-tokens", "6", "--k", "2", "--log-level", "warning",
+        "--decoder-precision", "fp32", "--max-new-tokens", "6", "--k", "2", "--log-level", "warning",
     ]  # fmt: skip
     replicas = [start_replica(INDEX, serve_args, tmp_path, i, ENV) for i in range(2)]
     try:

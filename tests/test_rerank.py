@@ -18,6 +18,7 @@ from training_support import (
     write_tiny_squad,
 )
 
+from rag.retrieval.settings import RetrievalSettings
 from training.rerank import RerankConfig, build_model, collect_examples, fit, main
 from training.rerank_data import Pool, interleave, mine_hard_negatives, mine_pool
 
@@ -139,8 +140,8 @@ def test_saved_reranker_loads_and_scores_like_the_trained_one(tiny_reranker):
 def test_rerank_stage_loads_the_folder_and_keeps_the_tail(tiny_reranker):
     import torch
 
-    from rag.rerank import CrossEncoderReranker
-    from rag.retrieve import CorpusRetriever
+    from rag.retrieval.rerank import CrossEncoderReranker
+    from rag.retrieval.retriever import CorpusRetriever
 
     model, _, out = tiny_reranker
     reranker = CrossEncoderReranker(out, device="cpu", max_length=32)
@@ -148,8 +149,10 @@ def test_rerank_stage_loads_the_folder_and_keeps_the_tail(tiny_reranker):
     raw = model.predict([("open file", t) for t in texts], activation_fn=torch.nn.Identity())
     assert reranker.score("open file", texts) == pytest.approx(list(raw), abs=1e-5)
     ids = [f"t{i}" for i in range(len(texts))]
-    plain = CorpusRetriever(ids, texts, None, "bm25")
-    ranked = CorpusRetriever(ids, texts, None, "bm25", reranker=reranker, rerank_depth=2)
+    plain = CorpusRetriever(ids, texts, None, RetrievalSettings(mode="bm25"))
+    ranked = CorpusRetriever(
+        ids, texts, None, RetrievalSettings(mode="bm25", rerank_depth=2), reranker=reranker
+    )
     first = plain.search("open a file read line", k=5)
     got = ranked.search("open a file read line", k=5)
     assert sorted(d for d, _ in got[:2]) == sorted(d for d, _ in first[:2])  # reranked head
@@ -168,27 +171,29 @@ def test_index_retriever_with_reranker_name_and_fusion(tiny_reranker, tiny_mlm_d
 
     from rag.ingest import ingest
     from rag.paths import models_dir
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     _, _, ce = tiny_reranker
     models_dir().mkdir(parents=True, exist_ok=True)
     shutil.copytree(ce, models_dir() / "tiny-rerank", dirs_exist_ok=True)
     ingest([write_docs(tmp_path / "docs")], index="rr", encoder=str(tiny_mlm_dir), progress=False)
-    r = Retriever.open("rr", reranker="tiny-rerank", max_length=32, rerank_depth=3)
+    r = Retriever.from_settings(
+        "rr", RetrievalSettings(rerank_depth=3, rerank_max_length=32, rerank="tiny-rerank")
+    )
     assert r.reranker.model.max_seq_length == 32 and r.engine.rerank_depth == 3
     q = "read a file line by line"
     hits = r.search(q, k=5)
     assert [h.mode for h in hits[:3]] == ["rerank"] * 3 and hits[3].mode == "hybrid"
     assert all(h.dense_score is not None or h.bm25_score is not None for h in hits)
-    plain = Retriever.open("rr").search(q, k=5)
+    plain = Retriever.from_settings("rr").search(q, k=5)
     assert [h.chunk.id for h in r.search(q, k=5, rerank=False)] == [h.chunk.id for h in plain]
-    dense = Retriever.open("rr").search(q, k=5, mode="dense")
+    dense = Retriever.from_settings("rr").search(q, k=5, mode="dense")
     convex = r.search(q, k=5, fusion="convex", alpha=1.0, rerank=False)
     assert [h.chunk.id for h in convex] == [h.chunk.id for h in dense]
 
 
 def test_not_a_cross_encoder_is_refused(tmp_path):
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     enc = save_tiny_encoder(tmp_path / "enc")  # a plain bi-encoder folder: random head
     with pytest.raises(ValueError, match="not a cross-encoder"):
@@ -206,7 +211,7 @@ def test_int8_reranker_ranks_like_fp32(tmp_path):
     import torch
     from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
 
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     ce = save_tiny_cross_encoder(tmp_path / "ce")
     fp32 = CrossEncoderReranker(ce, device="cpu")
@@ -233,7 +238,7 @@ def test_bf16_reranker_keeps_the_fp32_ranking(tmp_path):
     close to fp32's (the ranking of 12 passages: Spearman >= 0.95, same best passage)."""
     import torch
 
-    from rag.rerank import CrossEncoderReranker
+    from rag.retrieval.rerank import CrossEncoderReranker
 
     ce = save_tiny_cross_encoder(tmp_path / "ce")
     fp32 = CrossEncoderReranker(ce, device="cpu")
@@ -325,7 +330,7 @@ def test_evals_table_rows_with_reranker_and_latency(tiny_reranker, tmp_path):
 def test_dev_queries_never_in_training_examples(shared_data):
     """On the real SciFact and SQuAD files: no training query is a dev query, no passage is a
     SQuAD dev-article paragraph, and no negative is a positive of its query."""
-    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.evaluation.datasets import load_beir, load_squad, scifact_split, squad_split
 
     scifact = shared_data / "scifact"
     squad = shared_data / "squad" / "squad-v1.1-dev-part.json"
@@ -350,16 +355,17 @@ def test_dev_queries_never_in_training_examples(shared_data):
 def test_auto_precision_follows_the_hardware(tmp_path, monkeypatch):
     """rerank_precision auto (the product default) is bf16 where bf16 runs fast (CUDA, a CPU with
     bf16 units) and fp32 elsewhere; explicit values pass through."""
-    import rag.models
+    import rag.precision
     from rag.config import RAGConfig
-    from rag.encoding import resolve_precision
-    from rag.rerank import DEFAULT_RERANK_PRECISION, CrossEncoderReranker
+    from rag.precision import resolve_precision
+    from rag.retrieval.rerank import CrossEncoderReranker
+    from rag.retrieval.settings import DEFAULTS
 
-    assert RAGConfig().rerank_precision == DEFAULT_RERANK_PRECISION == "auto"
+    assert RAGConfig().rerank_precision == DEFAULTS.rerank_precision == "auto"
     assert resolve_precision("auto", "cuda") == "bf16"
     assert resolve_precision("int8", "cpu") == "int8"
     ce = save_tiny_cross_encoder(tmp_path / "ce")
     for has_bf16, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(rag.models, "cpu_has_bf16", lambda v=has_bf16: v)
+        monkeypatch.setattr(rag.precision, "cpu_has_bf16", lambda v=has_bf16: v)
         assert resolve_precision("auto", "cpu") == expected
         assert CrossEncoderReranker(ce, device="cpu", precision="auto").precision == expected

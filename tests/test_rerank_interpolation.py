@@ -14,10 +14,10 @@ import math
 import pytest
 
 from rag.config import ConfigError, RAGConfig, load_config
-from rag.fusion import choose_rerank_weight, interpolate, rerank_head
-from rag.rerank import DEFAULT_RERANK_WEIGHT
-from rag.retrieve import CorpusRetriever
-from rag.search_engine import SearchEngine
+from rag.retrieval.engine import SearchEngine
+from rag.retrieval.fusion import choose_rerank_weight, interpolate, rerank_head
+from rag.retrieval.retriever import CorpusRetriever
+from rag.retrieval.settings import RetrievalSettings
 
 FIRST = [("a", 10.0), ("b", 9.0), ("c", 0.0)]  # min-max: a 1, b 0.9, c 0
 RERANK = [0.0, 5.0, 10.0]  # min-max: a 0, b 0.5, c 1
@@ -132,13 +132,19 @@ def _by_length(first_ids):
 def test_corpus_retriever_weight_zero_is_first_stage_one_is_reranker():
     ids_, texts = list(CORPUS), list(CORPUS.values())
     q = "file with statement"
-    plain = CorpusRetriever(ids_, texts, None, "bm25").search(q, k=5)
+    plain = CorpusRetriever(ids_, texts, None, RetrievalSettings(mode="bm25")).search(q, k=5)
     assert len(plain) >= 3 and _by_length(ids(plain)) != ids(plain)  # the reranker disagrees
-    zero = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength(), rerank_weight=0.0)
+    zero = CorpusRetriever(
+        ids_, texts, None, RetrievalSettings(mode="bm25", rerank_weight=0.0), reranker=ByLength()
+    )
     assert zero.search(q, k=5) == plain  # ids and scores: the first stage untouched
-    default = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength())
-    assert default.engine.rerank_weight == DEFAULT_RERANK_WEIGHT == 0.5  # the product's setting
-    one = CorpusRetriever(ids_, texts, None, "bm25", reranker=ByLength(), rerank_weight=1.0)
+    default = CorpusRetriever(
+        ids_, texts, None, RetrievalSettings(mode="bm25"), reranker=ByLength()
+    )
+    assert default.engine.rerank_weight == RAGConfig().rerank_weight == 0.5  # the product's
+    one = CorpusRetriever(
+        ids_, texts, None, RetrievalSettings(mode="bm25", rerank_weight=1.0), reranker=ByLength()
+    )
     assert ids(one.search(q, k=5)) == _by_length(ids(plain))
     assert ids(one.search(q, k=5, rerank_weight=0.0)) == ids(plain)  # per-call override
     assert ids(zero.search(q, k=5, rerank_weight=1.0)) == _by_length(ids(plain))
@@ -149,41 +155,49 @@ def test_corpus_retriever_weight_zero_is_first_stage_one_is_reranker():
     with pytest.raises(ValueError, match="not 1.5"):
         one.search(q, k=5, rerank_weight=1.5)
     with pytest.raises(ValueError, match="not -1"):
-        CorpusRetriever(ids_, texts, None, "bm25", rerank_weight=-1)
+        CorpusRetriever(ids_, texts, None, RetrievalSettings(mode="bm25", rerank_weight=-1))
 
 
 def test_engine_head_and_tail_with_a_partial_rerank_depth():
     ids_, texts = list(CORPUS), list(CORPUS.values())
-    plain = ids(CorpusRetriever(ids_, texts, None, "bm25").search("file with statement", k=5))
+    plain = ids(
+        CorpusRetriever(ids_, texts, None, RetrievalSettings(mode="bm25")).search(
+            "file with statement", k=5
+        )
+    )
     r = CorpusRetriever(
-        ids_, texts, None, "bm25", reranker=ByLength(), rerank_depth=2, rerank_weight=1.0
+        ids_,
+        texts,
+        None,
+        RetrievalSettings(mode="bm25", rerank_depth=2, rerank_weight=1.0),
+        reranker=ByLength(),
     )
     rows = r.engine.search_many(["file with statement"], k=5, mode="bm25")[0]
     assert [x.id for x in rows] == _by_length(plain[:2]) + plain[2:]
     assert [x.mode for x in rows] == ["rerank"] * 2 + ["bm25"] * (len(plain) - 2)
     assert rows[0].bm25 is not None  # component scores kept
     with pytest.raises(ValueError, match="not 2"):
-        SearchEngine(None, None, None, str, rerank_weight=2)
+        SearchEngine(None, None, None, str, None, RetrievalSettings(rerank_weight=2))
 
 
 def test_index_retriever_takes_the_weight(tmp_path, tiny_mlm_dir):
     from ingest_support import write_docs
 
     from rag.ingest import ingest
-    from rag.retrieve import Retriever
+    from rag.retrieval.retriever import Retriever
 
     write_docs(tmp_path / "docs", {f"{k}.txt": v for k, v in CORPUS.items()})
     ingest([tmp_path / "docs"], index="rw", encoder=str(tiny_mlm_dir), progress=False)
     q = "file with statement"
-    plain = [h.chunk.id for h in Retriever.open("rw").search(q, k=5, mode="bm25")]
-    r = Retriever.open("rw", reranker=ByLength(), rerank_weight=0.0)
+    plain = [h.chunk.id for h in Retriever.from_settings("rw").search(q, k=5, mode="bm25")]
+    r = Retriever("rw", RetrievalSettings(rerank_weight=0.0), reranker=ByLength())
     assert r.engine.rerank_weight == 0.0
     assert [h.chunk.id for h in r.search(q, k=5, mode="bm25")] == plain
     length = {h.chunk.id: len(h.chunk.text) for h in r.search(q, k=5, mode="bm25")}
     top = [h.chunk.id for h in r.search(q, k=5, mode="bm25", rerank_weight=1.0)]
     assert top == sorted(plain, key=lambda d: (length[d], plain.index(d)))
     with pytest.raises(ValueError, match="not 1.1"):
-        Retriever.open("rw", rerank_weight=1.1)
+        Retriever.from_settings("rw", RetrievalSettings(rerank_weight=1.1))
 
 
 # ---------------------------------------------------------------------------- config
@@ -211,21 +225,22 @@ def test_evals_rows_per_weight_and_default_tuned_from_one_pass(tmp_path, monkeyp
     the reranker once per tuning query, not once per grid weight."""
     from test_evals_retrieval import DOCS, QRELS, QUERIES, write_mini_beir
 
-    import rag.rerank
+    import rag.retrieval.rerank
     from evals.retrieval import main
 
     relevant = {QUERIES[q]: f"{DOCS[d][0]} {DOCS[d][1]}" for q, d in QRELS.items()}
     calls = []
 
     class Adversary:
-        def __init__(self, *args, **kwargs) -> None:
-            pass
-
         def score(self, query, texts):
             calls.append(query)
             return [-1.0 if t == relevant[query] else float(i) for i, t in enumerate(texts)]
 
-    monkeypatch.setattr(rag.rerank, "CrossEncoderReranker", Adversary)
+    def load(settings):  # the eval's settings name the reranker ("fake": no model to load)
+        assert settings.rerank == "fake" and settings.mode == "bm25"
+        return Adversary()
+
+    monkeypatch.setattr(rag.retrieval.rerank, "load_reranker", load)
     folder = write_mini_beir(tmp_path / "mini")
     out = tmp_path / "rows.json"
     argv = ["--dataset", str(folder), "--retriever", "bm25", "--rerank", "fake"]

@@ -1,4 +1,4 @@
-"""Retrieval: RRF as a pure function, the three modes, rerank, CorpusRetriever == Retriever."""
+"""Retrieval: plain RRF, the three modes, rerank, CorpusRetriever == Retriever."""
 
 from __future__ import annotations
 
@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 from ingest_support import write_docs
 
-from rag.encoding import Encoder
+from rag.defaults import MODES
 from rag.ingest import ingest
-from rag.retrieve import CorpusRetriever, FusedHit, Retriever
-from rag.search_engine import MODES, rrf
+from rag.retrieval.encoder import Encoder
+from rag.retrieval.fusion import weighted_rrf
+from rag.retrieval.retriever import CorpusRetriever, FusedHit, Retriever
+from rag.retrieval.settings import RetrievalSettings
 
 CORPUS = {
     "d1": "reading a file line by line with a for loop over the file object",
@@ -25,6 +27,11 @@ def tiny_encoder(tiny_mlm_dir):
     return Encoder.load(tiny_mlm_dir, device="cpu")
 
 
+def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
+    """Plain reciprocal rank fusion of id lists: weighted_rrf with every weight 1."""
+    return weighted_rrf([[(d, 0.0) for d in ranking] for ranking in rankings], k=k)
+
+
 def test_rrf_pure_function():
     assert rrf([]) == []
     fused = rrf([["a", "b", "c"], ["b", "c", "d"]], k=60)
@@ -38,11 +45,11 @@ def test_rrf_pure_function():
 
 def test_corpus_retriever_modes(tiny_encoder):
     ids, texts = list(CORPUS), list(CORPUS.values())
-    bm25 = CorpusRetriever(ids, texts, None, "bm25")
+    bm25 = CorpusRetriever(ids, texts, None, RetrievalSettings(mode="bm25"))
     assert bm25.search("zebras stripes", k=2)[0][0] == "d3"
     with pytest.raises(ValueError, match="needs an encoder"):
-        CorpusRetriever(ids, texts, None, "dense")
-    hybrid = CorpusRetriever(ids, texts, tiny_encoder, "hybrid")
+        CorpusRetriever(ids, texts, None, RetrievalSettings(mode="dense"))
+    hybrid = CorpusRetriever(ids, texts, tiny_encoder, RetrievalSettings(mode="hybrid"))
     for mode in MODES:
         rows = hybrid.search_many(["file line loop", "zebras stripes"], k=3, mode=mode)
         assert len(rows) == 2
@@ -66,7 +73,9 @@ def test_reranker_reorders(tiny_encoder):
             return [-len(t) for t in texts]
 
     ids, texts = list(CORPUS), list(CORPUS.values())
-    r = CorpusRetriever(ids, texts, None, "bm25", reranker=ByLength(), rerank_weight=1.0)
+    r = CorpusRetriever(
+        ids, texts, None, RetrievalSettings(mode="bm25", rerank_weight=1.0), reranker=ByLength()
+    )
     got = r.search("file", k=2)
     shortest = sorted((len(CORPUS[i]), i) for i in ("d1", "d4"))[0][1]
     assert got[0][0] == shortest and got[0][1] == -len(CORPUS[shortest])
@@ -76,9 +85,11 @@ def test_index_retriever_matches_corpus_retriever(tmp_path, tiny_mlm_dir, tiny_e
     docs = tmp_path / "docs"
     write_docs(docs, {f"{k}.txt": v for k, v in CORPUS.items()})
     ingest([docs], index="ret", encoder=str(tiny_mlm_dir), progress=False)
-    r = Retriever.open("ret")
+    r = Retriever.from_settings("ret")
     ids = sorted(r.chunks)
-    corpus = CorpusRetriever(ids, [r.chunks[i].text for i in ids], tiny_encoder, "hybrid")
+    corpus = CorpusRetriever(
+        ids, [r.chunks[i].text for i in ids], tiny_encoder, RetrievalSettings(mode="hybrid")
+    )
     for mode in MODES:
         hits = r.search("closing a file with the with statement", k=4, mode=mode)
         assert [h.rank for h in hits] == list(range(1, len(hits) + 1))
@@ -96,7 +107,7 @@ def test_index_retriever_matches_corpus_retriever(tmp_path, tiny_mlm_dir, tiny_e
 def test_retriever_sees_new_generation(tmp_path, tiny_mlm_dir):
     docs = write_docs(tmp_path / "docs")
     ingest([docs], index="live", encoder=str(tiny_mlm_dir), progress=False)
-    r = Retriever.open("live")
+    r = Retriever.from_settings("live")
     assert not r.search("okapi", k=3, mode="bm25")
     (docs / "okapi.md").write_text("# Okapi\n\nThe okapi is a forest giraffe.\n", encoding="utf-8")
     ingest([docs], index="live", progress=False)
@@ -108,7 +119,7 @@ def test_missing_index_is_a_clear_error():
     from rag.manifest import IndexNotFoundError
 
     with pytest.raises(IndexNotFoundError, match="rag.ingest"):
-        Retriever.open("does-not-exist")
+        Retriever.from_settings("does-not-exist")
 
 
 def test_encoder_batches_and_int8(tiny_mlm_dir, tiny_encoder):

@@ -1,11 +1,11 @@
-"""The multi-turn query rewrite (rag/rewrite.py): follow-ups gain the topic, standalone
+"""The multi-turn query rewrite (rag/answer/rewrite.py): follow-ups gain the topic, standalone
 questions pass through unchanged, and the result never looks like a citation marker."""
 
 from __future__ import annotations
 
 import pytest
 
-from rag.rewrite import content_words, is_follow_up, rewrite_query
+from rag.answer.rewrite import content_words, is_follow_up, rewrite_query
 
 OPEN = "How do I open a file in Python?"
 

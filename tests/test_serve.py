@@ -25,7 +25,7 @@ from serve_support import (
 )
 
 from rag.prompt import REFUSAL
-from rag.serve import main
+from rag.serve.app import main
 from rag.types import Answer, Chunk, Citation, Hit
 
 pytestmark = pytest.mark.server
@@ -124,7 +124,7 @@ def test_real_pipeline_behind_the_api(server):
 
 
 def test_verification_fields_reach_the_client(server):
-    from rag import serve_api
+    from rag.serve import api as serve_api
 
     # The real pipeline verifies its citations: the fields agree with each other.
     resp = server.client().chat.completions.create(model="rag:real", messages=ask())

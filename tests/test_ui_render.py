@@ -80,7 +80,7 @@ def test_completed_citation_is_linked_and_labelled():
 
 
 def _verified(raw: str, cited: list[int], **verdict) -> Answer:
-    """A hand-made Answer as rag.verify leaves it: ``unsupported`` numbers carry
+    """A hand-made Answer as rag.answer.verify leaves it: ``unsupported`` numbers carry
     ``supported=False``; ``reattributed``, ``suspected_injection``, ``injection_reasons`` set."""
     from dataclasses import replace
 

@@ -1,4 +1,4 @@
-"""Citation verification (rag.verify): the support rule on hand-made sentences and passages,
+"""Citation verification (rag.answer.verify): the support rule on hand-made sentences and passages,
 re-attribution, flags, the injection heuristic, and the pipeline hook's Answer fields."""
 
 from __future__ import annotations
@@ -8,11 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rag.config import RAGConfig
-from rag.pipeline import RAGPipeline
-from rag.support import SUPPORT_THRESHOLD, content_words, split_sentences, support
-from rag.types import Answer, Chunk, Citation, Hit
-from rag.verify import (
+from rag.answer.support import SUPPORT_THRESHOLD, content_words, split_sentences, support
+from rag.answer.verify import (
     cited_sentences,
     injection_reasons,
     injection_spans,
@@ -20,6 +17,9 @@ from rag.verify import (
     verify,
     verify_answer,
 )
+from rag.config import RAGConfig
+from rag.pipeline import RAGPipeline
+from rag.types import Answer, Chunk, Citation, Hit
 
 FIXTURE = Path(__file__).parent / "fixtures" / "injection" / "docs"
 

@@ -2,7 +2,7 @@
 index built through ``rag.ingest``, a scripted decoder, and an app served on a free loopback port.
 
 Only the decoder is scripted: a tiny random decoder never writes a citation marker, so
-:class:`ScriptedGenerator` stands in for ``rag.generate.Generator`` through
+:class:`ScriptedGenerator` stands in for ``rag.generate.generator.Generator`` through
 ``RAGPipeline(generator=...)`` (the pipeline's documented injection point), injected into the app
 through ``build_app(pipeline_factory=...)``. It always answers "... [1]", i.e. it cites whatever
 the real retriever ranked first; retrieval, citation parsing, rendering and the browser are real.
@@ -37,7 +37,7 @@ ANSWER_PIECES = ("According ", "to the ", "documents, ", "see ", "passage ", "[1
 
 
 class ScriptedGenerator:
-    """Test-only stand-in for ``rag.generate.Generator``: same methods, fixed reply citing [1]."""
+    """Test-only stand-in for ``rag.generate.generator.Generator``: same methods, fixed reply citing [1]."""
 
     def __init__(self, pieces: Sequence[str] = ANSWER_PIECES, delay: float = 0.05):
         self.pieces = list(pieces)

@@ -191,7 +191,7 @@ def dev_evaluators(cfg: ContrastiveConfig) -> list:
     """InformationRetrievalEvaluators on the fixed dev splits (never trained on)."""
     from sentence_transformers.sentence_transformer.evaluation import InformationRetrievalEvaluator
 
-    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.evaluation.datasets import load_beir, load_squad, scifact_split, squad_split
 
     shared = shared_data_dir()
     scifact = cfg.eval_scifact or cfg.scifact or (shared and shared / "scifact")

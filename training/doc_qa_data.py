@@ -43,9 +43,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag.bm25 import BM25Index
 from rag.documents import Document, load_documents
 from rag.prompt import REFUSAL, format_target
+from rag.retrieval.bm25 import BM25Index
 from training.doc_markup import clean_inline, lead_sentences
 from training.doc_questions import make_question, plain_heading
 from training.lora_data import QAExample, gold_positions, trim_passage

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.models import pick_dtype, resolve_model
+from rag.models import resolve_model
+from rag.precision import FLOAT_PRECISIONS, float_precision, torch_dtype
 from rag.prompt import build_messages
 from training.cli import run_training_cli
 from training.defaults import default_docs_if_no_data
@@ -61,9 +62,9 @@ class LoraTrainConfig(FinetuneConfig):
     warmup_ratio: float = 0.05  # fraction of steps spent warming up
     k_passages: int = 3  # passages per prompt (gold + k-1 BM25 distractors)
     refusal_fraction: float = 0.15  # share of examples with no answer-bearing passage
-    # written to run.json: the refusal gate threshold rag uses with this adapter (rag.refusal);
+    # written to run.json: the refusal gate threshold rag uses with this adapter (rag.answer.refusal);
     # choose it with evals.refusal_sweep on SQuAD train articles; None = greedy refusals
-    refusal_threshold: float | None = None  # the gate threshold saved for rag (rag.refusal)
+    refusal_threshold: float | None = None  # the gate threshold saved for rag (rag.answer.refusal)
     max_examples: int = 300  # training examples in all, SQuAD + docs (0 = every one available)
     passage_words: int = 0  # trim SQuAD passages to this many words around the answer (0 = whole)
     doc_passage_words: int = 180  # trim doc sections to this many words (0 = whole section)
@@ -73,7 +74,9 @@ class LoraTrainConfig(FinetuneConfig):
     eval_batch_size: int = 8  # generation batch size
     max_new_tokens: int = 32  # generation budget per answer
     merge: bool = False  # also write <out>/merged: base weights with the adapter folded in
-    dtype: str = "auto"  # base weights: auto (bf16 on CUDA or a bf16 CPU) | float32 | bfloat16
+    precision: str = (
+        "auto"  # base weights (rag.precision): auto (bf16 on CUDA or a bf16 CPU) | fp32 | bf16
+    )
     logging_steps: int = 5  # log the loss every this many optimiser steps
 
 
@@ -125,8 +128,11 @@ class PadCollator:
 # ---------------------------------------------------------------------------- training
 
 
-def load_base(name: str, device: str, dtype: str = "float32"):
+def load_base(name: str, device: str, precision: str = "fp32"):
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if precision not in ("auto", *FLOAT_PRECISIONS):
+        raise ValueError(f"--precision must be auto, fp32 or bf16 for training, not {precision!r}")
 
     path = resolve_model(name)
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -136,7 +142,9 @@ def load_base(name: str, device: str, dtype: str = "float32"):
         raise ValueError(
             f"--model {name}: the tokenizer has no chat template (apply_chat_template needs one)"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=pick_dtype(dtype, device))
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch_dtype(float_precision(precision, device))
+    )
     model.to(device)
     return model, tokenizer
 
@@ -188,7 +196,7 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
             cfg.data, cfg.docs, cfg.max_examples, cfg.doc_fraction, cfg.k_passages,
             cfg.refusal_fraction, cfg.seed, cfg.passage_words, cfg.doc_passage_words,
         )  # fmt: skip
-        model, tokenizer = load_base(cfg.model, run.device, cfg.dtype)
+        model, tokenizer = load_base(cfg.model, run.device, cfg.precision)
         bf16 = next(model.parameters()).dtype == torch.bfloat16  # adapters stay fp32 (peft's)
         rows = [
             r

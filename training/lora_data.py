@@ -1,7 +1,7 @@
 """Grounded-QA examples for LoRA tuning, built from SQuAD in the pipeline's prompt format.
 
 Each example is a question, k numbered passages and a target ``answer [i]``: the gold paragraph
-plus k-1 distractors ranked by BM25 (:class:`rag.bm25.BM25Index`, one batched search for all
+plus k-1 distractors ranked by BM25 (:class:`rag.retrieval.bm25.BM25Index`, one batched search for all
 questions) among other articles' and the same article's paragraphs, with the gold at a position
 drawn uniformly and balanced over 1..k. A fixed fraction of examples hold *no* answer-bearing
 passage (k distractors, none containing a gold answer string) and their target is
@@ -9,7 +9,7 @@ passage (k distractors, none containing a gold answer string) and their target i
 target come from :mod:`rag.prompt`, the one definition the pipeline uses too.
 
 Train examples use only paragraphs of SQuAD train articles (gold *and* distractors); held-out
-examples use the :data:`~rag.datasets.SQUAD_DEV_ARTICLES` questions and are never trained on.
+examples use the :data:`~rag.evaluation.datasets.SQUAD_DEV_ARTICLES` questions and are never trained on.
 ``--docs`` adds documentation examples mined from the user's own files
 (:mod:`training.doc_qa_data`), mixed in at ``--doc-fraction``.
 
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rag.bm25 import BM25Index
-from rag.datasets import SquadParagraph, load_squad_paragraphs, squad_split
+from rag.evaluation.datasets import SquadParagraph, load_squad_paragraphs, squad_split
 from rag.prompt import REFUSAL, format_target
+from rag.retrieval.bm25 import BM25Index
 
 
 @dataclass

@@ -63,7 +63,7 @@ def generate_answers(
 
 def score_answers(examples: Sequence[QAExample], answers: Sequence[str]) -> dict[str, Any]:
     """EM/F1 and citation accuracy over answerable examples; refusal accuracy over the rest."""
-    from rag.metrics import citation_correct, exact_match, f1_score
+    from rag.evaluation.metrics import citation_correct, exact_match, f1_score
 
     em = f1 = cite = refused_ok = wrong_refusals = 0.0
     n_ans = n_unans = 0

@@ -237,7 +237,7 @@ def retrieval_steps(args: argparse.Namespace, data: Path) -> list[Step]:
     auto`` uses. Their recipes are the measured ones, whatever the preset."""
     from rag.answer.reader import READER_ARTEFACT
     from rag.models import TUNED_ENCODER
-    from rag.rerank import AUTO_RERANKER
+    from rag.retrieval.rerank import AUTO_RERANKER
 
     tuned, rerank = models_dir() / TUNED_ENCODER, models_dir() / AUTO_RERANKER
 

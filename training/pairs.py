@@ -8,8 +8,8 @@ Two sources, mixable:
   2019), and heading -> section text where documents have headings. A BEIR ``corpus.jsonl``
   (e.g. the SciFact abstracts) is accepted as a document set too;
 * **supervised**, where labels exist: SciFact train claims -> their abstracts and SQuAD questions
-  -> their paragraphs, read through :mod:`rag.datasets`. The fixed dev splits (20% of SciFact
-  queries, :data:`~rag.datasets.SQUAD_DEV_ARTICLES`) are never used; :func:`assert_no_dev`
+  -> their paragraphs, read through :mod:`rag.evaluation.datasets`. The fixed dev splits (20% of SciFact
+  queries, :data:`~rag.evaluation.datasets.SQUAD_DEV_ARTICLES`) are never used; :func:`assert_no_dev`
   checks it again on the final list.
 
 Every pair carries the id of the passage both sides came from (``source``), which tests use to
@@ -26,8 +26,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rag.datasets import load_beir, load_squad, load_squad_paragraphs, scifact_split, squad_split
 from rag.documents import Document, load_documents
+from rag.evaluation.datasets import (
+    load_beir,
+    load_squad,
+    load_squad_paragraphs,
+    scifact_split,
+    squad_split,
+)
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9(\"'])")
 _UNDERLINE = re.compile(r"^\s*([=\-~^\"'`#*+_:.])\1{2,}\s*$")
@@ -265,7 +271,7 @@ def assert_no_dev(
 def add_bm25_negatives(pairs: list[Pair], seed: int = 0, depth: int = 10) -> list[Pair]:
     """Give each pair a hard negative: a BM25-ranked positive of another source (not one with the
     same source id, which would be a false negative). Uses the project's :class:`BM25Index`."""
-    from rag.bm25 import BM25Index
+    from rag.retrieval.bm25 import BM25Index
 
     rng = random.Random(seed)
     texts = sorted({p.positive for p in pairs})

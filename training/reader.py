@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.answer.reader import SpanReader, pick
-from rag.metrics import exact_match, f1_score
+from rag.evaluation.metrics import exact_match, f1_score
 from rag.models import bf16_is_fast, lm_objective, resolve_model
 from training import reader_data as D
 from training.cli import run_training_cli

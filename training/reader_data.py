@@ -12,7 +12,7 @@ distractor paragraphs as "not in this passage" examples, cut into stride windows
   passage is read in ``max_length`` windows overlapping by ``stride`` tokens; a window that does
   not hold the whole answer is labelled with the ``[CLS]`` position, as a distractor is.
 
-The dev articles (:func:`rag.datasets.squad_split`) are never read here; :func:`assert_train_only`
+The dev articles (:func:`rag.evaluation.datasets.squad_split`) are never read here; :func:`assert_train_only`
 checks it. A slice of the train questions is kept out of training for choosing the null
 threshold (:func:`split_calibration`), so no threshold is ever chosen on dev.
 """
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.bm25 import BM25Index
-from rag.datasets import SquadParagraph, load_squad_paragraphs, squad_split
-from rag.metrics import normalize_answer
+from rag.retrieval.bm25 import BM25Index
+from rag.evaluation.datasets import SquadParagraph, load_squad_paragraphs, squad_split
+from rag.evaluation.metrics import normalize_answer
 
 
 @dataclass(frozen=True)

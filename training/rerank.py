@@ -127,7 +127,8 @@ def collect_examples(
 ) -> tuple[list[R.RerankExample], dict[str, Any]]:
     """Every source's examples with mined negatives, shuffled, checked against the dev splits;
     also {pool kind: (retriever, corpus)} (the dev eval's first stage reuses them)."""
-    from rag.retrieve import CorpusRetriever
+    from rag.retrieval.retriever import CorpusRetriever
+    from rag.retrieval.settings import RetrievalSettings
 
     if bad := [m for m in cfg.mine if m not in MINERS]:
         raise ValueError(f"--mine must be among {', '.join(MINERS)}, not {bad[0]!r}")
@@ -138,7 +139,8 @@ def collect_examples(
         ids = list(pool.corpus)
         mode = "hybrid" if "dense" in cfg.mine else "bm25"
         enc = encoder if mode == "hybrid" else None
-        retriever = CorpusRetriever(ids, [pool.corpus[i] for i in ids], enc, mode, depth=100)
+        settings = RetrievalSettings(mode=mode, fusion="rrf", rerank=None)  # as first measured
+        retriever = CorpusRetriever(ids, [pool.corpus[i] for i in ids], enc, settings)
         retrievers[pool.kind] = (retriever, pool.corpus)
         examples += R.mine_pool(
             pool,
@@ -160,7 +162,7 @@ def dev_evaluators(cfg: RerankConfig, retrievers: dict[str, Any]) -> list:
     (SciFact dev claims, SQuAD dev-article questions), never trained on."""
     from sentence_transformers.cross_encoder.evaluation import CrossEncoderRerankingEvaluator
 
-    from rag.datasets import load_beir, load_squad, scifact_split, squad_split
+    from rag.evaluation.datasets import load_beir, load_squad, scifact_split, squad_split
 
     sets = []
     if cfg.scifact and "scifact" in retrievers:

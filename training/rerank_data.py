@@ -9,10 +9,10 @@ Sources (each a :class:`Pool`: queries over a corpus of candidate passages):
 
 Hard negatives are what a reranker has to learn to push down: the passages the first stage ranks
 high that are not relevant. They are mined with the project's own BM25 and dense retrievers
-(:class:`rag.retrieve.CorpusRetriever`), interleaved so both kinds of mistakes are represented, by
+(:class:`rag.retrieval.retriever.CorpusRetriever`), interleaved so both kinds of mistakes are represented, by
 :func:`mine_hard_negatives`, a pure function that never returns a positive (by id or by text).
 
-The fixed dev splits (SciFact's dev 20% of claims, :data:`~rag.datasets.SQUAD_DEV_ARTICLES`)
+The fixed dev splits (SciFact's dev 20% of claims, :data:`~rag.evaluation.datasets.SQUAD_DEV_ARTICLES`)
 are never trained on: their queries are dropped from every source, their passages are never
 candidates, and :func:`assert_no_heldout` checks the final examples again.
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.datasets import load_beir, load_squad, scifact_split, squad_split
+from rag.evaluation.datasets import load_beir, load_squad, scifact_split, squad_split
 from training import pairs as P
 
 Ranking = Sequence[str | tuple[str, float]]

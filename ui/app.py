@@ -3,8 +3,9 @@
     python -m ui.app --index docs            # http://127.0.0.1:7860
     make demo                                # ingests docs/ into index "docs", then this
 
-The UI only calls the pipeline in ``rag/`` (``RAGPipeline.stream``, ``rag.ingest.ingest``,
-``rag.rewrite.rewrite_query``); it holds no retrieval or generation logic. Pipelines (and so the
+The UI only calls the pipeline's public API in ``rag/`` (:class:`rag.config.RAGConfig` with
+``check_models`` / ``resolve_models``, ``RAGPipeline.stream`` over a ``conversational`` config,
+``rag.ingest.ingest``); it holds no retrieval or generation logic. Pipelines (and so the
 models) are loaded once per process and shared by every session (:mod:`ui.state`); the Gradio
 queue bounds how many chat requests run at once. Safe by default: binds 127.0.0.1, uploads are
 checked by :mod:`ui.uploads` (size, type, content, file name), the index setting is a name, never
@@ -25,9 +26,8 @@ from typing import Any
 import gradio as gr
 
 from rag.cli import run_cli
-from rag.defaults import MODES
-from rag.models import resolve_model
-from rag.rerank import resolve_reranker
+from rag.config import RAGConfig, check_models
+from rag.paths import list_indexes
 from ui import render
 from ui.config import AppConfig, app_config, build_parser, parse_args
 from ui.handlers import ChatApp
@@ -37,7 +37,6 @@ from ui.state import (
     NO_RERANKER,
     PipelineFactory,
     check_index_name,
-    list_indexes,
 )
 
 __all__ = ["AppConfig", "ChatApp", "build_app", "launch", "main", "parse_args", "warm_up"]
@@ -118,7 +117,9 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
                 )
                 refresh = gr.Button("Refresh lists", size="sm")
             with gr.Row():
-                mode = gr.Radio(list(MODES), value=config.rag.mode, label="Retrieval mode")
+                mode = gr.Radio(
+                    list(RAGConfig.CHOICES["mode"]), value=config.rag.mode, label="Retrieval mode"
+                )
                 k = gr.Slider(*K_RANGE, value=config.rag.k, step=1, label="k (passages)")
                 temperature = gr.Slider(
                     0.0, 1.5, value=config.rag.temperature, step=0.05, label="Temperature"
@@ -226,10 +227,7 @@ def run(config: AppConfig) -> int:
     """Check the settings, build the app, load its models, then serve until interrupted."""
     cfg = config.rag
     check_index_name(cfg.index)
-    for name in (cfg.encoder, cfg.decoder, cfg.adapter):
-        if name and name not in ("auto", "none"):
-            resolve_model(name)  # an unknown name fails now, listing what exists
-    resolve_reranker(cfg.rerank)  # auto/none never fail; an explicit one must be a cross-encoder
+    check_models(cfg)  # an unknown name fails now, listing what exists
     demo = build_app(config)
     if config.preload and cfg.index in list_indexes():
         warm_up(demo.chat_app, demo.chat_app.config)

@@ -13,12 +13,9 @@ from typing import Any
 
 import gradio as gr
 
-from rag.answer.reader import describe_reader
-from rag.config import RAGConfig
-from rag.defaults import MODES
-from rag.models import describe_decoder, resolve_adapter
-from rag.rerank import describe_reranker, resolve_reranker
-from rag.rewrite import rewrite_query
+from rag.config import RAGConfig, resolve_models
+from rag.paths import list_indexes
+from rag.pipeline import conversational
 from rag.types import Answer
 from ui import render
 from ui.config import AppConfig
@@ -31,7 +28,6 @@ from ui.state import (
     SettingError,
     check_choice,
     check_index_name,
-    list_indexes,
     list_models,
 )
 from ui.uploads import stage_uploads
@@ -68,20 +64,15 @@ class ChatApp:
     """The handlers behind the Blocks layout, over one shared :class:`PipelineCache`."""
 
     def __init__(self, config: AppConfig, pipeline_factory: PipelineFactory | None = None):
-        # "auto" becomes the adapter trained for the decoder when there is one, else none; the
-        # page says which (decoder_line), so a user knows whether the tuned model answers.
-        self.decoder_line = describe_decoder(config.rag.decoder, config.rag.adapter)
-        adapter = resolve_adapter(config.rag.decoder, config.rag.adapter)
-        # the reranker likewise: "auto" becomes minilm-rerank when trained, else off, and the
-        # page says which (reranker_line) beside the Reranker setting that can turn it off
-        rerank = resolve_reranker(config.rag.rerank)
-        self.reranker_line = describe_reranker(config.rag.rerank, rerank)
-        # and the extractive reader that puts the short answer above the sentence
-        self.reader_line = describe_reader(config.rag.reader)
-        config = replace(config, rag=replace(config.rag, adapter=adapter, rerank=rerank))
+        # "auto" becomes the adapter trained for the decoder when there is one, else none, and
+        # the reranker minilm-rerank when trained, else off; the page says which (decoder_line,
+        # reranker_line), so a user knows whether the tuned models answer
+        models = resolve_models(config.rag)
+        self.decoder_line, self.reranker_line = models.decoder_line, models.reranker_line
+        self.reader_line = models.reader_line  # the reader that puts the short answer on top
+        config = replace(config, rag=models.config)
         self.config = config
-        base = replace(config.rag, rewrite_query=rewrite_query)
-        self.cache = PipelineCache(base, pipeline_factory or default_factory)
+        self.cache = PipelineCache(conversational(config.rag), pipeline_factory or default_factory)
 
     # ---- chat -----------------------------------------------------------------------------
 
@@ -159,9 +150,9 @@ class ChatApp:
         history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
         yield history, "", gr.skip(), gr.skip()
         try:
-            if mode not in MODES:
+            if mode not in (modes := RAGConfig.CHOICES["mode"]):
                 raise SettingError(
-                    f"retrieval mode must be one of {', '.join(MODES)}, not {mode!r}"
+                    f"retrieval mode must be one of {', '.join(modes)}, not {mode!r}"
                 )
             pipe = self._pipeline(index, encoder, decoder, adapter, reranker, rerank_depth)
             answer, raw = None, ""

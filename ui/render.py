@@ -5,7 +5,7 @@ Each cited passage is a ``<details id="src-N">`` block; a marker ``[N]`` in the 
 to ``#src-N``, and a small script (:data:`CITATION_JS`) opens and scrolls to that block when the
 link is clicked. All document text is HTML-escaped here: chunk text comes from user uploads.
 
-Markers are shown as citation verification (:mod:`rag.verify`) left them: a re-attributed
+Markers are shown as citation verification (:mod:`rag.answer.verify`) left them: a re-attributed
 marker ``[2]`` becomes ``[2→3]`` and links to passage 3, an unsupported one ``[2?]`` (class
 ``rag-unsupported``), each with a tooltip. The verdicts are per passage number (what
 :class:`~rag.types.Answer` records), so every marker of a number gets its number's mark.

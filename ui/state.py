@@ -13,19 +13,16 @@ setting a *name* under ``$RAG_HOME/indexes`` (never a path typed by a user).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rag.config import RAGConfig
-from rag.models import DECODER_ALIASES, ENCODER_ALIASES, list_artifacts
-from rag.paths import IndexNameError, indexes_dir, models_dir
+from rag.models import list_models as available_models
+from rag.paths import IndexNameError
 from rag.paths import check_index_name as check_name
-from rag.rerank import is_cross_encoder
 
 log = logging.getLogger("ui")
 
@@ -51,39 +48,14 @@ def check_index_name(name: str) -> str:
         raise SettingError(str(e)) from None
 
 
-def list_indexes() -> list[str]:
-    """Index folders under ``$RAG_HOME/indexes``."""
-    root = indexes_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _is_decoder(folder: Path) -> bool:
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return any("CausalLM" in a for a in cfg.get("architectures") or [])
-
-
 def list_models() -> dict[str, list[str]]:
-    """Choices for the model dropdowns: baselines plus artefacts under ``$RAG_HOME/models``,
-    split into encoders, decoders (a CausalLM architecture), LoRA adapters and rerankers
-    (cross-encoders: as an encoder one would embed at random, so they are only rerankers)."""
-    enc, dec, ada = [INDEX_DEFAULT_ENCODER, *ENCODER_ALIASES], [*DECODER_ALIASES], [NO_ADAPTER]
-    rer = [NO_RERANKER]
-    for name in list_artifacts():
-        folder = models_dir() / name
-        if (folder / "adapter_config.json").exists():
-            ada.append(name)
-        elif _is_decoder(folder):
-            dec.append(name)
-        elif is_cross_encoder(folder):
-            rer.append(name)
-        elif name not in DECODER_ALIASES:
-            enc.append(name)
-    return {"encoders": enc, "decoders": dec, "adapters": ada, "rerankers": rer}
+    """Choices for the model dropdowns: :func:`rag.models.list_models` (baselines and artefacts
+    by kind), each list led by its "the index's own" / "none" / "off" choice."""
+    models = available_models()
+    models["encoders"].insert(0, INDEX_DEFAULT_ENCODER)
+    models["adapters"].insert(0, NO_ADAPTER)
+    models["rerankers"].insert(0, NO_RERANKER)
+    return models
 
 
 def check_choice(value: str, choices: list[str], what: str) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evals.division_of_labor.presets import ExperimentConfig, ExperimentPreset
-from rag.datasets import RetrievalDataset
+from rag.evaluation.datasets import RetrievalDataset
 
 
 def score_retrieval(encoder, sets: dict[str, RetrievalDataset], mode: str = "dense") -> dict:
@@ -41,7 +41,7 @@ def score_qa(
 ) -> dict:
     """EM/F1 and citation accuracy, oracle passages on the SQuAD dev articles (evals.qa)."""
     from evals.qa import QAEvalConfig, evaluate_qa
-    from rag.generate import Generator
+    from rag.generate.generator import Generator
 
     gen = Generator.load(model_dir, adapter=str(adapter) if adapter else None, device=device)
     qcfg = QAEvalConfig(

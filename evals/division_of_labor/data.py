@@ -7,7 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from evals.division_of_labor.presets import ROWS, ExperimentConfig, ExperimentPreset
-from rag.datasets import RetrievalDataset
+from rag.evaluation.datasets import RetrievalDataset
 from rag.paths import shared_data_dir
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from evals.division_of_labor.cells import Cells
 from evals.division_of_labor.columns import score_bpb, score_qa, score_retrieval
 from evals.division_of_labor.data import dev_sets, resolve_paths
 from evals.division_of_labor.presets import PRESETS, ROW_MASK, ROW_OBJECTIVE, ExperimentConfig
-from rag.datasets import RetrievalDataset
+from rag.evaluation.datasets import RetrievalDataset
 
 
 class Experiment:

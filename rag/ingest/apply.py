@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 
 from indexes import VectorIndex, open_for_generation, resolve_backend
-from rag.bm25 import BM25Index
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
 from rag.ingest.config import IngestConfig, IngestReport, effective_chunking, validate_config
 from rag.ingest.plan import EncoderHandle, plan_changes
@@ -44,6 +43,7 @@ from rag.manifest import (
     write_chunks,
     write_json,
 )
+from rag.retrieval.bm25 import BM25Index
 from rag.types import Chunk
 
 CRASH_ENV = "RAG_INGEST_CRASH_AT"  # test hook: SIGKILL ourselves at the named checkpoint
@@ -253,7 +253,7 @@ def ingest(
     ``$RAG_HOME/indexes`` or, as a :class:`~pathlib.Path`, an index folder anywhere. ``encoder``
     (None or ``auto``) defaults to the one the index was built with (for a new index
     :func:`rag.models.default_encoder`: ``minilm-tuned`` when trained, else ``minilm``); a
-    different one raises :class:`rag.encoding.EncoderMismatchError` naming both; ``backend``
+    different one raises :class:`rag.retrieval.encoder.EncoderMismatchError` naming both; ``backend``
     likewise defaults to the index's own (``faiss`` for a new one). Extra keyword arguments are
     :class:`IngestConfig` fields (``precision``, ``max_bytes``, ``follow_links``, ``progress``)."""
     where = {"index_dir": str(index)} if isinstance(index, Path) else {"index": index}

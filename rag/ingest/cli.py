@@ -2,7 +2,7 @@
 
 ``python -m rag.ingest DOCS [DOCS ...] [--index NAME | --index-dir PATH] [--encoder auto|ALIAS|DIR]
 [--backend faiss|chroma] [--chroma-url URL] [--chunk-tokens N] [--overlap N] [--follow-links]
-[--encoder-backend torch|onnx] [--precision fp32|bf16|int8] [--engine local|ray [--ray-address ADDR]
+[--encoder-backend torch|onnx] [--precision fp32|bf16|int8|auto] [--engine local|ray [--ray-address ADDR]
 [--workers N]] [--json]``
 
 The command line of :mod:`rag.ingest`: flags from :class:`~rag.ingest.config.IngestConfig`, the
@@ -19,9 +19,10 @@ from indexes import BACKENDS
 from rag.cli import OneLineParser, add_index_args, run_cli
 from rag.dataclass_cli import add_dataclass_args, config_from_args
 from rag.defaults import DEFAULT_CHUNK_TOKENS
-from rag.encoding import ENCODER_BACKENDS, PRECISIONS
 from rag.ingest.apply import ingest_config
 from rag.ingest.config import ENGINES, FAISS_KINDS, IngestConfig, IngestReport
+from rag.precision import PRECISION_SETTINGS
+from rag.retrieval.encoder import ENCODER_BACKENDS
 
 PROG = "rag.ingest"
 
@@ -38,8 +39,8 @@ INGEST_HELP = {
     "then HNSW on CPU, IVF on a GPU) (default: the index's, else auto)",
     "faiss_nprobe": "IVF lists searched per query; more = higher recall, slower "
     "(default: the index's, else 16)",
-    "precision": "bf16: weights in bfloat16 (about 3x fp32 on CPUs with AMX, and on GPUs); "
-    "int8: quantised CPU encoder",
+    "precision": "encoder weights (rag.precision): bf16 = bfloat16 (about 3x fp32 on CPUs with "
+    "AMX, and on GPUs); int8 = quantised CPU encoder; auto = bf16 where it runs fast, else fp32",
     "encoder_backend": "encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
     "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
     "max_bytes": "skip larger files",
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=INGEST_HELP,
         choices={
             "backend": BACKENDS,
-            "precision": PRECISIONS,
+            "precision": PRECISION_SETTINGS,
             "encoder_backend": ENCODER_BACKENDS,
             "faiss_kind": FAISS_KINDS,
             "engine": ENGINES,

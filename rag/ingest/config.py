@@ -20,9 +20,10 @@ from typing import Any
 from indexes import BACKENDS, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
 from rag.documents import DEFAULT_MAX_BYTES
-from rag.encoding import ENCODER_BACKENDS, PRECISIONS, check_backend
 from rag.manifest import CURRENT, index_dir
 from rag.models import default_encoder, resolve_model
+from rag.precision import PRECISION_SETTINGS
+from rag.retrieval.encoder import ENCODER_BACKENDS, check_backend
 
 AUTO_ENCODER = "auto"  # --encoder auto (= not given): the index's own, else default_encoder()
 # = indexes.faiss_index.KINDS, repeated so that checking settings does not import faiss
@@ -88,7 +89,9 @@ class IngestConfig:
     # limit if smaller); a larger explicit value is capped, and the report says so
     overlap: int = DEFAULT_OVERLAP  # tokens shared by consecutive chunks of a section
     device: str = "auto"  # auto | cpu | cuda
-    precision: str = "fp32"  # fp32 | bf16 (weights cast; ~3x on CPUs with AMX) | int8 (CPU)
+    # encoder weights (rag.precision): fp32 | bf16 (weights cast; ~3x on CPUs with AMX) | int8
+    # (CPU) | auto (bf16 where bf16 runs fast, else fp32; the manifest records the one chosen)
+    precision: str = "fp32"
     # torch | onnx: the encoder's runtime; onnx runs a cached ONNX Runtime export on CPU (with
     # precision int8: onnxruntime's dynamic int8). Same embeddings within float tolerance, so the
     # index keeps the weights' fingerprint whichever backend wrote it (docs/ingestion.md)
@@ -181,7 +184,7 @@ def validate_config(cfg: IngestConfig) -> Path:
         raise ValueError(f"--max-bytes must be positive, not {cfg.max_bytes}")
     for flag, value, allowed in (
         ("--backend", cfg.backend, (None, *BACKENDS)),
-        ("--precision", cfg.precision, PRECISIONS),
+        ("--precision", cfg.precision, PRECISION_SETTINGS),
         ("--encoder-backend", cfg.encoder_backend, ENCODER_BACKENDS),
         ("--device", cfg.device, DEVICES),
         ("--faiss-kind", cfg.faiss_kind, (None, *FAISS_KINDS)),

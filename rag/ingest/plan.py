@@ -19,10 +19,10 @@ from tqdm.auto import tqdm
 
 from rag.chunking import chunk_document
 from rag.documents import DocumentError, iter_files, load_document
-from rag.encoding import Encoder, weights_fingerprint
 from rag.ingest.config import IngestConfig, IngestReport, same_chunking
 from rag.manifest import Manifest, SourceEntry
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
+from rag.retrieval.encoder import Encoder, weights_fingerprint
 from rag.types import Chunk
 
 log = logging.getLogger("rag.ingest")

@@ -76,7 +76,7 @@ class EmbedActor:
     driver's (a worker node with another copy of the model would corrupt the index)."""
 
     def __init__(self, name: str, device: str, precision: str, backend: str, fingerprint: str):
-        from rag.encoding import Encoder
+        from rag.retrieval.encoder import Encoder
 
         self.encoder = Encoder.load(name, device=device, precision=precision, backend=backend)
         if self.encoder.fingerprint != fingerprint:

@@ -1,8 +1,8 @@
-"""Streaming pieces of :class:`rag.generate.Generator`: stop strings, cancellation, timing.
+"""Streaming pieces of :class:`rag.generate.generator.Generator`: stop strings, cancellation, timing.
 
 ``transformers`` stops on stop strings only inside ``generate``; what the UI needs on top is text
 that never has to be taken back (a stop string split across two pieces, or the extra copies of a
-loop that :func:`rag.decoding.trim_repetition` will cut, must not leak out), a way to cancel from
+loop that :func:`rag.generate.stopping.trim_repetition` will cut, must not leak out), a way to cancel from
 the consumer's side, and the time to the first token. Those are the small units here. The stream
 decodes token ids itself (:class:`TokenQueue` + :func:`stream_tokens`) rather than through
 ``TextIteratorStreamer``, because deciding what is safe to send needs the ids.
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rag.decoding import DecodingRules, settled_length, trim_repetition
+from rag.generate.stopping import DecodingRules, settled_length, trim_repetition
 
 
 class FirstTokenClock:
@@ -141,7 +141,7 @@ def stream_tokens(
     exactly what :meth:`Generator.generate` returns, for new token ids arriving in chunks.
 
     Besides what :func:`stream_text` holds back, the tokens a loop trim could still remove
-    (:func:`rag.decoding.settled_length`) and a trailing incomplete character wait until decided.
+    (:func:`rag.generate.stopping.settled_length`) and a trailing incomplete character wait until decided.
     Every text sent decodes a prefix of the final trimmed ids, so it is a prefix of the answer.
     """
     sender, ids = _Sender(stop), []

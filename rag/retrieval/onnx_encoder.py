@@ -71,7 +71,7 @@ class _Traced(torch.nn.Module):
 
 def down_projections_to_keep(onnx_model: Any) -> list[str]:
     """MatMul nodes to leave in fp32: the last third of the feed-forward down-projections (weight
-    ``[in, out]`` with in > out), the same recipe and reason as :func:`rag.encoding.quantize_int8`
+    ``[in, out]`` with in > out), the same recipe and reason as :func:`rag.precision.quantize_dynamic_int8`
     (their GELU inputs have outliers a per-tensor activation scale clips)."""
     from onnx import numpy_helper
 

@@ -1,7 +1,8 @@
-"""Retrieval: dense (encoder + vector index), BM25, and hybrid by reciprocal rank fusion (or a
-convex fusion of normalised scores, :mod:`rag.fusion`), with an optional cross-encoder rerank stage.
+"""Retrieval: dense (encoder + vector index), BM25, and hybrid by a convex fusion of normalised
+scores or reciprocal rank fusion (:mod:`rag.retrieval.fusion`), with an optional cross-encoder
+rerank stage, as a :class:`~rag.retrieval.settings.RetrievalSettings` says.
 
-Two faces over the same engine (:class:`rag.search_engine.SearchEngine`):
+Two faces over the same engine (:class:`rag.retrieval.engine.SearchEngine`):
 
 - :class:`Retriever` opens an index written by ``rag.ingest`` and returns :class:`Hit` objects
   with their chunks (what ``rag.search``, the answer pipeline, the UI and ``rag.serve`` use); it
@@ -20,19 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from indexes import VectorIndex, load_generation, scratch_index
-from rag.bm25 import BM25Index
-from rag.defaults import MODES
-from rag.encoding import Encoder, EncoderMismatchError
-from rag.fusion import check_fusion, check_rerank_weight
 from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
-from rag.rerank import (
-    DEFAULT_RERANK_WEIGHT,
-    CrossEncoderReranker,
-    Reranker,
-    resolve_reranker,
-)
-from rag.search_engine import SearchEngine
+from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.encoder import Encoder, EncoderMismatchError
+from rag.retrieval.engine import SearchEngine
+from rag.retrieval.rerank import Reranker, load_reranker
+from rag.retrieval.settings import DEFAULTS, RetrievalSettings
 from rag.types import Chunk, Hit
 
 
@@ -60,9 +55,10 @@ class CorpusRetriever:
     """In-memory retrieval over ``ids``/``texts`` with the same engine as :class:`Retriever`.
 
     ``encoder``: a SentenceTransformer, an alias/folder, an :class:`Encoder`, or None (BM25 only).
+    ``settings``: as :class:`~rag.retrieval.engine.SearchEngine` (``mode`` decides which indexes
+    are built: ``hybrid`` builds both; ``device`` where a named encoder loads); ``reranker``: a
+    loaded rerank stage (:func:`rag.retrieval.rerank.load_reranker` builds the settings' one).
     ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
-    ``fusion``/``alpha``/``norm``/``rerank_depth``/``rerank_weight``: as
-    :class:`~rag.search_engine.SearchEngine`.
     """
 
     def __init__(
@@ -70,73 +66,54 @@ class CorpusRetriever:
         ids: list[str],
         texts: list[str],
         encoder: Any = None,
-        mode: str = "hybrid",
-        backend: str = "faiss",
+        settings: RetrievalSettings = DEFAULTS,
+        *,
         reranker: Reranker | None = None,
-        device: str = "auto",
-        depth: int = 100,
+        backend: str = "faiss",
         progress: bool = False,
-        fusion: str = "rrf",
-        alpha: float = 0.5,
-        norm: str = "minmax",
-        rerank_depth: int | None = None,
-        rerank_weight: float = DEFAULT_RERANK_WEIGHT,
     ):
-        if mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if len(ids) != len(texts) or len(set(ids)) != len(ids):
             raise ValueError("ids and texts must have the same length and ids must be unique")
-        self.ids, self.mode = list(ids), mode
+        self.ids, self.mode, self.settings = list(ids), settings.mode, settings
         self._text = dict(zip(ids, texts))
         self.timings: dict[str, float] = {}
-        enc = Encoder.wrap(encoder, device=device) if encoder is not None else None
+        enc = Encoder.wrap(encoder, device=settings.device) if encoder is not None else None
         vectors = bm25 = None
-        if mode in ("dense", "hybrid"):
+        if self.mode in ("dense", "hybrid"):
             if enc is None:
-                raise ValueError(f"mode {mode!r} needs an encoder")
+                raise ValueError(f"mode {self.mode!r} needs an encoder")
             t0 = time.perf_counter()
             vecs = enc.encode(list(texts), kind="document", progress=progress)
             t1 = time.perf_counter()
             vectors = scratch_index(backend, enc.dim)  # its storage goes with the retriever
             vectors.add(self.ids, vecs)
             self.timings.update(corpus_encode_s=t1 - t0, index_build_s=time.perf_counter() - t1)
-        if mode in ("bm25", "hybrid"):
+        if self.mode in ("bm25", "hybrid"):
             t0 = time.perf_counter()
             bm25 = BM25Index(self.ids, list(texts))
             self.timings["bm25_build_s"] = time.perf_counter() - t0
-        self.engine = SearchEngine(
-            enc,
-            vectors,
-            bm25,
-            self._text.__getitem__,
-            reranker,
-            depth,
-            fusion=fusion,
-            alpha=alpha,
-            norm=norm,
-            rerank_depth=rerank_depth,
-            rerank_weight=rerank_weight,
-        )
+        self.engine = SearchEngine(enc, vectors, bm25, self._text.__getitem__, reranker, settings)
 
     @property
     def encoder(self) -> Encoder | None:
         return self.engine._encoder if isinstance(self.engine._encoder, Encoder) else None
 
     def search_many(
-        self, queries: list[str], k: int = 10, mode: str | None = None, **options: Any
+        self, queries: list[str], k: int | None = None, mode: str | None = None, **options: Any
     ) -> list[list[tuple[str, float]]]:
-        """(id, score) lists, best first, one per query; ``options`` (``fusion``, ``alpha``,
-        ``rerank``, ``rerank_weight``) as :meth:`rag.search_engine.SearchEngine.search_many`."""
-        rows = self.engine.search_many(queries, k, mode or self.mode, **options)
+        """(id, score) lists, best first, one per query (``k``, ``mode``: the settings' when
+        None); ``options`` (``fusion``, ``alpha``, ``rerank``, ``rerank_weight``) as
+        :meth:`rag.retrieval.engine.SearchEngine.search_many`."""
+        rows = self.engine.search_many(queries, k, mode, **options)
         return [[(r.id, r.score) for r in row] for row in rows]
 
     def search(
-        self, query: str, k: int = 10, mode: str | None = None, **options: Any
+        self, query: str, k: int | None = None, mode: str | None = None, **options: Any
     ) -> list[tuple[str, float]]:
         return self.search_many([query], k, mode, **options)[0]
 
     def coverage(self, query: str, ids: Sequence[str]) -> float | None:
-        """Share of the query's IDF weight the best of ``ids`` holds (rag.answerability)."""
+        """Share of the query's IDF weight the best of ``ids`` holds (rag.answer.answerability)."""
         return self.engine.coverage(query, [self._text[i] for i in ids])
 
 
@@ -189,73 +166,44 @@ class Retriever:
     generation stays searchable meanwhile because ingest keeps the previous generation's
     folder and its vectors (``rag.manifest.publish_generation``, ``VectorIndex.reconcile``);
     a snapshot whose folder is gone is never used for a new query.
-    ``fusion``/``alpha``/``norm``/``rerank_depth``/``rerank_weight``: as
-    :class:`~rag.search_engine.SearchEngine` (defaults: plain RRF, every candidate reranked, by
-    the reranker's score alone).
+
+    ``settings`` (:class:`~rag.retrieval.settings.RetrievalSettings`) say how to search, as for
+    :class:`~rag.retrieval.engine.SearchEngine`, and which query encoder to use (``encoder``,
+    ``encoder_backend``, ``device``); an ``encoder`` object given here wins over the settings'
+    name (tests, evals holding a loaded model). ``reranker``: a loaded rerank stage; open with
+    :meth:`from_settings` to get the one the settings name.
     """
 
     def __init__(
         self,
         index: str | Path,
+        settings: RetrievalSettings = DEFAULTS,
+        *,
         encoder: Any = None,
-        device: str = "auto",
         reranker: Reranker | None = None,
-        depth: int = 100,
-        fusion: str = "rrf",
-        alpha: float = 0.5,
-        norm: str = "minmax",
-        rerank_depth: int | None = None,
-        encoder_backend: str = "torch",
-        rerank_weight: float = DEFAULT_RERANK_WEIGHT,
     ):
-        check_fusion(fusion, alpha, norm)
-        check_rerank_weight(rerank_weight)
-        self.index, self.device, self.reranker, self.depth = index, device, reranker, depth
-        self.encoder_backend = encoder_backend  # query encoder: torch | onnx (rag.encoding)
-        self.options = {
-            "fusion": fusion,
-            "alpha": alpha,
-            "norm": norm,
-            "rerank_depth": rerank_depth,
-            "rerank_weight": rerank_weight,
-        }
-        self._given = encoder
+        self.index, self.settings, self.reranker = index, settings, reranker
+        self.device, self.encoder_backend = settings.device, settings.encoder_backend
+        self._given = encoder if encoder is not None else settings.encoder
         self._encoder: Encoder | None = None
         self._reload = threading.Lock()  # one thread loads a new generation at a time
         self._state = self._read()
-        if encoder is not None:  # an explicit encoder is checked now, not at the first query
+        if self._given is not None:  # an explicit encoder is checked now, not at the first query
             self._get_encoder()
 
     @classmethod
-    def open(
-        cls,
-        index: str | Path,
-        encoder: Any = None,
-        device: str = "auto",
-        reranker: Reranker | str | Path | None = None,
-        max_length: int | None = None,
-        rerank_precision: str = "fp32",
-        **kw: Any,
+    def from_settings(
+        cls, index: str | Path, settings: RetrievalSettings = DEFAULTS, *, encoder: Any = None
     ) -> Retriever:
-        """Open ``index``: a name under ``$RAG_HOME/indexes``, or an index folder given as a
-        :class:`~pathlib.Path` (``--index-dir``); a string that is not a plain name raises
-        :class:`rag.paths.IndexNameError`. ``encoder`` None uses the index's own encoder; any
-        other must have the same weights fingerprint, else :class:`EncoderMismatchError` names
-        both. ``reranker`` may be a Reranker, or a ``rerank`` setting resolved by
-        :func:`rag.rerank.resolve_reranker` (``auto``, ``none``, a cross-encoder folder, alias or
-        artefact name; ``max_length``: its tokens per query + passage pair; ``rerank_precision``:
-        its weights, as :class:`~rag.rerank.CrossEncoderReranker`'s); ``kw`` go to the
-        constructor (``fusion``, ``alpha``, ``norm``, ``rerank_depth``, ``rerank_weight``, ...)."""
-        if isinstance(reranker, (str, Path)):
-            name = resolve_reranker(reranker)
-            reranker = (
-                CrossEncoderReranker(
-                    name, device=device, max_length=max_length, precision=rerank_precision
-                )
-                if name
-                else None
-            )
-        return cls(index, encoder=encoder, device=device, reranker=reranker, **kw)
+        """Open ``index`` as ``settings`` say, with the rerank stage they name
+        (:func:`rag.retrieval.rerank.load_reranker`): how every caller opens an index (the
+        pipeline, ``rag.ask --index`` or ``--index-dir``, ``rag.search``, ``rag.serve``, the UI,
+        the evals), so a name and a folder of the same index answer alike. ``index``: a name
+        under ``$RAG_HOME/indexes``, or an index folder given as a :class:`~pathlib.Path`; a
+        string that is not a plain name raises :class:`rag.paths.IndexNameError`. An encoder
+        other than the index's own must have the same weights fingerprint, else
+        :class:`EncoderMismatchError` names both."""
+        return cls(index, settings, encoder=encoder, reranker=load_reranker(settings))
 
     # ---- the loaded generation ---------------------------------------------------------------
 
@@ -299,9 +247,8 @@ class Retriever:
             bm25,
             lambda i: chunks[i].text,
             self.reranker,
-            self.depth,
+            self.settings,
             keep,
-            **self.options,
         )
         return Snapshot(root, gen, m, chunks, engine)
 
@@ -370,14 +317,16 @@ class Retriever:
         before = self._state
         return self._current() is not before
 
-    def search(self, query: str, k: int = 10, mode: str = "hybrid", **options: Any) -> list[Hit]:
-        """Top-``k`` hits for ``query``, best first (``mode``: dense, bm25 or hybrid;
-        ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
-        :meth:`rag.search_engine.SearchEngine.search_many`)."""
+    def search(
+        self, query: str, k: int | None = None, mode: str | None = None, **options: Any
+    ) -> list[Hit]:
+        """Top-``k`` hits for ``query``, best first (``k``, ``mode``: dense, bm25 or hybrid, the
+        settings' when None; ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
+        :meth:`rag.retrieval.engine.SearchEngine.search_many`)."""
         return self.search_many([query], k, mode, **options)[0]
 
     def search_many(
-        self, queries: list[str], k: int = 10, mode: str = "hybrid", **options: Any
+        self, queries: list[str], k: int | None = None, mode: str | None = None, **options: Any
     ) -> list[list[Hit]]:
         """Hits per query, all from one generation (the one published when the call began)."""
         state = self._current()
@@ -399,7 +348,7 @@ class Retriever:
         ]
 
     def coverage(self, query: str, hits: Sequence[Hit]) -> float | None:
-        """Share of the query's IDF weight the best of ``hits`` holds (rag.answerability); the
+        """Share of the query's IDF weight the best of ``hits`` holds (rag.answer.answerability); the
         hits' own texts, so a generation swapped in since the search cannot lose them."""
         return self.engine.coverage(query, [h.chunk.text for h in hits])
 

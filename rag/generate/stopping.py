@@ -1,4 +1,4 @@
-"""Decoding rules for :class:`rag.generate.Generator`: stop strings and a loop guard.
+"""Decoding rules for :class:`rag.generate.generator.Generator`: stop strings and a loop guard.
 
 Small models (SmolLM2-135M, Qwen2.5-0.5B) sometimes fall into a loop and repeat one phrase until
 the token limit. ``transformers`` offers two knobs against that, and neither serves a grounded
@@ -44,7 +44,7 @@ DEFAULT_STOP_STRINGS: tuple[str, ...] = (
 
 @dataclass(frozen=True)
 class DecodingRules:
-    """How :class:`rag.generate.Generator` keeps decoding from looping or running on."""
+    """How :class:`rag.generate.generator.Generator` keeps decoding from looping or running on."""
 
     repetition_penalty: float = 1.0
     """``transformers``' penalty on every token already seen (1.0 = off). Off by default: it also

@@ -1,7 +1,7 @@
 """Fusing ranked lists: weighted reciprocal rank fusion and normalised-score convex fusion.
 
 Pure functions over ranked lists ``[(doc_id, score), ...]`` (best first), so the hybrid mode of
-:mod:`rag.retrieve` and the evaluation suite fuse with the same code, and tests can check the
+:mod:`rag.retrieval.retriever` and the evaluation suite fuse with the same code, and tests can check the
 order on hand-made lists.
 
 Why two fusions: RRF (Cormack et al. 2009) uses ranks only, so it needs no calibration and is
@@ -65,7 +65,7 @@ def weighted_rrf(
     lists: Sequence[Ranked], weights: Sequence[float] | None = None, k: int = RRF_K
 ) -> list[tuple[str, float]]:
     """score(d) = sum over lists of weight / (k + rank), rank from 1; scores are ignored. Ties
-    keep first-seen order (as :func:`rag.search_engine.rrf`), so weights of 1 reproduce it exactly."""
+    keep first-seen order (as :func:`rag.retrieval.engine.rrf`), so weights of 1 reproduce it exactly."""
     weights = [1.0] * len(lists) if weights is None else list(weights)
     _check_weights(lists, weights)
     fused: dict[str, float] = {}
@@ -176,7 +176,7 @@ def ndcg_at_k(
 ) -> float:
     """Mean nDCG@k over the judged queries (gain = grade, discount log2(rank + 1), as trec_eval's
     ndcg_cut); a judged query missing from ``run`` scores 0. Here so that choosing a weight
-    needs nothing beyond this module; the reported numbers come from :mod:`rag.metrics`."""
+    needs nothing beyond this module; the reported numbers come from :mod:`rag.evaluation.metrics`."""
     judged = [q for q, docs in qrels.items() if any(g > 0 for g in docs.values())]
     if not judged:
         return 0.0

@@ -1,5 +1,5 @@
 """Which retrieved passages fit the decoder's context window, for
-:meth:`rag.generate.Generator.fit_passages`.
+:meth:`rag.generate.generator.Generator.fit_passages`.
 
 Budget = the model's positions − ``max_new_tokens`` − the prompt without passages. Passages are
 taken best-first, so the lowest-ranked are the ones trimmed or dropped; a passage that would be
@@ -12,11 +12,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS
+
 MIN_TRIMMED_PASSAGE_TOKENS = 32  # a passage cut shorter than this is dropped instead
 
 
 def fit_passages(
-    generator: Any, question: str, passages: Sequence[str], max_new_tokens: int = 256
+    generator: Any,
+    question: str,
+    passages: Sequence[str],
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
 ) -> list[str]:
     """The passages (in rank order) that fit ``generator``'s context budget, the last one maybe
     trimmed; ValueError when the question alone does not fit."""

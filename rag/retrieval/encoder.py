@@ -13,26 +13,20 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from rag.chunking import count_tokens, special_tokens
+from rag.precision import check_precision, quantize_dynamic_int8, resolve_precision, to_bf16
 
 if TYPE_CHECKING:
-    import torch
     from sentence_transformers import SentenceTransformer
 
-# bf16: the weights cast to bfloat16 (fast on CPUs with AMX / AVX512-BF16 and on GPUs; cosine
-# >= 0.9999 to fp32 on minilm); int8: dynamic quantisation of the Linear layers (CPU only)
-PRECISIONS = ("fp32", "bf16", "int8")
-# the reranker's setting adds auto: bf16 where it runs fast (CUDA, CPUs with bf16 units), else fp32
-PRECISION_SETTINGS = ("auto", *PRECISIONS)
 # torch: sentence-transformers as loaded; onnx: its transformer run by ONNX Runtime from a cached
-# export (rag.encoder_backends), same embeddings within float tolerance, int8 with --precision int8
+# export (rag.retrieval.onnx_encoder), same embeddings within float tolerance, int8 with --precision int8
 ENCODER_BACKENDS = ("torch", "onnx")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".onnx")
-ModuleT = TypeVar("ModuleT", bound="torch.nn.Module")
 
 
 class EncoderMismatchError(ValueError):
@@ -61,63 +55,6 @@ def state_fingerprint(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def quantize_int8(model: ModuleT) -> ModuleT:
-    """Dynamic int8 quantisation (CPU only), in place, of a SentenceTransformer or of a
-    cross-encoder's transformer (:class:`rag.rerank.CrossEncoderReranker`): int8 weights with
-    per-output-channel scales, activations quantised on the fly, for every Linear layer except the
-    feed-forward down-projections (in_features > out_features) of the last third of the layers.
-    Those read GELU outputs whose outliers a per-tensor activation scale clips, and errors there
-    reach the embedding (or score) unrepaired. On all-MiniLM-L6-v2 (SciFact dev nDCG@10 vs fp32): every layer int8
-    -0.007; all down-projections fp32 -0.0016; the last third fp32 (this recipe) -0.0021 and
-    faster (benchmarks/ingest_throughput.py)."""
-    import math
-    import warnings
-
-    import torch
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
-
-    if any(p.device.type != "cpu" for p in model.parameters()):
-        raise ValueError("int8 dynamic quantisation runs on CPU only; use --device cpu")
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    down = [n for n, m in linears if m.in_features > m.out_features]
-    keep_fp32 = set(down[len(down) - math.ceil(len(down) / 3) :]) if down else set()
-    spec = {n: per_channel_dynamic_qconfig for n, _ in linears if n not in keep_fp32}
-    with warnings.catch_warnings():  # torch.ao's deprecation notices, once per layer
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(model, spec, inplace=True)
-
-
-def to_bf16(model: ModuleT) -> ModuleT:
-    """Cast the weights to bfloat16, in place (``model.to``), warning on a CPU without bf16
-    units. Why a cast and not ``torch.autocast``: measured on minilm, 2 cores with AMX, the cast
-    runs 120 chunks/s against autocast's 101 (fp32: 40), with the same cosine (>= 0.9999)."""
-    import warnings
-
-    import torch
-
-    from rag.models import cpu_has_bf16
-
-    device = next(model.parameters()).device
-    if device.type == "cpu" and not cpu_has_bf16():
-        warnings.warn(
-            "--precision bf16 on a CPU without AMX-BF16/AVX512-BF16 units is emulated and "
-            "slower than fp32; use --precision fp32 or int8 here",
-            stacklevel=2,
-        )
-    return model.to(torch.bfloat16)
-
-
-def resolve_precision(precision: str, device: str) -> str:
-    """``auto`` → ``bf16`` where :func:`rag.models.bf16_is_fast` (the decoder's ``--dtype auto``
-    rule), else ``fp32``; any other value is returned as given. ``device`` is a resolved device
-    (``cpu`` or ``cuda``)."""
-    if precision != "auto":
-        return precision
-    from rag.models import bf16_is_fast
-
-    return "bf16" if bf16_is_fast(device) else "fp32"
-
-
 def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -> None:
     """Refuse unknown backends, ONNX on a GPU (only the CPU provider is wired and tested), and
     ONNX in bf16 (onnxruntime's CPU provider has no bf16 kernels for these graphs)."""
@@ -136,7 +73,8 @@ def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -
 class Encoder:
     """A SentenceTransformer plus how we batch it and who it is.
 
-    ``batch_tokens`` bounds padded tokens per batch (batch size x longest text), ``max_batch``
+    ``precision``: :mod:`rag.precision` (``auto`` is resolved for the model's device, so
+    :attr:`precision` and the index's manifest record what ran). ``batch_tokens`` bounds padded tokens per batch (batch size x longest text), ``max_batch``
     bounds texts per batch.
     """
 
@@ -150,10 +88,9 @@ class Encoder:
         max_batch: int = 128,
         backend: str = "torch",
     ):
-        if precision not in PRECISIONS:
-            raise ValueError(
-                f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}"
-            )
+        if check_precision(precision) == "auto":  # rag.precision; ONNX has no bf16 kernels
+            device = getattr(getattr(model, "device", None), "type", "cpu")
+            precision = "fp32" if backend == "onnx" else resolve_precision("auto", device)
         check_backend(backend, precision=precision)
         self.model = model
         self.name = name or (str(path) if path else type(model).__name__)
@@ -162,11 +99,11 @@ class Encoder:
         self.batch_tokens, self.max_batch = batch_tokens, max_batch
         self._fingerprint: str | None = None
         if backend == "onnx":  # the export is keyed by the torch weights' fingerprint
-            from rag.encoder_backends import use_onnx
+            from rag.retrieval.onnx_encoder import use_onnx
 
             self.model = use_onnx(model, self.fingerprint, precision)
         elif precision == "int8":
-            self.model = quantize_int8(model)
+            self.model = quantize_dynamic_int8(model)
         elif precision == "bf16":
             self.model = to_bf16(model)
 

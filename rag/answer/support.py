@@ -1,4 +1,4 @@
-"""The support rule of citation verification (:mod:`rag.verify`): which words of a sentence
+"""The support rule of citation verification (:mod:`rag.answer.verify`): which words of a sentence
 are claims, and what share of them a passage holds.
 
 **Content words**: lower-cased word tokens (``\\w+``) minus English function words, the glue

@@ -18,21 +18,12 @@ from typing import Any
 import anyio
 
 from rag.config import RAGConfig
-from rag.paths import indexes_dir
-from rag.serve_api import ApiError
+from rag.serve.api import ApiError
 
 log = logging.getLogger("rag.serve")
 
 PipelineFactory = Callable[[RAGConfig], Any]
 END = object()  # the pipeline's stream ended (StopIteration cannot cross a thread boundary)
-
-
-def list_indexes() -> list[str]:
-    """Index folders under ``$RAG_HOME/indexes`` (the same listing as the UI's dropdown)."""
-    root = indexes_dir()
-    if not root.is_dir():
-        return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
 class SharedDecoder:

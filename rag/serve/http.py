@@ -22,7 +22,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag.cli import one_line
-from rag.serve_api import ApiError, error_body
+from rag.serve.api import ApiError, error_body
 
 log = logging.getLogger("rag.serve")
 

@@ -23,7 +23,7 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -31,13 +31,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from rag.cli import OneLineParser, run_cli
-from rag.config import RAGConfig, add_config_args
+from rag.config import RAGConfig, ResolvedModels, add_config_args, check_models, resolve_models
 from rag.config import config_from_args as rag_config_from_args
 from rag.dataclass_cli import BoolFlag, add_dataclass_args, config_from_args
-from rag.paths import IndexNameError, check_index_name, indexes_dir
-from rag.rerank import describe_reranker, resolve_reranker
-from rag.rewrite import rewrite_query
-from rag.serve_api import (
+from rag.paths import IndexNameError, check_index_name, indexes_dir, list_indexes
+from rag.pipeline import conversational
+from rag.serve.api import (
     DONE,
     MODEL_PREFIX,
     ApiError,
@@ -53,21 +52,20 @@ from rag.serve_api import (
     split_messages,
     sse,
 )
-from rag.serve_http import (
+from rag.serve.http import (
     ClosingStreamingResponse,
     Guard,
     install_error_handlers,
     server_error,
     stream_error,
 )
-from rag.serve_state import (
+from rag.serve.state import (
     END,
     PipelineFactory,
     Pipelines,
     Run,
     Slots,
     default_factory,
-    list_indexes,
 )
 from rag.types import Answer
 
@@ -96,6 +94,7 @@ class Service:
         self.config, self.options, self.factory = config, options, factory
         self.pipelines = Pipelines(config, factory, options.pipelines)
         self.slots = Slots(options.max_concurrent)
+        self.models: ResolvedModels | None = None  # what auto chose (create_app), for people
 
     def index_for(self, model: str) -> str:
         """The index a model name selects: ``rag:<index>``, or ``rag`` for the default."""
@@ -197,11 +196,12 @@ def create_app(
     """The FastAPI app. ``pipeline_factory(RAGConfig) -> pipeline`` builds one pipeline per
     index (tests inject a scripted one); by default a RAGPipeline sharing one decoder."""
     options = options or ServeOptions()
-    if config.rewrite_query is None:  # follow-ups are rewritten as in the UI
-        config = replace(config, rewrite_query=rewrite_query)
-    # auto resolved once: every index's pipeline loads the same reranker, /health names it
-    config = replace(config, rerank=resolve_reranker(config.rerank))
+    # auto resolved once: every index's pipeline loads the same adapter and reranker, /health
+    # names the reranker; follow-ups are rewritten as in the UI
+    models = resolve_models(conversational(config))
+    config = models.config
     service = Service(config, options, pipeline_factory or default_factory(config))
+    service.models = models
     app = FastAPI(title="rag.serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.rag = service
     install_error_handlers(app)
@@ -307,8 +307,8 @@ def create_app(
 CLI_FIELDS = (
     "index", "encoder", "decoder", "adapter", "k", "mode", "rerank", "rerank_depth",
     "rerank_weight", "rerank_precision", "temperature", "top_p", "max_new_tokens", "max_context_tokens", "min_score",
-    "prefix_cache", "complete_citations", "device", "dtype", "profile", "batching",
-    "decoder_quantize", "decoder_compile", "cache_implementation",
+    "prefix_cache", "complete_citations", "device", "decoder_precision", "profile", "batching",
+    "decoder_compile", "cache_implementation",
 )  # fmt: skip
 
 
@@ -357,9 +357,6 @@ def check_index(name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag.ask import check_models
-    from rag.models import describe_decoder
-
     cfg = rag_config_from_args(args, args.config)
     options = options_from_args(args)
     check_index(cfg.index)
@@ -376,10 +373,10 @@ def run(args: argparse.Namespace) -> int:
             "anyone who can reach this port can query every index",
             file=sys.stderr,
         )
-    reranker = describe_reranker(cfg.rerank, app.state.rag.config.rerank)
+    models = app.state.rag.models
     print(
-        f"{PROG}: model rag:{cfg.index} ({describe_decoder(cfg.decoder, cfg.adapter)}; "
-        f"reranker {reranker}) on http://{options.host}:{options.port}/v1",
+        f"{PROG}: model rag:{cfg.index} ({models.decoder_line}; "
+        f"reranker {models.reranker_line}) on http://{options.host}:{options.port}/v1",
         file=sys.stderr,
     )
     uvicorn.run(app, host=options.host, port=options.port, log_level=args.log_level)

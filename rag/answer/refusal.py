@@ -6,7 +6,7 @@ unsure the model is. Measured on SQuAD (docs/answering.md), the adapter refused 
 questions it could answer, and where it did answer it was right far more often than the
 zero-shot model. The gate separates the two decisions:
 
-1. score log p(REFUSAL | prompt) by teacher forcing (:func:`rag.scoring.refusal_logprob`, one
+1. score log p(REFUSAL | prompt) by teacher forcing (:func:`rag.generate.scoring.refusal_logprob`, one
    forward pass whose KV cache the answer then reuses);
 2. refuse when p >= ``threshold``; otherwise decode the answer with the refusal's opening
    barred (``bad_words_ids``), so the model gives its best answer instead.
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag.scoring import refusal_ids
+from rag.generate.scoring import refusal_ids
 
 BARRED_PREFIX_TOKENS = 2  # "The documents": long enough to spare answers that start with "The"
 

@@ -6,13 +6,13 @@ default) = the ``minilm-rerank`` artefact ``make models`` trains, when it is the
 no rerank stage; anything else = that cross-encoder. The CLIs, the pipeline, the server and the
 UI all resolve through it, so they agree on what runs and can name it.
 
-Kept apart from :mod:`rag.retrieve` (which re-exports these names) so that module stays about
-searching; ``sentence_transformers`` is imported only when a cross-encoder is loaded.
+Kept apart from :mod:`rag.retrieval.retriever` so that module stays about searching;
+``sentence_transformers`` is imported only when a cross-encoder is loaded. :func:`load_reranker`
+builds the stage a :class:`~rag.retrieval.settings.RetrievalSettings` asks for.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Protocol
@@ -20,25 +20,17 @@ from typing import Protocol
 import numpy as np
 
 from rag.loading import MODEL_LOAD_LOCK
-from rag.models import ModelNotFoundError, resolve_model
+from rag.models import ModelNotFoundError, check_cross_encoder, is_cross_encoder, resolve_model
 from rag.paths import models_dir
+from rag.precision import check_precision, quantize_dynamic_int8, resolve_precision, to_bf16
+from rag.retrieval.settings import RetrievalSettings
 
-log = logging.getLogger("rag.rerank")
+log = logging.getLogger("rag.retrieval.rerank")
 
-# The rerank settings' defaults, in one place (rag.config.RAGConfig reads them): ``auto`` finds
-# AUTO_RERANKER, the cross-encoder `make models` writes (python -m training.rerank) under
-# $RAG_HOME/models. Depth = candidates re-scored (one forward pass each: the latency); weight =
-# the reranker's share of a reranked passage's score (1 = its order alone, rag.fusion).
-# Measured (docs/retrieval.md, SciFact and SQuAD dev): the reranker's order alone (weight 1)
-# loses to the first stage on both; half and half over the top 10 gains a little on both
-# (0.8120 -> 0.8132, 0.9145 -> 0.9209) at about 170 ms per query on 2 CPU cores.
+# ``auto`` (the default ``rerank`` setting, rag.retrieval.settings) finds AUTO_RERANKER, the
+# cross-encoder `make models` writes (python -m training.rerank) under $RAG_HOME/models.
 AUTO = "auto"
 AUTO_RERANKER = "minilm-rerank"
-DEFAULT_RERANK = AUTO
-DEFAULT_RERANK_DEPTH = 10
-DEFAULT_RERANK_WEIGHT = 0.5
-# auto: bf16 on CUDA or a CPU with bf16 units (3.5x faster here, rag.encoding.resolve_precision)
-DEFAULT_RERANK_PRECISION = "auto"
 
 
 class Reranker(Protocol):
@@ -53,9 +45,10 @@ class CrossEncoderReranker:
     writes); nothing downloads. ``max_length`` truncates each (query, passage) pair (None: the
     length the folder was saved with). Scores are raw logits: the order is the model's, and
     unlike its sigmoid they never saturate into ties. ``precision`` ``int8`` quantises the
-    transformer's Linear layers with the bi-encoder's recipe (:func:`rag.encoding.quantize_int8`;
-    the scoring head stays fp32) and runs on CPU, so ``device`` ``auto`` means CPU there; ``bf16``
-    casts the whole model to bfloat16 (:func:`rag.encoding.to_bf16`)."""
+    transformer's Linear layers with the bi-encoder's recipe
+    (:func:`rag.precision.quantize_dynamic_int8`; the scoring head stays fp32) and runs on CPU, so
+    ``device`` ``auto`` means CPU there; ``bf16`` casts the whole model to bfloat16
+    (:func:`rag.precision.to_bf16`); ``auto`` is bf16 where it runs fast, else fp32."""
 
     def __init__(
         self,
@@ -67,15 +60,9 @@ class CrossEncoderReranker:
     ):
         from sentence_transformers import CrossEncoder
 
-        from rag.encoding import PRECISION_SETTINGS, quantize_int8, resolve_precision, to_bf16
         from rag.models import pick_device
 
-        if precision not in PRECISION_SETTINGS:
-            raise ValueError(
-                f"reranker precision must be one of {', '.join(PRECISION_SETTINGS)}, "
-                f"not {precision!r}"
-            )
-        if precision == "auto":
+        if check_precision(precision, "--rerank-precision") == "auto":
             precision = resolve_precision(precision, pick_device(device))
         if precision == "int8":
             if device == "cuda":
@@ -94,7 +81,7 @@ class CrossEncoderReranker:
                 str(path), device=pick_device(device), local_files_only=True, max_length=max_length
             )
         if precision == "int8":  # the transformer only: the head is a few fp32 multiply-adds
-            quantize_int8(self.model.model.base_model)
+            quantize_dynamic_int8(self.model.model.base_model)
         elif precision == "bf16":
             to_bf16(self.model.model)
         self.name, self.batch_size, self.precision = str(model), batch_size, precision
@@ -113,32 +100,19 @@ class CrossEncoderReranker:
         return [float(s) for s in np.asarray(scores).reshape(len(texts), -1)[:, -1]]
 
 
-def check_cross_encoder(path: Path) -> None:
-    """Refuse a folder that is not a cross-encoder (a bi-encoder such as ``minilm`` would load
-    with a random scoring head and rerank at random): it must be saved as a sentence-transformers
-    CrossEncoder or be a Hugging Face sequence-classification model."""
-    st_cfg = path / "config_sentence_transformers.json"
-    if st_cfg.is_file() and json.loads(st_cfg.read_text()).get("model_type") == "CrossEncoder":
-        return
-    hf_cfg = path / "config.json"
-    archs = (json.loads(hf_cfg.read_text()).get("architectures") or []) if hf_cfg.is_file() else []
-    if not (path / "modules.json").exists() and any(
-        a.endswith("ForSequenceClassification") for a in archs
-    ):
-        return
-    raise ValueError(
-        f"{path} is not a cross-encoder (no CrossEncoder config, no sequence-classification "
-        "head); train one with `python -m training.rerank`"
+def load_reranker(settings: RetrievalSettings) -> CrossEncoderReranker | None:
+    """The rerank stage ``settings`` ask for: the cross-encoder :func:`resolve_reranker` names
+    for ``settings.rerank``, loaded with the settings' device, pair length and precision; None
+    when reranking is off (``none``, or ``auto`` with no trained reranker)."""
+    name = resolve_reranker(settings.rerank)
+    if name is None:
+        return None
+    return CrossEncoderReranker(
+        name,
+        device=settings.device,
+        max_length=settings.rerank_max_length,
+        precision=settings.rerank_precision,
     )
-
-
-def is_cross_encoder(path: Path) -> bool:
-    """Whether ``path`` passes :func:`check_cross_encoder` (unreadable config: no)."""
-    try:
-        check_cross_encoder(path)
-    except (ValueError, OSError):
-        return False
-    return True
 
 
 def is_off(setting: str | Path | None) -> bool:

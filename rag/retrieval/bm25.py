@@ -24,7 +24,7 @@ def tokenize(texts: Sequence[str]) -> bm25s.tokenization.Tokenized:
 
 def terms(texts: Sequence[str], stopwords: str | Sequence[str] = "en") -> list[list[str]]:
     """The index terms of each text (lower-cased, stop words out, stemmed), as BM25 sees them;
-    ``stopwords`` may be a longer list (rag.answerability drops question words too)."""
+    ``stopwords`` may be a longer list (rag.answer.answerability drops question words too)."""
     if not texts:
         return []
     return bm25s.tokenize(

@@ -1,7 +1,7 @@
 """Answer generation: a causal LM with the KV cache on, a reusable prefix cache and streaming.
 
 Decoding itself is ``transformers``' ``model.generate`` (greedy or nucleus sampling, stop strings,
-KV cache), with :mod:`rag.decoding`'s loop guard and stop rules; what is ours here is the *prefix
+KV cache), with :mod:`rag.generate.stopping`'s loop guard and stop rules; what is ours here is the *prefix
 cache*. Every grounded prompt starts with the same system turn
 (:data:`rag.prompt.SYSTEM_PROMPT` rendered through the chat template), so its keys and values are
 computed once per generator and a deep copy of that ``DynamicCache`` is handed to ``generate`` for
@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
-from rag import context_budget, scoring
-from rag.batching import BatchedDecoder
-from rag.decode_speed import DecodeSpeed
-from rag.decoding import DecodingRules, trim_repetition
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS
+from rag.generate import context_budget, scoring
+from rag.generate.batching import BatchedDecoder
+from rag.generate.speed import DecodeSpeed
+from rag.generate.stopping import DecodingRules, trim_repetition
+from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
 from rag.prompt import build_messages
-from rag.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
 
 # ChatML without a default system turn: used only when a tokenizer ships no chat template.
 FALLBACK_CHAT_TEMPLATE = (
@@ -46,7 +47,7 @@ class Generator:
 
     One instance is shared by every request (the UI's sessions included): decoding runs under a
     lock, so concurrent callers queue instead of fighting for the same CPU cores, or, opt-in
-    (``batching=True``), share the steps of one :class:`rag.batching.BatchedDecoder`.
+    (``batching=True``), share the steps of one :class:`rag.generate.batching.BatchedDecoder`.
     """
 
     def __init__(
@@ -64,13 +65,13 @@ class Generator:
         refusal_threshold: float | None = None,
         speed: DecodeSpeed | None = None,
     ) -> None:
-        # decoder speed options (rag.decode_speed); the model comes with them already applied
+        # decoder speed options (rag.generate.speed); the model comes with them already applied
         self.speed = speed or DecodeSpeed()
         self.speed.check(batching=batching)
         self.model = model
-        self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.decoding)
+        self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.generate.stopping)
         self.profile = profile  # prompt profile of rag.prompt.build_messages
-        # the refusal gate threshold its adapter was tuned with (rag.refusal); None = greedy
+        # the refusal gate threshold its adapter was tuned with (rag.answer.refusal); None = greedy
         self.refusal_threshold = refusal_threshold
         self.tokenizer = tokenizer
         self.device = device
@@ -90,15 +91,16 @@ class Generator:
         adapter: str | Path | None = None,
         device: str = "auto",
         *,
-        dtype: str = "float32",
+        precision: str = "fp32",
         profile: str = "auto",
         speed: DecodeSpeed | None = None,
         **kwargs: Any,
     ) -> Generator:
         """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
         ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
-        ``dtype="auto"`` bfloat16 where the hardware has bf16 units (the pipeline's default);
-        ``speed``: int8 / compile / static cache (:mod:`rag.decode_speed`, off by default)."""
+        ``precision`` (:mod:`rag.precision`): ``auto`` = bf16 where the hardware has bf16 units
+        (the pipeline's default), ``int8`` = int8 decode steps over those weights;
+        ``speed``: int8 / compile / static cache (:mod:`rag.generate.speed`, off by default)."""
         from rag.models import (
             load_generator,
             pick_device,
@@ -109,9 +111,9 @@ class Generator:
 
         dev = pick_device(device)
         adapter = resolve_adapter(name, adapter)
-        speed = speed or DecodeSpeed()
+        speed = (speed or DecodeSpeed()).with_precision(precision)
         speed.check(batching=kwargs.get("batching", False))  # before minutes of loading
-        model, tokenizer = load_generator(name, adapter, dev, dtype, speed)
+        model, tokenizer = load_generator(name, adapter, dev, precision, speed)
         profile = pick_profile(name, adapter) if profile == "auto" else profile
         kwargs.update(profile=profile, refusal_threshold=pick_refusal_threshold(adapter))
         return cls(model, tokenizer, dev, speed=speed, **kwargs)
@@ -158,10 +160,10 @@ class Generator:
         return list(enc(full, add_special_tokens=False)["input_ids"]), 0
 
     def fit_passages(
-        self, question: str, passages: Sequence[str], max_new_tokens: int = 256
+        self, question: str, passages: Sequence[str], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     ) -> list[str]:
         """The passages (in rank order) that fit the context budget, the last one maybe trimmed
-        (:func:`rag.context_budget.fit_passages`)."""
+        (:func:`rag.generate.context_budget.fit_passages`)."""
         return context_budget.fit_passages(self, question, passages, max_new_tokens)
 
     # ---- caches --------------------------------------------------------------------------------
@@ -226,10 +228,12 @@ class Generator:
         use_prefix = self.prefix_cache if use_prefix_cache is None else use_prefix_cache
         cache = None
         if use_cache and prompt_cache is not None:
-            cache = prompt_cache  # e.g. rag.scoring.refusal_logprob's, all ids but the last
+            cache = (
+                prompt_cache  # e.g. rag.generate.scoring.refusal_logprob's, all ids but the last
+            )
         elif use_cache and use_prefix and 0 < prefix_len < len(ids):
             cache = self._prefix_cache_for(ids[:prefix_len])
-        if use_cache:  # the dynamic cache as is, or a static one holding it (rag.decode_speed)
+        if use_cache:  # the dynamic cache as is, or a static one holding it (rag.generate.speed)
             kw.update(self.speed.generate_kwargs(self.model, cache, len(ids) + max_new_tokens))
         return kw
 
@@ -245,7 +249,7 @@ class Generator:
         ids: list[int],
         prefix_len: int = 0,
         *,
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         stop: Sequence[str] | None = None,
@@ -294,7 +298,7 @@ class Generator:
     def generate(
         self,
         messages: Sequence[dict[str, str]],
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         stop: Sequence[str] | None = DEFAULT_STOP,
@@ -326,18 +330,18 @@ class Generator:
         self, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
     ) -> list[float]:
         """Log-probability of each continuation after the prompt and the assistant's ``answer``
-        (:func:`rag.scoring.score_continuations`): which passage marker it would write next."""
+        (:func:`rag.generate.scoring.score_continuations`): which passage marker it would write next."""
         return scoring.score_continuations(self, messages, answer, continuations)
 
     def refusal_logprob(self, messages: Sequence[dict[str, str]]) -> tuple[float, Any]:
         """log p(REFUSAL | prompt) and a KV cache to decode the answer from
-        (:func:`rag.scoring.refusal_logprob`; the refusal gate of :mod:`rag.refusal`)."""
+        (:func:`rag.generate.scoring.refusal_logprob`; the refusal gate of :mod:`rag.answer.refusal`)."""
         return scoring.refusal_logprob(self, messages)
 
     def stream(
         self,
         messages: Sequence[dict[str, str]],
-        max_new_tokens: int = 256,
+        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
         temperature: float = 0.0,
         top_p: float = 1.0,
         stop: Sequence[str] | None = DEFAULT_STOP,

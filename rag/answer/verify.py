@@ -10,7 +10,7 @@ to explain in the UI, and re-attributes or flags the citations that fail. It run
 finished answer only (no model call: about 5 ms for a 1,200-character answer over five
 passages on this project's busy CPU) and works for every decoder.
 
-What a sentence claims and how much of it a passage holds are defined in :mod:`rag.support`:
+What a sentence claims and how much of it a passage holds are defined in :mod:`rag.answer.support`:
 its **claim words** (its content words not in the question) and its **support** by a passage
 (the share of its claim words the passage holds; 1.0 for a verbatim occurrence, ``None`` when
 there is nothing to check). A marker run (``[2]``, ``[1][3]``) covers the text since the
@@ -51,15 +51,16 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-# One definition of what a citation marker is: the parser's own patterns.
-from rag.prompt import CITATION, CITATION_RUN
-from rag.support import (
+from rag.answer.support import (
     SUPPORT_THRESHOLD,
     PassageWords,
     claim_words,
     passage_support,
     split_sentences,
 )
+
+# One definition of what a citation marker is: the parser's own patterns.
+from rag.prompt import CITATION, CITATION_RUN
 from rag.types import Answer, Citation, Hit
 
 REATTRIBUTE_MARGIN = 0.25

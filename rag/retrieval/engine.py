@@ -1,11 +1,13 @@
-"""The search engine under both retrievers of :mod:`rag.retrieve`: dense (encoder + vector
-index), BM25, and hybrid by reciprocal rank fusion (or a convex fusion of normalised scores,
-:mod:`rag.fusion`), with an optional rerank stage over the best candidates (the reranker's score
-interpolated with the first stage's by ``rerank_weight``, :func:`rag.fusion.interpolate`).
+"""The search engine under both retrievers of :mod:`rag.retrieval.retriever`: dense (encoder +
+vector index), BM25, and hybrid by a convex fusion of normalised scores or reciprocal rank fusion
+(:mod:`rag.retrieval.fusion`), with an optional rerank stage over the best candidates (the
+reranker's score interpolated with the first stage's by ``rerank_weight``,
+:func:`rag.retrieval.fusion.interpolate`), all as its
+:class:`~rag.retrieval.settings.RetrievalSettings` say.
 
-It knows ids and scores only; :class:`rag.retrieve.Retriever` maps them to chunks of an
-ingested index and :class:`rag.retrieve.CorpusRetriever` to an in-memory corpus, so the evals
-measure the code the system searches with. Each stage's time is added to ``timings``.
+It knows ids and scores only; :class:`rag.retrieval.retriever.Retriever` maps them to chunks of
+an ingested index and :class:`rag.retrieval.retriever.CorpusRetriever` to an in-memory corpus, so
+the evals measure the code the system searches with. Each stage's time is added to ``timings``.
 """
 
 from __future__ import annotations
@@ -15,25 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from indexes import VectorIndex
-from rag.answerability import COVERAGE_STOPWORDS, coverage
-from rag.bm25 import BM25Index, terms
+from rag.answer.answerability import COVERAGE_STOPWORDS, coverage
 from rag.defaults import MODES
-from rag.encoding import Encoder
-from rag.fusion import check_fusion, check_rerank_weight, fuse, rerank_head
-from rag.rerank import DEFAULT_RERANK_WEIGHT, Reranker
-
-RRF_K = 60
-
-
-def rrf(rankings: Sequence[Sequence[str]], k: int = RRF_K) -> list[tuple[str, float]]:
-    """Reciprocal rank fusion (Cormack et al. 2009): score(d) = sum over rankings of
-    1 / (k + rank), rank starting at 1. Returns (id, score) best first; ties keep first-seen
-    order, so the result is deterministic."""
-    scores: dict[str, float] = {}
-    for ranking in rankings:
-        for rank, doc in enumerate(ranking, start=1):
-            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
-    return sorted(scores.items(), key=lambda kv: -kv[1])
+from rag.retrieval.bm25 import BM25Index, terms
+from rag.retrieval.encoder import Encoder
+from rag.retrieval.fusion import check_fusion, check_rerank_weight, fuse, rerank_head
+from rag.retrieval.rerank import Reranker
+from rag.retrieval.settings import DEFAULTS, RetrievalSettings
 
 
 @dataclass
@@ -50,17 +40,18 @@ class Scored:
 class SearchEngine:
     """Dense / BM25 / hybrid search plus rerank over an encoder, a vector index and a BM25 index.
 
-    ``depth``: candidates each retriever contributes to fusion (and to the rerank stage).
-    ``fusion``/``alpha``/``norm``: how ``hybrid`` fuses the two lists (:func:`rag.fusion.fuse`;
-    the default, ``rrf`` with ``alpha`` 0.5, is plain reciprocal rank fusion).
-    ``rerank_depth``: how many of the best candidates the reranker re-scores (default ``depth``);
-    the rest follow in first-stage order. A cross-encoder costs one forward pass per candidate,
-    so this depth sets the query latency.
-    ``rerank_weight``: the reranker's share of the reranked head's score,
-    ``weight * norm(rerank) + (1 - weight) * norm(first stage)`` (``norm`` as for fusion);
-    default :data:`rag.rerank.DEFAULT_RERANK_WEIGHT` (0.5, the product's setting, measured in
-    docs/retrieval.md); 1 = the reranker's order and raw scores; 0 = the first-stage order. A
-    weak reranker (ours, trained on little data) is interpolated rather than trusted outright; ``evals.retrieval --rerank-weight default`` chooses the weight.
+    ``settings`` (:class:`~rag.retrieval.settings.RetrievalSettings`, default: the product's)
+    give the search: ``depth`` candidates each retriever contributes to fusion (and to the rerank
+    stage); ``fusion``/``alpha``/``norm``, how ``hybrid`` fuses the two lists
+    (:func:`rag.retrieval.fusion.fuse`); ``rerank_depth``, how many of the best candidates the
+    reranker re-scores (the rest follow in first-stage order; a cross-encoder costs one forward
+    pass per candidate, so this depth sets the query latency); ``rerank_weight``, the reranker's
+    share of the reranked head's score, ``weight * norm(rerank) + (1 - weight) * norm(first
+    stage)`` (1 = the reranker's order and raw scores; 0 = the first-stage order: a weak
+    reranker, ours trained on little data, is interpolated rather than trusted outright;
+    ``evals.retrieval --rerank-weight default`` chooses the weight); ``k`` and ``mode``, a
+    search's defaults. The settings that name and load the reranker are
+    :func:`rag.retrieval.rerank.load_reranker`'s; this engine takes the loaded ``reranker``.
     ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
     that the manifest does not name; those are never returned).
     """
@@ -72,24 +63,15 @@ class SearchEngine:
         bm25: BM25Index | None,
         text_of: Callable[[str], str],
         reranker: Reranker | None = None,
-        depth: int = 100,
+        settings: RetrievalSettings = DEFAULTS,
         keep: Callable[[str], bool] | None = None,
-        fusion: str = "rrf",
-        alpha: float = 0.5,
-        norm: str = "minmax",
-        rerank_depth: int | None = None,
-        rerank_weight: float = DEFAULT_RERANK_WEIGHT,
     ):
-        check_fusion(fusion, alpha, norm)
-        check_rerank_weight(rerank_weight)
-        if rerank_depth is not None and rerank_depth <= 0:
-            raise ValueError(f"rerank depth must be positive, not {rerank_depth}")
         self._encoder = encoder
         self.vectors, self.bm25, self.text_of = vectors, bm25, text_of
-        self.reranker, self.depth, self.keep = reranker, depth, keep
-        self.fusion, self.alpha, self.norm = fusion, alpha, norm
-        self.rerank_depth = rerank_depth or depth
-        self.rerank_weight = rerank_weight
+        self.reranker, self.settings, self.keep = reranker, settings, keep
+        self.depth, self.rerank_depth = settings.depth, settings.rerank_depth
+        self.fusion, self.alpha, self.norm = settings.fusion, settings.alpha, settings.norm
+        self.rerank_weight = settings.rerank_weight
         self.timings = {
             "query_encode_s": 0.0,
             "dense_search_s": 0.0,
@@ -107,7 +89,7 @@ class SearchEngine:
         return self._encoder
 
     def coverage(self, query: str, texts: Sequence[str]) -> float | None:
-        """The answerability signal :func:`rag.answerability.coverage` of ``query`` over
+        """The answerability signal :func:`rag.answer.answerability.coverage` of ``query`` over
         ``texts``, weighted by this corpus's BM25 IDF; None without a BM25 index."""
         if self.bm25 is None:
             return None
@@ -141,21 +123,23 @@ class SearchEngine:
     def search_many(
         self,
         queries: list[str],
-        k: int = 10,
-        mode: str = "hybrid",
+        k: int | None = None,
+        mode: str | None = None,
         fusion: str | None = None,
         alpha: float | None = None,
         rerank: bool = True,
         rerank_weight: float | None = None,
     ) -> list[list[Scored]]:
-        """Top-``k`` results per query, best first. ``fusion``/``alpha`` override the engine's
-        for this call (hybrid only), ``rerank_weight`` the engine's interpolation weight;
+        """Top-``k`` results per query, best first (``k``, ``mode``: the settings' when None).
+        ``fusion``/``alpha`` override the settings' for this call (hybrid only),
+        ``rerank_weight`` the settings' interpolation weight;
         ``rerank=False`` skips the rerank stage, so one engine serves both sides of a
         with/without-reranker comparison."""
         weight = self.rerank_weight if rerank_weight is None else rerank_weight
         check_rerank_weight(weight)
         queries = list(queries)
         reranking = rerank and self.reranker is not None
+        k = self.settings.k if k is None else k
         rows = self.first_stage(queries, k, mode, fusion, alpha, reranking)
         if reranking:
             rows = [
@@ -167,8 +151,8 @@ class SearchEngine:
     def first_stage(
         self,
         queries: list[str],
-        k: int = 10,
-        mode: str = "hybrid",
+        k: int | None = None,
+        mode: str | None = None,
         fusion: str | None = None,
         alpha: float | None = None,
         reranking: bool = False,
@@ -176,6 +160,8 @@ class SearchEngine:
         """The candidates :meth:`search_many` ranks before its rerank stage (at least ``k``,
         and ``rerank_depth`` when ``reranking``), best first. Public so that tuning
         ``rerank_weight`` (evals.retrieval) reranks exactly what a search would, once."""
+        k = self.settings.k if k is None else k
+        mode = mode or self.settings.mode
         if mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
         fusion = fusion or self.fusion
@@ -195,7 +181,7 @@ class SearchEngine:
             d = dict(dense[qi]) if dense else {}
             b = dict(sparse[qi]) if sparse else {}
             if mode == "hybrid":
-                fused = fuse(dense[qi], sparse[qi], fusion, alpha, self.norm, RRF_K)
+                fused = fuse(dense[qi], sparse[qi], fusion, alpha, self.norm)
             else:
                 fused = dense[qi] if mode == "dense" else sparse[qi]
             out.append([Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused])
@@ -216,7 +202,7 @@ class SearchEngine:
     ) -> list[Scored]:
         """``row`` with its head (one entry per score) re-ordered by the reranker's ``scores``
         interpolated with the first stage's by ``weight`` (default: the engine's;
-        :func:`rag.fusion.rerank_head`); the rest keep their order below them, with scores under
+        :func:`rag.retrieval.fusion.rerank_head`); the rest keep their order below them, with scores under
         the lowest reranked one (evaluators sort by score). Head entries become mode ``rerank``
         and keep their component scores."""
         weight = self.rerank_weight if weight is None else weight

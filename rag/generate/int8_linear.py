@@ -1,5 +1,6 @@
 """int8 decode steps for a causal LM: each ``nn.Linear`` keeps its float weights for prefill and
-gains an int8 copy for one-token calls (``decoder_quantize = "int8"``, :mod:`rag.decode_speed`).
+gains an int8 copy for one-token calls (``decoder_precision = "int8"``, :mod:`rag.precision`,
+applied by :mod:`rag.generate.speed`).
 
 Why a layer of our own rather than ``torch.ao.quantization.quantize_dynamic`` on the model: a
 decode step reads every weight to produce one token, so int8 weights (a quarter of float32, half
@@ -22,8 +23,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from rag.decode_speed import DecodeSpeedError
-
 
 class Int8DecodeLinear(nn.Linear):
     """An ``nn.Linear`` sharing another's parameters (tied embeddings stay tied), whose calls
@@ -37,9 +36,8 @@ class Int8DecodeLinear(nn.Linear):
             from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
             from torch.ao.quantization import per_channel_dynamic_qconfig
         except ImportError as e:  # removed in a later torch: torchao's quantize_ replaces it
-            raise DecodeSpeedError(
-                f"--decoder-quantize int8: this torch ({torch.__version__}) has no torch.ao "
-                "dynamic quantisation"
+            raise ImportError(
+                f"this torch ({torch.__version__}) has no torch.ao dynamic quantisation"
             ) from e
         with torch.no_grad():
             plain = nn.Linear(linear.in_features, linear.out_features, linear.bias is not None)
@@ -64,9 +62,11 @@ class Int8DecodeLinear(nn.Linear):
         return out.reshape(*x.shape[:-1], -1).to(x.dtype)
 
 
-def quantize_int8(model: Any) -> Any:
+def add_int8_decode_layers(model: Any) -> Any:
     """``model`` with every plain ``nn.Linear`` swapped for an :class:`Int8DecodeLinear`
-    (in place; a second call does nothing)."""
+    (in place; a second call does nothing). Not the encoders' whole-model quantisation
+    (:func:`rag.precision.quantize_dynamic_int8`): the float weights stay for every call of
+    more than one token."""
     if getattr(model, "_rag_int8", False):
         return model
     found = [

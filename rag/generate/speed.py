@@ -1,4 +1,4 @@
-"""Decoder speed options: int8 dynamic quantisation, ``torch.compile`` and a static KV cache.
+"""Decoder speed options: int8 decode layers, ``torch.compile`` and a static KV cache.
 
 Why: one stream of SmolLM2-135M decodes at about 12-22 tokens/s on 2 CPU cores (issue 12 item 3
 asks for 25). A decode step of a small model is many small matrix-vector products plus Python
@@ -6,10 +6,11 @@ and dispatch overhead around them; these three options attack different parts of
 measured side by side (speed and greedy agreement) by ``benchmarks.decode_variants``. All are off
 by default until the measurement says which to keep.
 
-- ``quantize="int8"``: every ``nn.Linear`` (the LM head included) gains an int8 copy of its
-  weights that serves the one-token calls of decode steps, through torch's dynamic int8 kernel;
-  prefill and scoring keep the float (bf16 on AMX) weights, and each sequence of a batch is its
-  own call, so the prefix cache and batching stay exact (:mod:`rag.int8_decode` says why not
+- ``quantize="int8"`` (what ``decoder_precision = "int8"`` turns on, :mod:`rag.precision`): every
+  ``nn.Linear`` (the LM head included) gains an int8 copy of its weights that serves the
+  one-token calls of decode steps, through torch's dynamic int8 kernel; prefill and scoring keep
+  the float (bf16 on AMX) weights, and each sequence of a batch is its own call, so the prefix
+  cache and batching stay exact (:mod:`rag.generate.int8_linear` says why not
   ``quantize_dynamic`` on the whole model). CPU only.
 - ``compile=True``: with the dynamic cache, the model's ``forward`` is replaced by
   ``torch.compile(forward, dynamic=True)``, so every caller (``generate``, the prefix cache, the
@@ -25,7 +26,7 @@ by default until the measurement says which to keep.
   the cached system prefix copied in (the same keys and values, so outputs stay exact). Not with
   batching: the batched decoder merges requests into one growing, left-padded ``DynamicCache``.
 
-Every refusal names the flags (``--decoder-quantize``, ``--decoder-compile``,
+Every refusal names the flags (``--decoder-precision``, ``--decoder-compile``,
 ``--cache-implementation``, ``--device``, ``--no-batching``) so a bad combination
 stops at start-up with one line instead of failing inside decoding.
 """
@@ -33,10 +34,10 @@ stops at start-up with one line instead of failing inside decoding.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-QUANTIZE = ("none", "int8")  # decoder_quantize values
+QUANTIZE = ("none", "int8")  # DecodeSpeed.quantize values (int8: decoder_precision int8)
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")  # cache_implementation values
 STATIC_CACHE_STEP = 256  # static cache capacity is a multiple of this (few shapes to compile)
 RECOMPILE_LIMIT = 24  # compiled graphs per function before dynamo falls back to eager
@@ -48,7 +49,7 @@ class DecodeSpeedError(ValueError):
 
 @dataclass(frozen=True)
 class DecodeSpeed:
-    """The decoder speed options of one :class:`rag.generate.Generator` (module docstring)."""
+    """The decoder speed options of one :class:`rag.generate.generator.Generator` (module docstring)."""
 
     quantize: str = "none"  # none | int8
     compile: bool = False  # torch.compile the forward (dynamic cache) or the decode step (static)
@@ -57,7 +58,7 @@ class DecodeSpeed:
     def __post_init__(self) -> None:
         if self.quantize not in QUANTIZE:
             raise DecodeSpeedError(
-                f"--decoder-quantize must be one of {', '.join(QUANTIZE)}, not {self.quantize!r}"
+                f"decoder quantize must be one of {', '.join(QUANTIZE)}, not {self.quantize!r}"
             )
         if self.cache not in CACHE_IMPLEMENTATIONS:
             raise DecodeSpeedError(
@@ -66,15 +67,21 @@ class DecodeSpeed:
             )
         if self.quantize == "int8" and self.compile:
             raise DecodeSpeedError(
-                "--decoder-compile does not combine with --decoder-quantize int8: torch.compile "
+                "--decoder-compile does not combine with --decoder-precision int8: torch.compile "
                 "cannot trace the int8 layers (a graph break at every linear layer), so choose one"
             )
 
     @classmethod
     def from_config(cls, cfg: Any) -> DecodeSpeed:
-        """The options of any config with ``decoder_quantize`` / ``decoder_compile`` /
+        """The options of any config with ``decoder_precision`` / ``decoder_compile`` /
         ``cache_implementation`` fields (RAGConfig, the evals' configs)."""
-        return cls(cfg.decoder_quantize, bool(cfg.decoder_compile), cfg.cache_implementation)
+        speed = cls(compile=bool(cfg.decoder_compile), cache=cfg.cache_implementation)
+        return speed.with_precision(cfg.decoder_precision)
+
+    def with_precision(self, precision: str) -> DecodeSpeed:
+        """These options for a decoder of ``precision`` (:mod:`rag.precision`): ``int8`` adds
+        the int8 decode layers; the float precisions change nothing here."""
+        return replace(self, quantize="int8") if precision == "int8" else self
 
     @property
     def label(self) -> str:
@@ -89,7 +96,7 @@ class DecodeSpeed:
         """Refuse the combinations with the rest of the setup that cannot work (one line each)."""
         if self.quantize == "int8" and device == "cuda":
             raise DecodeSpeedError(
-                "--decoder-quantize int8 runs on CPU only (torch's dynamic int8 kernels): "
+                "--decoder-precision int8 runs on CPU only (torch's dynamic int8 kernels): "
                 "drop it or use --device cpu"
             )
         if self.cache == "static" and batching:
@@ -106,9 +113,12 @@ class DecodeSpeed:
         in, or its forward compiled (dynamic cache only; the static cache compiles in
         :meth:`generate_kwargs`). Idempotent for unchanged options; returns the model to use."""
         if self.quantize == "int8":
-            from rag.int8_decode import quantize_int8
+            from rag.generate.int8_linear import add_int8_decode_layers
 
-            model = quantize_int8(model)
+            try:
+                model = add_int8_decode_layers(model)
+            except ImportError as e:  # torch.ao removed in a later torch (torchao replaces it)
+                raise DecodeSpeedError(f"--decoder-precision int8: {e}") from e
         if self.compile and self.cache == "dynamic" and not hasattr(model, "_rag_compiled"):
             import torch
 

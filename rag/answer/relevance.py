@@ -1,7 +1,7 @@
 """The relevance gate: drop retrieved hits too weak to ground an answer (rag.pipeline, step 3).
 
 A module of its own so the pipeline keeps to the answer path; the pipeline calls
-:func:`relevant_hits` (and re-exports both functions for older imports).
+:func:`relevant_hits`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Two questions the pipeline asks the decoder without sampling from it:
 - :func:`score_continuations`: log p(continuation | prompt, answer) for several short
   continuations at once (citation completion asks for `` [1]``, `` [2]``, ...);
 - :func:`refusal_logprob`: log p(:data:`rag.prompt.REFUSAL` | prompt), the refusal gate's
-  number (:mod:`rag.refusal`). It also returns the prompt's KV cache, so the answer decoded
+  number (:mod:`rag.answer.refusal`). It also returns the prompt's KV cache, so the answer decoded
   next only pays for one token of prefill.
 
 ``model.generate(output_scores=True)`` scores only the path it decodes; these are teacher-forced

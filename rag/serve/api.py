@@ -201,7 +201,7 @@ def embedding_texts(req: EmbeddingRequest, max_inputs: int) -> list[str]:
 
 
 def sources(answer: Answer) -> list[dict[str, Any]]:
-    """The cited passages, one per citation after verification (:mod:`rag.verify`). ``path`` is
+    """The cited passages, one per citation after verification (:mod:`rag.answer.verify`). ``path`` is
     relative to the ingested folder; the absolute path on the server is not sent
     (docs/security.md: never reveal the machine's layout). ``supported`` is False for a citation
     the check flagged."""

@@ -1,0 +1,1 @@
+"""What evals and the fine-tunes' dev evaluations share: dataset readers and metrics."""
