@@ -32,8 +32,9 @@ from rag.prompt import build_messages
 from training.cli import run_training_cli
 from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
-from training.lora_data import QAExample, squad_examples, training_examples
+from training.lora_data import squad_examples, training_examples
 from training.lora_eval import evaluate
+from training.qa_example import QAExample
 
 log = logging.getLogger("training.lora")
 
