@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.models import pick_dtype, resolve_model
 from rag.prompt import build_messages
-from training.cli import run_training_cli
 from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
 from training.lora_data import squad_examples, training_examples
@@ -308,18 +308,21 @@ def preset_config(
 # ---------------------------------------------------------------------------- CLI
 
 
-def _report(summary: dict) -> None:
-    for key in ("em", "f1", "citation_accuracy", "refusal_accuracy"):
-        if key in summary["before"]:
-            print(f"{key}: {summary['before'][key]} -> {summary['after'][key]}")
-    print(
-        f"saved {summary['out']} ({summary['n_train_examples']} examples, {summary['steps']} steps)"
-    )
+def _report(summary: dict) -> str:
+    lines = [
+        f"{key}: {summary['before'][key]} -> {summary['after'][key]}"
+        for key in ("em", "f1", "citation_accuracy", "refusal_accuracy")
+        if key in summary["before"]
+    ]
+    n, steps = summary["n_train_examples"], summary["steps"]
+    lines.append(f"saved {summary['out']} ({n} examples, {steps} steps)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_training_cli(
-        "python -m training.lora", __doc__, LoraTrainConfig, train_lora, _report, argv
+    parser = config_parser("python -m training.lora", __doc__, LoraTrainConfig)
+    return run_config_cli(
+        parser, LoraTrainConfig, train_lora, argv, report=_report, logs_to_stderr=True
     )
 
 
