@@ -29,9 +29,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks.cli import bench_main, bench_parser, command, results_dir, save_and_show
+from benchmarks.cli import command, results_dir, save_result
 from benchmarks.decode import hardware, source_passages
 from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
+from rag.dataclass_cli import config_parser, run_config_cli
 
 PROG = "benchmarks.concurrent_load"
 MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.generate.batching)
@@ -226,17 +227,17 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def build_parser() -> Any:
-    return bench_parser(PROG, __doc__, LoadConfig)
+    return config_parser(f"python -m {PROG}", __doc__, LoadConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: LoadConfig, args: Any) -> int:
+    def measure(cfg: LoadConfig) -> dict:
         result = run(cfg)
         out = results_dir(cfg.out, "concurrent_load")
-        log(f"wrote {save_and_show(result, out, command(PROG, argv), args.json, markdown)}")
-        return 0
+        log(f"wrote {save_result(result, out, command(PROG, argv))}")
+        return result
 
-    return bench_main(build_parser(), LoadConfig, check, body, argv)
+    return run_config_cli(build_parser(), LoadConfig, measure, argv, check=check, report=markdown)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import bench_main, bench_parser, command
+from benchmarks.cli import command
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.paths import rag_home, shared_data_dir
 
 PROG = "benchmarks.decode"
@@ -273,11 +274,11 @@ def check(cfg: DecodeBenchConfig) -> None:
 
 
 def build_parser() -> Any:
-    return bench_parser(PROG, __doc__, DecodeBenchConfig)
+    return config_parser(f"python -m {PROG}", __doc__, DecodeBenchConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: DecodeBenchConfig, args: Any) -> int:
+    def measure(cfg: DecodeBenchConfig) -> dict:
         result = run(cfg)
         out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "decode"
         out.mkdir(parents=True, exist_ok=True)
@@ -293,10 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         plot(result, out / "decode.png")
         log(f"wrote {out}/{name} and decode.png")
-        print(json.dumps(result, indent=2) if args.json else markdown(result))
-        return 0
+        return result
 
-    return bench_main(build_parser(), DecodeBenchConfig, check, body, argv)
+    return run_config_cli(
+        build_parser(), DecodeBenchConfig, measure, argv, check=check, report=markdown
+    )
 
 
 if __name__ == "__main__":

@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import command
 from benchmarks.decode import build_prompt, decode_speed, hardware, timed
-from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.generate.speed import DecodeSpeed
 from rag.paths import rag_home
 from rag.precision import FLOAT_PRECISIONS
@@ -214,27 +214,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = dataclass_parser("python -m benchmarks.decode_variants", __doc__, VariantsBenchConfig)
-    parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
+def check(cfg: VariantsBenchConfig) -> None:
+    """Refuse sizes too small to measure, before any model loads."""
+    if cfg.prompt_tokens < 64 or cfg.new_tokens < 2 or cfg.repeats < 1 or cfg.threads < 1:
+        raise ValueError("need --prompt-tokens >= 64, --new-tokens >= 2, --repeats >= 1")
 
-    def body(args: Any) -> int:
-        cfg = config_from_args(VariantsBenchConfig, args)
-        if cfg.prompt_tokens < 64 or cfg.new_tokens < 2 or cfg.repeats < 1 or cfg.threads < 1:
-            raise ValueError("need --prompt-tokens >= 64, --new-tokens >= 2, --repeats >= 1")
+
+def main(argv: list[str] | None = None) -> int:
+    parser = config_parser("python -m benchmarks.decode_variants", __doc__, VariantsBenchConfig)
+
+    def measure(cfg: VariantsBenchConfig) -> dict:
         result = run(cfg)
         name = f"{Path(cfg.decoder).name}-{cfg.threads}t"
         out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "decode_variants" / name
         out.mkdir(parents=True, exist_ok=True)
-        argv_used = sys.argv[1:] if argv is None else argv
-        result["command"] = "python -m benchmarks.decode_variants " + " ".join(argv_used)
+        result["command"] = command("benchmarks.decode_variants", argv)
         (out / "results.json").write_text(json.dumps(result, indent=2))
         plot(result, out / "decode_variants.png")
         log(f"wrote {out}/results.json and decode_variants.png")
-        print(json.dumps(result, indent=2) if args.json else markdown(result))
-        return 0
+        return result
 
-    return run_cli(parser, body, argv)
+    return run_config_cli(parser, VariantsBenchConfig, measure, argv, check=check, report=markdown)
 
 
 if __name__ == "__main__":

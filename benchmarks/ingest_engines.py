@@ -28,8 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cli import bench_main, bench_parser, command
+from benchmarks.cli import command
 from benchmarks.loadgen import free_port
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.manifest import index_dir
 from rag.paths import rag_home
 from rag.precision import PRECISIONS
@@ -171,19 +172,18 @@ def run(cfg: EnginesConfig) -> dict[str, Any]:
 
 
 def build_parser() -> Any:
-    return bench_parser(PROG, __doc__, EnginesConfig, required=["docs"])
+    return config_parser(f"python -m {PROG}", __doc__, EnginesConfig, required=["docs"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: EnginesConfig, args: Any) -> None:
+    def measure(cfg: EnginesConfig) -> dict:
         summary = {"command": command(PROG, argv), **run(cfg)}
         out = rag_home() / "benchmarks" / "ingest_engines"
         out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(summary, indent=1, default=str))
-        if args.json:
-            print(json.dumps(summary, indent=1, default=str))
+        return summary
 
-    return bench_main(build_parser(), EnginesConfig, check, body, argv)
+    return run_config_cli(build_parser(), EnginesConfig, measure, argv, check=check)
 
 
 if __name__ == "__main__":

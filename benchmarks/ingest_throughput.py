@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import bench_main, bench_parser
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.paths import rag_home, shared_data_dir
 from rag.precision import PRECISIONS
 from rag.retrieval.encoder import ENCODER_BACKENDS
@@ -283,16 +283,11 @@ def run(cfg: ThroughputConfig) -> dict:
 
 
 def build_parser() -> Any:
-    return bench_parser(PROG, __doc__, ThroughputConfig)
+    return config_parser(f"python -m {PROG}", __doc__, ThroughputConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: ThroughputConfig, args: Any) -> None:
-        summary = run(cfg)
-        if args.json:
-            print(json.dumps(summary, indent=1, default=str))
-
-    return bench_main(build_parser(), ThroughputConfig, check, body, argv)
+    return run_config_cli(build_parser(), ThroughputConfig, run, argv, check=check)
 
 
 if __name__ == "__main__":

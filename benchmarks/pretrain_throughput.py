@@ -18,7 +18,6 @@ loop is the figure to read.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.cli import bench_main, bench_parser
+from rag.dataclass_cli import config_parser, run_config_cli
 from training.config import OBJECTIVES, PRESETS, get_preset
 from training.masking import make_spec
 from training.model import build_model, count_parameters
@@ -184,16 +183,11 @@ def run(cfg: PretrainBenchConfig) -> dict[str, Any]:
 
 def build_parser() -> Any:
     choices = {"presets": tuple(PRESETS), "objectives": OBJECTIVES}
-    return bench_parser(PROG, __doc__, PretrainBenchConfig, choices=choices)
+    return config_parser(f"python -m {PROG}", __doc__, PretrainBenchConfig, choices=choices)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: PretrainBenchConfig, args: Any) -> None:
-        result = run(cfg)
-        if args.json:
-            print(json.dumps(result))
-
-    return bench_main(build_parser(), PretrainBenchConfig, check, body, argv)
+    return run_config_cli(build_parser(), PretrainBenchConfig, run, argv, check=check)
 
 
 class _vocab_only_tokenizer:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli import bench_main, bench_parser
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.manifest import index_dir
 from rag.paths import rag_home
 
@@ -141,16 +141,11 @@ def run(cfg: ReingestConfig) -> dict[str, Any]:
 
 
 def build_parser() -> Any:
-    return bench_parser(PROG, __doc__, ReingestConfig, required=["docs"])
+    return config_parser(f"python -m {PROG}", __doc__, ReingestConfig, required=["docs"])
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: ReingestConfig, args: Any) -> None:
-        summary = run(cfg)
-        if args.json:
-            print(json.dumps(summary, indent=1))
-
-    return bench_main(build_parser(), ReingestConfig, check, body, argv)
+    return run_config_cli(build_parser(), ReingestConfig, run, argv, check=check)
 
 
 if __name__ == "__main__":

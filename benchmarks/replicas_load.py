@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.cli import bench_main, bench_parser, command, results_dir, save_and_show
+from benchmarks.cli import command, results_dir, save_result
 from benchmarks.replicas import (
     PROBE_NAME,
     PROBE_QUESTION,
@@ -51,6 +51,7 @@ from benchmarks.replicas import (
     summary,
     wait_ready,
 )
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.manifest import CURRENT, index_dir
 
 PROG = "benchmarks.replicas_load"
@@ -209,17 +210,19 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def build_parser() -> Any:
-    return bench_parser(PROG, __doc__, ReplicasConfig)
+    return config_parser(f"python -m {PROG}", __doc__, ReplicasConfig)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: ReplicasConfig, args: Any) -> int:
+    def measure(cfg: ReplicasConfig) -> dict:
         out = results_dir(cfg.out, "replicas_load")
         result = run(cfg, out)
-        log(f"wrote {save_and_show(result, out, command(PROG, argv), args.json, markdown)}")
-        return 0
+        log(f"wrote {save_result(result, out, command(PROG, argv))}")
+        return result
 
-    return bench_main(build_parser(), ReplicasConfig, check, body, argv)
+    return run_config_cli(
+        build_parser(), ReplicasConfig, measure, argv, check=check, report=markdown
+    )
 
 
 if __name__ == "__main__":

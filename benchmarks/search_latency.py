@@ -46,7 +46,12 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.cli import bench_main, bench_parser, command, results_dir, save_and_show
+from benchmarks.cli import (
+    command,
+    results_dir,
+    save_result,
+)
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.precision import PRECISION_SETTINGS, check_precision
 
 PROG = "benchmarks.search_latency"
@@ -284,19 +289,21 @@ def markdown(summary: dict) -> str:
 
 
 def build_parser() -> Any:
-    return bench_parser(
-        PROG, __doc__, LatencyConfig, choices={"rerank_precision": PRECISION_SETTINGS}
-    )
+    choices = {"rerank_precision": PRECISION_SETTINGS}
+    return config_parser(f"python -m {PROG}", __doc__, LatencyConfig, choices=choices)
 
 
 def main(argv: list[str] | None = None) -> int:
-    def body(cfg: LatencyConfig, args: Any) -> None:
+    def measure(cfg: LatencyConfig) -> dict:
         summary = run(cfg)
         folder = results_dir(cfg.out, "search_latency")
         (folder / "run.json").write_text(json.dumps(asdict(cfg), indent=1))
-        save_and_show(summary, folder, command(PROG, argv), args.json, markdown)
+        save_result(summary, folder, command(PROG, argv))
+        return summary
 
-    return bench_main(build_parser(), LatencyConfig, check, body, argv)
+    return run_config_cli(
+        build_parser(), LatencyConfig, measure, argv, check=check, report=markdown
+    )
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from evals.cli import run_eval_cli
 from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
 from rag.answer.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.evaluation.datasets import load_squad_paragraphs, squad_split
 
 
@@ -177,14 +177,15 @@ def _summary(cfg: AnswerabilityEvalConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_eval_cli(
+    parser = config_parser(
         "python -m evals.answerability",
         __doc__,
         AnswerabilityEvalConfig,
-        evaluate_answerability,
-        _summary,
-        argv,
+        out_file=True,
         required=("squad",),
+    )
+    return run_config_cli(
+        parser, AnswerabilityEvalConfig, evaluate_answerability, argv, note=_summary
     )
 
 

@@ -37,13 +37,13 @@ import re
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from evals.cli import rag_config, run_eval_cli
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS, MODES
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -308,6 +308,16 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
 # ---------------------------------------------------------------------------- run
 
 
+def rag_config(cfg: Any, **overrides: Any) -> Any:
+    """The :class:`rag.config.RAGConfig` an eval runs the pipeline with: every field the eval's
+    config shares by name with RAGConfig (decoder, adapter, mode, k, device, ...) plus
+    ``overrides``; the rest keep RAGConfig's defaults."""
+    from rag.config import RAGConfig
+
+    shared = {f.name: getattr(cfg, f.name) for f in fields(RAGConfig) if hasattr(cfg, f.name)}
+    return RAGConfig(**{**shared, **overrides})
+
+
 def build_pipeline(cfg: DocQAConfig) -> Any:
     """A :class:`rag.pipeline.RAGPipeline` from ``cfg`` alone, models loaded now so that a
     missing index or model fails before the first question and no answer's time includes
@@ -369,9 +379,8 @@ def _summary(cfg: DocQAConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_eval_cli(
-        "python -m evals.docqa", __doc__, DocQAConfig, evaluate_docqa, _summary, argv
-    )
+    parser = config_parser("python -m evals.docqa", __doc__, DocQAConfig, out_file=True)
+    return run_config_cli(parser, DocQAConfig, evaluate_docqa, argv, note=_summary)
 
 
 if __name__ == "__main__":

@@ -43,9 +43,15 @@ from typing import Any, ClassVar
 
 from tqdm import tqdm
 
-from evals.cli import rag_config, run_eval_cli
-from evals.docqa import keyword_present, keywords_ok, normalise_keywords, resolve_questions_path
+from evals.docqa import (
+    keyword_present,
+    keywords_ok,
+    normalise_keywords,
+    rag_config,
+    resolve_questions_path,
+)
 from evals.docqa import source_matches as doc_matches
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.defaults import MODES
 
 DEFAULT_FIXTURE = "tests/fixtures/injection"
@@ -297,14 +303,8 @@ def _summary(cfg: InjectionEvalConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_eval_cli(
-        "python -m evals.injection",
-        __doc__,
-        InjectionEvalConfig,
-        evaluate_injection,
-        _summary,
-        argv,
-    )
+    parser = config_parser("python -m evals.injection", __doc__, InjectionEvalConfig, out_file=True)
+    return run_config_cli(parser, InjectionEvalConfig, evaluate_injection, argv, note=_summary)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from evals.cli import run_eval_cli
+from rag.dataclass_cli import config_parser, run_config_cli
 
 
 @dataclass
@@ -240,9 +240,10 @@ def _summary(cfg: LMEvalConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_eval_cli(
-        "python -m evals.lm", __doc__, LMEvalConfig, evaluate, _summary, argv, ("model", "text")
+    parser = config_parser(
+        "python -m evals.lm", __doc__, LMEvalConfig, out_file=True, required=("model", "text")
     )
+    return run_config_cli(parser, LMEvalConfig, evaluate, argv, note=_summary)
 
 
 if __name__ == "__main__":

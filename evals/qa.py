@@ -34,8 +34,8 @@ from dataclasses import asdict, dataclass, field
 
 from tqdm import tqdm
 
-from evals.cli import run_eval_cli
 from rag.answer.answerability import DEFAULT_MODEL
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.evaluation.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
 from rag.evaluation.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.prompt import build_messages, parse_citations
@@ -375,9 +375,10 @@ def _summary(cfg: QAEvalConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_eval_cli(
-        "python -m evals.qa", __doc__, QAEvalConfig, evaluate_qa, _summary, argv, ("squad",)
+    parser = config_parser(
+        "python -m evals.qa", __doc__, QAEvalConfig, out_file=True, required=("squad",)
     )
+    return run_config_cli(parser, QAEvalConfig, evaluate_qa, argv, note=_summary)
 
 
 if __name__ == "__main__":

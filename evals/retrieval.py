@@ -42,7 +42,6 @@ from typing import ClassVar
 
 import numpy as np
 
-from evals.cli import add_output_args, write_result
 from evals.retrieval_rows import (
     choose_alphas,
     choose_rerank_weights,
@@ -51,7 +50,7 @@ from evals.retrieval_rows import (
     table_rows,
 )
 from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args, dataclass_parser
+from rag.dataclass_cli import add_result_args, config_from_args, dataclass_parser, write_result
 from rag.defaults import MODES
 from rag.evaluation.datasets import (
     DatasetError,
@@ -370,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
             "rerank_weight": {"nargs": "+", "default": ["1.0"], "metavar": "W|default"},
         },
     )
-    add_output_args(p)
+    add_result_args(p, out_file=True)
     return p
 
 
@@ -382,7 +381,7 @@ def run(a: argparse.Namespace) -> int:
     cfg = replace(cfg, rerank_weight=weights[0])
     results = evaluate_modes(cfg, modes, fusions=fusions, rerank_weights=weights)
     payload = results[0] if len(results) == 1 else results
-    write_result(payload, a.out, a.json)
+    write_result(payload, a.result_file, a.json)
     for r in results:
         print(_line(r), file=sys.stderr)
     return 0

@@ -16,6 +16,10 @@ same in every CLI (rag.*, training.*, evals.*, ui.app):
   A typo then stops at parse time, naming the flag and the allowed values (exit 2, rag.cli);
 - a field without a default is positional.
 
+:func:`run_config_cli` is the one ``main`` of the commands that are a config dataclass and a
+function of it (``training.contrastive``/``lora``/``rerank``, the ``evals``, the ``benchmarks``):
+parse, check, run, then ``--json`` / ``--out`` / the human report, through :func:`rag.cli.run_cli`.
+
 ``layered=True`` leaves a flag out of the namespace unless it is given: for configs whose values
 come from the dataclass, then a TOML file, then flags (rag.config), where "not given" must not
 overwrite the file. ``--help`` still shows the dataclass default.
@@ -30,17 +34,22 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import dataclasses
 import inspect
 import io
+import json
+import logging
+import sys
 import textwrap
 import tokenize
 import types
 import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from rag.cli import OneLineParser, says_default, show_default
+from rag.cli import OneLineParser, run_cli, says_default, show_default
 from rag.defaults import DEVICES
 from rag.generate.speed import CACHE_IMPLEMENTATIONS
 from rag.precision import PRECISION_SETTINGS
@@ -236,3 +245,84 @@ def dataclass_parser(prog: str, doc: str, cls: type, **options: Any) -> OneLineP
     parser = OneLineParser(prog=prog, description=(doc or "").split("\n\n")[0])
     add_dataclass_args(parser, cls, **options)
     return parser
+
+
+# ---------------------------------------------------------------------------- config commands
+
+
+def add_result_args(parser: argparse.ArgumentParser, *, out_file: bool = False) -> None:
+    """``--json`` (the result as JSON on stdout) and, with ``out_file``, ``--out FILE.json``
+    (namespace ``result_file``, so it never meets a config field named ``out``)."""
+    if out_file:
+        parser.add_argument(
+            "--out",
+            dest="result_file",
+            metavar="FILE.json",
+            help="also write the result JSON to this file (default: none)",
+        )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def write_result(result: Any, path: str | None, to_stdout: bool) -> None:
+    """The result JSON into ``path`` (parents created) and/or on stdout. ``default=str``: paths
+    and the like print as text instead of failing after the run."""
+    text = json.dumps(result, indent=2, default=str)
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(text + "\n")
+    if to_stdout:
+        print(text)
+
+
+def config_parser(
+    prog: str, doc: str | None, cls: type, *, out_file: bool = False, **options: Any
+) -> OneLineParser:
+    """:func:`dataclass_parser` (``options``: ``required``, ``choices``, ``shown``, ...) plus
+    :func:`add_result_args`: the parser :func:`run_config_cli` reads."""
+    parser = dataclass_parser(prog, doc or "", cls, **options)
+    add_result_args(parser, out_file=out_file)
+    return parser
+
+
+def run_config_cli(
+    parser: argparse.ArgumentParser,
+    cls: type[T],
+    run: Callable[[T], Any],
+    argv: list[str] | None = None,
+    *,
+    check: Callable[[T], None] | None = None,
+    report: Callable[[Any], str] | None = None,
+    note: Callable[[T, Any], str] | None = None,
+    logs_to_stderr: bool = False,
+) -> int:
+    """The one ``main`` of a command that is a config dataclass ``cls`` and ``run(cfg)``.
+
+    Parses ``argv`` with ``parser`` (from :func:`config_parser`) into ``cls``, calls
+    ``check(cfg)`` before anything loads, then ``result = run(cfg)``; ``logs_to_stderr`` sends
+    logging (INFO) and whatever the run prints to stderr, so stdout holds only the result.
+    Then the result: written to ``--out FILE.json`` when the parser has it and it was given;
+    with ``--json``, printed as JSON on stdout, else ``report(result)`` (its human form, e.g. a
+    markdown table; if any) is; ``note(cfg, result)`` (if any) is a line on stderr either way. Exit codes are
+    :func:`rag.cli.run_cli`'s: 0 done, 2 a bad flag, value or path (a ``ValueError`` from
+    ``check`` or ``run`` naming the flag), 1 a failure while running; failures are one line."""
+
+    def body(args: argparse.Namespace) -> int:
+        cfg = config_from_args(cls, args)
+        if check is not None:
+            check(cfg)
+        if logs_to_stderr:
+            logging.basicConfig(
+                level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s: %(message)s"
+            )
+            with contextlib.redirect_stdout(sys.stderr):
+                result = run(cfg)
+        else:
+            result = run(cfg)
+        write_result(result, getattr(args, "result_file", None), args.json)
+        if report is not None and not args.json:
+            print(report(result))
+        if note is not None:
+            print(note(cfg, result), file=sys.stderr)
+        return 0
+
+    return run_cli(parser, body, argv)

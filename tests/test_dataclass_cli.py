@@ -85,3 +85,63 @@ def test_layered_required_defaults_and_shown():
     )
     ns = p.parse_args(["--name", "n"])
     assert config_from_args(Demo, ns, {"paths": []}).count == 9
+
+
+@dataclass
+class Job:
+    """A config command's config: what run_config_cli parses."""
+
+    n: int = 2  # how many
+    fail: str = ""  # raise this kind of error while running: value | runtime
+
+
+def _job(cfg: Job) -> dict:
+    print("library chatter")  # a Trainer's own print: stderr under logs_to_stderr
+    if cfg.fail == "value":
+        raise ValueError("--fail value: refused")
+    if cfg.fail == "runtime":
+        raise RuntimeError("no GPU")
+    return {"n": cfg.n}
+
+
+def _check(cfg: Job) -> None:
+    if cfg.n < 1:
+        raise ValueError(f"--n must be >= 1, not {cfg.n}")
+
+
+def _run_job(argv: list[str], **kwargs) -> int:
+    from rag.dataclass_cli import config_parser, run_config_cli
+
+    parser = config_parser("python -m demo", "Demo job.", Job, out_file=True)
+    return run_config_cli(parser, Job, _job, argv, check=_check, **kwargs)
+
+
+def test_config_command_writes_result_report_and_note(tmp_path, capsys):
+    """One main for training, evals, benchmarks: --json on stdout (nothing else there), the report
+    instead without it, the note on stderr either way, --out FILE.json, the run's prints kept
+    off stdout with logs_to_stderr."""
+    import json
+
+    out = tmp_path / "sub" / "r.json"
+    shown = {"report": lambda r: f"n = {r['n']}", "note": lambda c, r: f"note {c.n}"}
+    assert _run_job(["--n", "3", "--json", "--out", str(out)], **shown, logs_to_stderr=True) == 0
+    cap = capsys.readouterr()
+    assert json.loads(cap.out) == {"n": 3} and json.loads(out.read_text()) == {"n": 3}
+    assert "library chatter" in cap.err and cap.err.rstrip().endswith("note 3")
+    assert _run_job(["--n", "4"], **shown) == 0
+    cap = capsys.readouterr()
+    assert cap.out == "library chatter\nn = 4\n" and cap.err == "note 4\n"
+
+
+@pytest.mark.parametrize(
+    "argv,code,line",
+    [
+        (["--n", "0"], 2, "demo: error: --n must be >= 1, not 0"),  # check(), before the run
+        (["--fail", "value"], 2, "demo: error: --fail value: refused"),
+        (["--fail", "runtime"], 1, "demo: error: no GPU"),
+    ],
+)
+def test_config_command_exit_codes(argv, code, line, capsys):
+    assert _run_job(argv, logs_to_stderr=True) == code
+    cap = capsys.readouterr()
+    assert cap.out == "" and cap.err.strip().splitlines()[-1] == line

@@ -1,7 +1,7 @@
 """``rag.ingest --engine ray``: on a local Ray cluster (127.0.0.1, 2 CPUs) it builds the index the
 local engine builds (same chunk ids, same vectors within float tolerance), a second run is
 incremental without touching Ray, and changes, deletions and bad files go through the same
-publication path."""
+publication path; with no cluster given it starts its own with the CPUs ``--workers`` needs."""
 
 from __future__ import annotations
 
@@ -50,6 +50,29 @@ def where(request) -> dict:
     if request.param == "faiss":
         return {"backend": "faiss"}
     return {"backend": "chroma", "chroma_url": request.getfixturevalue("chroma_server")}
+
+
+def test_own_cluster_declares_the_cpus_the_workers_need(tmp_path, tiny_mlm_dir, monkeypatch):
+    """No cluster given: the ingest starts a local one with workers + 1 logical CPUs when the
+    machine has fewer cores (here it is told it has 2: README's `--workers 2` on two cores),
+    says so in a note, and shuts it down after. First in the file: no shared cluster yet."""
+    from rag.ingest import ray_engine
+
+    if ray.is_initialized():  # run out of order: this test needs the cluster to be its own
+        ray.shutdown()
+    monkeypatch.setattr(ray_engine, "machine_cpus", lambda: 2)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    docs = write_docs(tmp_path / "docs")
+    r = ingest(
+        [docs], index="own", encoder=str(tiny_mlm_dir), progress=False, engine="ray", workers=2
+    )
+    assert r.ok and r.chunks_embedded == r.chunks > 0
+    assert [n for n in r.notes if n.startswith("ray:")] == [
+        "ray: started a local cluster with 3 logical CPUs for --workers 2 (one per encoder "
+        "actor, one for chunking) on 2 cores; they share the cores"
+    ]
+    assert not ray.is_initialized()  # the run started it, the run stopped it
+    assert ray_engine.local_cluster_cpus(1, 16) == 16  # enough cores: the machine's count
 
 
 def test_ray_engine_matches_local_and_is_incremental(tmp_path, tiny_mlm_dir, local_ray, where):

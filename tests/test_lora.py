@@ -12,14 +12,9 @@ from training_support import build_tokenizer, save_tiny_decoder, write_tiny_squa
 from rag.evaluation.datasets import load_squad_paragraphs
 from rag.prompt import REFUSAL, build_messages, parse_citations
 from training.lora import LoraTrainConfig, encode_example, fit
-from training.lora_data import (
-    QAExample,
-    assert_no_heldout,
-    read_examples,
-    squad_examples,
-    write_examples,
-)
+from training.lora_data import assert_no_heldout, read_examples, squad_examples, write_examples
 from training.lora_eval import score_answers
+from training.qa_example import QAExample
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +53,7 @@ def test_train_examples_never_use_heldout_articles(squad):
 
 
 def test_trim_passage_keeps_the_answer():
-    from training.lora_data import trim_passage
+    from training.qa_example import trim_passage
 
     text = (
         " ".join(f"w{i}" for i in range(100))

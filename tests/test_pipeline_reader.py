@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import rag.pipeline as pipeline_module
-from rag.answer.reader import Span, sentence_around
 from rag.answer.answerability import AnswerabilityDecision
+from rag.answer.reader import Span, sentence_around
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
 from rag.prompt import REFUSAL

@@ -15,8 +15,9 @@ from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 import training.tokenizer as tokenizer_mod
 from training.config import get_preset
 from training.data import list_files
-from training.defaults import build_parser, choose_tokenizer, corpus_key
-from training.pretrain import main
+from training.defaults import corpus_key
+from training.pretrain import build_parser, main
+from training.tokenizer import choose_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE_CORPUS = REPO / "tests" / "fixtures" / "corpus"

@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from training.defaults import default_corpus, default_out
+
 
 @dataclass(frozen=True)
 class ModelPreset:
@@ -136,8 +138,6 @@ class PretrainConfig:
             raise ConfigError(f"--batch-size must be >= 1, got {c.batch_size}")
         # an empty corpus / out means "the default" (training/defaults.py); an empty tokenizer is
         # left for pretrain() to choose, because choosing may mean training one
-        from training.defaults import default_corpus, default_out
-
         c.corpus = [str(x) for x in c.corpus] or default_corpus()
         c.out = str(Path(c.out)) if c.out else default_out(c.objective, c.preset)
         return c

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.models import is_sentence_transformer, resolve_model
 from rag.paths import shared_data_dir
 from training import pairs as P
-from training.cli import run_training_cli
 from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
 
@@ -369,21 +369,19 @@ def tuned_retriever_config(
 # ---------------------------------------------------------------------------- CLI
 
 
-def _report(summary: dict) -> None:
+def _report(summary: dict) -> str:
+    lines = []
     for name in summary["before"]:
         b, a = summary["before"][name]["ndcg@10"], summary["after"][name]["ndcg@10"]
-        print(f"{name}: nDCG@10 {b:.4f} -> {a:.4f}")
-    print(f"saved {summary['out']} ({summary['n_pairs']} pairs, {summary['steps']} steps)")
+        lines.append(f"{name}: nDCG@10 {b:.4f} -> {a:.4f}")
+    lines.append(f"saved {summary['out']} ({summary['n_pairs']} pairs, {summary['steps']} steps)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_training_cli(
-        "python -m training.contrastive",
-        __doc__,
-        ContrastiveConfig,
-        train_contrastive,
-        _report,
-        argv,
+    parser = config_parser("python -m training.contrastive", __doc__, ContrastiveConfig)
+    return run_config_cli(
+        parser, ContrastiveConfig, train_contrastive, argv, report=_report, logs_to_stderr=True
     )
 
 

@@ -2,7 +2,7 @@
 
 SQuAD teaches the answer format on encyclopaedia prose; a user's corpus is documentation, whose
 passages are reST/markdown chunks with headings. This module turns that structure into examples
-in the same :class:`~training.lora_data.QAExample` form, so LoRA also sees the pipeline's real
+in the same :class:`~training.qa_example.QAExample` form, so LoRA also sees the pipeline's real
 passages (as :mod:`training.pairs` mines heading → section pairs for the retriever):
 
 * **sections**: every heading of a file loaded by :mod:`rag.documents` opens a section that runs
@@ -48,7 +48,7 @@ from rag.prompt import REFUSAL, format_target
 from rag.retrieval.bm25 import BM25Index
 from training.doc_markup import clean_inline, lead_sentences
 from training.doc_questions import make_question, plain_heading
-from training.lora_data import QAExample, gold_positions, trim_passage
+from training.qa_example import QAExample, gold_positions, trim_passage
 
 DOC_PASSAGE_WORDS = 180  # about the pipeline's 256-token chunk
 MIN_SECTION_WORDS = 20  # shorter sections (a bare heading) are neither gold nor distractor

@@ -27,14 +27,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.models import resolve_model
 from rag.precision import FLOAT_PRECISIONS, float_precision, torch_dtype
 from rag.prompt import build_messages
-from training.cli import run_training_cli
 from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
-from training.lora_data import QAExample, squad_examples, training_examples
+from training.lora_data import squad_examples, training_examples
 from training.lora_eval import evaluate
+from training.qa_example import QAExample
 
 log = logging.getLogger("training.lora")
 
@@ -315,18 +316,21 @@ def preset_config(
 # ---------------------------------------------------------------------------- CLI
 
 
-def _report(summary: dict) -> None:
-    for key in ("em", "f1", "citation_accuracy", "refusal_accuracy"):
-        if key in summary["before"]:
-            print(f"{key}: {summary['before'][key]} -> {summary['after'][key]}")
-    print(
-        f"saved {summary['out']} ({summary['n_train_examples']} examples, {summary['steps']} steps)"
-    )
+def _report(summary: dict) -> str:
+    lines = [
+        f"{key}: {summary['before'][key]} -> {summary['after'][key]}"
+        for key in ("em", "f1", "citation_accuracy", "refusal_accuracy")
+        if key in summary["before"]
+    ]
+    n, steps = summary["n_train_examples"], summary["steps"]
+    lines.append(f"saved {summary['out']} ({n} examples, {steps} steps)")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_training_cli(
-        "python -m training.lora", __doc__, LoraTrainConfig, train_lora, _report, argv
+    parser = config_parser("python -m training.lora", __doc__, LoraTrainConfig)
+    return run_config_cli(
+        parser, LoraTrainConfig, train_lora, argv, report=_report, logs_to_stderr=True
     )
 
 

@@ -31,56 +31,13 @@ from pathlib import Path
 from rag.evaluation.datasets import SquadParagraph, load_squad_paragraphs, squad_split
 from rag.prompt import REFUSAL, format_target
 from rag.retrieval.bm25 import BM25Index
-
-
-@dataclass
-class QAExample:
-    """One grounded-QA example; ``cited`` are 1-based passage numbers (empty: refusal)."""
-
-    id: str
-    question: str
-    passages: list[str]
-    cited: list[int]
-    answers: list[str]  # gold answers (for EM/F1); the first is the training answer
-    target: str
-    article: str
-    answerable: bool = True
-    passage_ids: list[str] = field(default_factory=list)
-    kind: str = "squad"  # squad | doc (mined from documents by training.doc_qa_data)
+from training.doc_qa_data import doc_examples
+from training.qa_example import QAExample, gold_positions, trim_passage
 
 
 def _holds_answer(text: str, answers: Sequence[str]) -> bool:
     low = text.lower()
     return any(a.strip() and a.strip().lower() in low for a in answers)
-
-
-def trim_passage(text: str, max_words: int, answers: Sequence[str] = ()) -> str:
-    """At most ``max_words`` words of ``text``: a window around the first gold answer found,
-    else the opening words. 0 keeps the whole text. Shorter prompts make CPU training cheaper and
-    match the pipeline, whose passages are chunks rather than whole paragraphs."""
-    words = text.split()
-    if not max_words or len(words) <= max_words:
-        return text
-    start = 0
-    for a in answers:
-        pos = text.lower().find(a.strip().lower()) if a.strip() else -1
-        if pos >= 0:
-            first = len(text[:pos].split())
-            last = first + len(a.split())
-            start = max(0, min(first - (max_words - (last - first)) // 2, len(words) - max_words))
-            break
-    return " ".join(words[start : start + max_words])
-
-
-def gold_positions(n: int, k: int, rng: random.Random) -> list[int]:
-    """``n`` gold positions (0-based) over 0..k-1, each used ``n // k`` or ``n // k + 1`` times
-    (the extra ones from a random offset), in random order: each example's position is uniform,
-    as with a shuffle, but without its sampling noise, so no position is favoured (a model must
-    not learn "the answer is usually in [1]")."""
-    offset = rng.randrange(k)
-    positions = [(i + offset) % k for i in range(n)]
-    rng.shuffle(positions)
-    return positions
 
 
 def build_examples(
@@ -255,8 +212,6 @@ def training_examples(
             out += squad_examples(f, "train", left, k, refusal_fraction, seed, passage_words)
     out = out[:n_data] if n > 0 else out
     if docs and (n <= 0 or n_doc > 0):
-        from training.doc_qa_data import doc_examples
-
         out += doc_examples(docs, n_doc, k, refusal_fraction, seed, doc_passage_words)
     random.Random(seed).shuffle(out)
     return out

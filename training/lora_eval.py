@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag.prompt import build_messages, parse_citations
-from training.lora_data import QAExample
+from training.qa_example import QAExample
 
 # ---------------------------------------------------------------------------- generation + scoring
 

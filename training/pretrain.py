@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -30,7 +31,7 @@ import torch
 from tqdm import tqdm
 
 from rag.cli import run_cli
-from rag.dataclass_cli import config_from_args
+from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.models import pick_device
 from training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from training.config import PretrainConfig, get_preset
@@ -41,13 +42,20 @@ from training.data import (
     load_corpus,
     unigram_bits_per_byte,
 )
-from training.defaults import announce, build_parser, choose_tokenizer
+from training.defaults import DEFAULT_HELP
 from training.export import save_model_folder
 from training.init_from import load_initial_weights
 from training.masking import make_spec
 from training.model import build_model, count_parameters
 from training.plots import plot_losses
 from training.step import Stepper, make_optimizer, make_scheduler
+from training.tokenizer import (
+    TokenizerChoice,
+    choose_tokenizer,
+    load_tokenizer,
+    tokenizer_line,
+    train_for_corpus,
+)
 
 LOG, RUN = "train_log.jsonl", "run.json"
 # config fields that must match for --resume (the rest, e.g. --max-minutes, may change)
@@ -130,6 +138,63 @@ def bits_per_byte(loss: float, tokens_per_byte: float) -> float:
 
 
 # ---------------------------------------------------------------------------- the run
+
+
+def header_lines(
+    cfg: PretrainConfig, given: PretrainConfig, n_files: int, device: str, world: int
+) -> dict[str, str]:
+    """The run's choices besides the tokenizer, keyed by what they describe. ``cfg`` is the
+    resolved config, ``given`` the one the caller passed (empty fields were defaulted)."""
+    p = get_preset(cfg.preset)
+    default = " (default: the project's docs/)" if not given.corpus else ""
+    steps = f"{cfg.max_steps} (the cosine lr schedule spans them)"
+    if cfg.schedule == "time":
+        steps = f"up to {cfg.max_steps} (the lr schedule follows the clock)"
+    if cfg.max_minutes:
+        steps += f", stop after {cfg.max_minutes:g} min"
+    return {
+        "corpus": f"corpus:    {' '.join(cfg.corpus)}{default}, {n_files} files",
+        "out": f"out:       {cfg.out}{' (default)' if not given.out else ''}",
+        "preset": f"preset:    {p.name} ({p.num_hidden_layers} layers x {p.hidden_size}), "
+        f"seq {cfg.seq_len} x batch {cfg.batch_size}, peak lr {cfg.lr:g}",
+        "device": f"device:    {device}" + (f" x {world} processes" if world > 1 else ""),
+        "steps": f"steps:     {steps}",
+    }
+
+
+def say(line: str, rank: int = 0) -> None:
+    """Header lines go to stderr (stdout stays the summary, JSON with --json); rank 0 only."""
+    if rank == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def announce(
+    cfg: PretrainConfig,
+    given: PretrainConfig,
+    choice: TokenizerChoice,
+    n_files: int,
+    device: str,
+    world: int,
+    rank: int,
+):
+    """Print what the run chose (corpus, tokenizer, out, preset, device, steps), training the
+    corpus tokenizer first when ``choice`` asks for it; returns the loaded tokenizer."""
+    lines = header_lines(cfg, given, n_files, device, world)
+    if choice.how != "train":
+        tokenizer = load_tokenizer(choice.path)  # a missing --tokenizer fails before any output
+    say(lines["corpus"], rank)
+    seconds = None
+    if choice.how == "train":
+        vocab = get_preset(cfg.preset).tokenizer_vocab
+        say(f"tokenizer: training byte-level BPE (up to {vocab} tokens) on these files ...", rank)
+        seconds = train_for_corpus(choice, cfg.corpus, vocab)
+        tokenizer = load_tokenizer(choice.path)
+    say(tokenizer_line(choice, len(tokenizer), seconds), rank)
+    if choice.note:
+        say(f"           ({choice.note})", rank)
+    for key in ("out", "preset", "device", "steps"):
+        say(lines[key], rank)
+    return tokenizer
 
 
 def pretrain(cfg: PretrainConfig, progress: bool = True) -> dict[str, Any]:
@@ -335,6 +400,25 @@ def time_is_up(elapsed_s: float, max_minutes: float, device: str, world: int) ->
 
 
 # ---------------------------------------------------------------------------- CLI
+
+
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """One flag per PretrainConfig field (rag.dataclass_cli: help from the field comments, each
+    ending in its default, so ``--help`` says what a bare run will do; the "choose for me"
+    defaults are :data:`training.defaults.DEFAULT_HELP`), plus ``--json`` and ``--no-progress``.
+    ``--objective`` is required: encoder or decoder is the one choice a run cannot guess."""
+    p = dataclass_parser(
+        "python -m training.pretrain",
+        description,
+        PretrainConfig,
+        shown=DEFAULT_HELP,
+        required=("objective",),
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print the run summary as JSON on stdout (default: off)"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
+    return p
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from rag.answer.reader import SpanReader, pick
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.evaluation.metrics import exact_match, f1_score
-from rag.models import bf16_is_fast, lm_objective, resolve_model
+from rag.models import lm_objective, resolve_model
+from rag.precision import bf16_is_fast
 from training import reader_data as D
-from training.cli import run_training_cli
 from training.finetune import FinetuneConfig, finetune_run
 
 log = logging.getLogger("training.reader")
@@ -252,9 +253,9 @@ def reader_config(
     )
 
 
-def _report(summary: dict[str, Any]) -> None:
+def _report(summary: dict[str, Any]) -> str:
     dev, cal = summary["dev"], summary["calibration"]
-    print(
+    return (
         f"reader -> {summary['out']}: dev gold-paragraph EM {dev['em']} / F1 {dev['f1']} "
         f"({dev['questions']} questions; before {summary['dev_before_200']['f1']} F1), "
         f"null threshold {cal['threshold']} (calibration: {cal['answered_right']}% answered right, "
@@ -263,8 +264,9 @@ def _report(summary: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_training_cli(
-        "python -m training.reader", __doc__, ReaderConfig, train_reader, _report, argv
+    parser = config_parser("python -m training.reader", __doc__, ReaderConfig)
+    return run_config_cli(
+        parser, ReaderConfig, train_reader, argv, report=_report, logs_to_stderr=True
     )
 
 

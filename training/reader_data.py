@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.retrieval.bm25 import BM25Index
 from rag.evaluation.datasets import SquadParagraph, load_squad_paragraphs, squad_split
 from rag.evaluation.metrics import normalize_answer
+from rag.retrieval.bm25 import BM25Index
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rag.dataclass_cli import config_parser, run_config_cli
 from rag.models import lm_objective, resolve_model
 from training import pairs as P
 from training import rerank_data as R
-from training.cli import run_training_cli
 from training.finetune import FinetuneConfig, finetune_run
 
 log = logging.getLogger("training.rerank")
@@ -318,22 +318,25 @@ def reranker_config(
 # ---------------------------------------------------------------------------- CLI
 
 
-def _report(summary: dict) -> None:
+def _report(summary: dict) -> str:
+    lines = []
     for name in summary["before"]:
         b, a = summary["before"][name], summary["after"][name]
-        print(
+        lines.append(
             f"{name}: rerank nDCG@10 {b['ndcg@10']:.4f} -> {a['ndcg@10']:.4f}"
             f" (first stage {a['base_ndcg@10']:.4f})"
         )
-    print(
+    lines.append(
         f"saved {summary['out']} ({summary['n_queries']} queries, {summary['n_rows']} rows,"
         f" {summary['steps']} steps)"
     )
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_training_cli(
-        "python -m training.rerank", __doc__, RerankConfig, train_rerank, _report, argv
+    parser = config_parser("python -m training.rerank", __doc__, RerankConfig)
+    return run_config_cli(
+        parser, RerankConfig, train_rerank, argv, report=_report, logs_to_stderr=True
     )
 
 

@@ -20,16 +20,20 @@ CLI::
     python -m training.tokenizer --corpus ../shared/data/python-docs --vocab-size 16384 --out DIR
 
 ``training.pretrain`` uses ``$RAG_HOME/tokenizer`` when no ``--tokenizer`` is given (and trains
-one for its corpus when that folder is absent), so this command is optional.
+one for its corpus when that folder is absent: :func:`choose_tokenizer`), so this command is
+optional.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -37,6 +41,8 @@ from transformers import PreTrainedTokenizerFast
 
 from rag.documents import load_documents
 from rag.paths import tokenizer_dir
+from training.config import ModelPreset
+from training.defaults import TOKENIZER_CHARS, corpus_tokenizer_dir, default_corpus
 
 PAD, UNK, BOS, EOS, MASK = "<pad>", "<unk>", "<s>", "</s>", "<mask>"
 SPECIAL_TOKENS = [PAD, UNK, BOS, EOS, MASK]
@@ -152,9 +158,68 @@ def load_tokenizer(path: Path) -> PreTrainedTokenizerFast:
     return AutoTokenizer.from_pretrained(str(path))
 
 
+# ---------------------------------------------------------------------------- a run's tokenizer
+
+
+@dataclass
+class TokenizerChoice:
+    """Which tokenizer a run uses, and how it came to be chosen (for the first printed lines)."""
+
+    path: Path
+    how: str  # given (--tokenizer) | shared ($RAG_HOME/tokenizer) | reused | train
+    note: str = ""  # e.g. why $RAG_HOME/tokenizer was passed over
+
+
+def choose_tokenizer(given: str, files: list[Path], preset: ModelPreset) -> TokenizerChoice:
+    """Decide the tokenizer folder without training anything (``how == "train"`` asks for it):
+    ``given``, else ``$RAG_HOME/tokenizer`` when it fits the preset, else the corpus's own
+    (:func:`training.defaults.corpus_tokenizer_dir`)."""
+    if given:
+        return TokenizerChoice(Path(given), "given")
+    note, shared = "", tokenizer_dir()
+    if (shared / "tokenizer.json").exists():
+        n = Tokenizer.from_file(str(shared / "tokenizer.json")).get_vocab_size()
+        if n <= preset.max_vocab:
+            return TokenizerChoice(shared, "shared")
+        note = f"{shared} passed over: {n} tokens, preset {preset.name} takes {preset.max_vocab}"
+    path = corpus_tokenizer_dir(files, preset.tokenizer_vocab)
+    how = "reused" if (path / "tokenizer.json").exists() else "train"
+    return TokenizerChoice(path, how, note)
+
+
+def train_for_corpus(choice: TokenizerChoice, corpus: list[str], vocab: int) -> float:
+    """Train the corpus tokenizer into a temporary sibling folder, then rename it into place:
+    an interrupted run leaves nothing that a later run would "reuse", and torchrun ranks that
+    all train at once race safely (the first rename wins, the others use its folder).
+    Returns the seconds it took."""
+    t0 = time.time()
+    tmp = choice.path.with_name(f".{choice.path.name}.{os.getpid()}.tmp")
+    train_tokenizer([Path(c) for c in corpus], vocab, tmp, max_chars=TOKENIZER_CHARS)
+    try:
+        tmp.rename(choice.path)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (choice.path / "tokenizer.json").exists():
+            raise
+    return time.time() - t0
+
+
+def tokenizer_line(choice: TokenizerChoice, vocab: int, seconds: float | None) -> str:
+    """The header line naming the tokenizer and whether it was trained now or reused."""
+    if choice.how == "given":
+        return f"tokenizer: {choice.path} (--tokenizer), {vocab} tokens"
+    if choice.how == "shared":
+        return f"tokenizer: reused {choice.path} ($RAG_HOME/tokenizer), {vocab} tokens"
+    if choice.how == "reused":
+        return f"tokenizer: reused {choice.path} (trained earlier for these files), {vocab} tokens"
+    return (
+        f"tokenizer: trained {choice.path} for these files in {seconds or 0:.1f}s, {vocab} tokens "
+        "(later runs on the same files reuse it)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     from rag.cli import OneLineParser, run_cli
-    from training.defaults import default_corpus
 
     p = OneLineParser(prog="python -m training.tokenizer", description=__doc__.split("\n")[0])
     p.add_argument(

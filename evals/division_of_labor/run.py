@@ -13,8 +13,6 @@ CLI::
 
 from __future__ import annotations
 
-import argparse
-import sys
 from pathlib import Path
 
 from evals.division_of_labor.experiment import Experiment
@@ -23,22 +21,18 @@ from evals.division_of_labor.presets import ExperimentConfig
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 2 for a bad flag or missing data (one line, rag.cli), 1 when a step fails."""
-    from evals.cli import write_result
-    from rag.cli import run_cli
-    from rag.dataclass_cli import config_from_args, dataclass_parser
+    from rag.dataclass_cli import config_parser, run_config_cli
 
-    p = dataclass_parser(
+    parser = config_parser(
         "python -m evals.division_of_labor", __doc__, ExperimentConfig, required=("out",)
     )
-    p.add_argument("--json", action="store_true", help="print results.json on stdout")
-
-    def run(args: argparse.Namespace) -> int:
-        cfg = config_from_args(ExperimentConfig, args)
-        write_result(Experiment(cfg).run(), None, args.json)
-        print(f"wrote {Path(cfg.out) / 'results.md'}", file=sys.stderr)
-        return 0
-
-    return run_cli(p, run, argv)
+    return run_config_cli(
+        parser,
+        ExperimentConfig,
+        lambda cfg: Experiment(cfg).run(),
+        argv,
+        note=lambda cfg, _: f"wrote {Path(cfg.out) / 'results.md'}",
+    )
 
 
 if __name__ == "__main__":

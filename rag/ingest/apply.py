@@ -136,7 +136,9 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
     if cfg.engine == "ray":  # chunking and embedding on Ray; everything else as below
         from rag.ingest.ray_engine import RayEngine
 
-        engine = RayEngine(cfg, encoder, on_batch=lambda n: _checkpoint("mid-encode"))
+        engine = RayEngine(
+            cfg, encoder, on_batch=lambda n: _checkpoint("mid-encode"), notes=report.notes
+        )
     try:
         return _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine)
     finally:

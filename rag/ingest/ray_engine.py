@@ -33,6 +33,24 @@ from rag.types import Chunk
 
 BATCH_SIZE = 256  # chunks per map_batches call; the encoder re-batches them by token length
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+log = logging.getLogger("rag.ingest")
+
+
+def machine_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask; ``os.cpu_count()`` without one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def local_cluster_cpus(workers: int, machine: int) -> int:
+    """Logical CPUs a local cluster of this run declares: the machine's, or ``workers + 1`` (one
+    per encoder actor, one for chunking) when that is more. Ray schedules by this logical count
+    and never pins a task to a core, so on a 2-core machine ``--workers 2`` runs its two actors
+    and the chunking task on the two cores (each actor with one torch thread) instead of
+    refusing; the price is that they share the cores."""
+    return max(machine, workers + 1)
 
 
 def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, max_bytes: int) -> list[dict]:
@@ -104,8 +122,10 @@ class RayEngine:
         cfg: IngestConfig,
         encoder: EncoderHandle,
         on_batch: Callable[[int], None] | None = None,
+        notes: list[str] | None = None,
     ):
         self.cfg, self.encoder, self.on_batch = cfg, encoder, on_batch
+        self.notes = [] if notes is None else notes  # the report's notes: what Ray was given
         self.vectors: dict[str, np.ndarray] = {}  # chunk id -> vector, from the chunking pass
         self.timings: dict[str, float] = {}
         self._started = False
@@ -126,19 +146,37 @@ class RayEngine:
         return env
 
     def _ray(self) -> Any:
+        """Ray, connected: to ``--ray-address`` (or ``$RAY_ADDRESS``) when given, else to a
+        local cluster this run starts with enough logical CPUs for ``--workers``
+        (:func:`local_cluster_cpus`); a cluster given by address, or one the caller started,
+        must have them already."""
         import sys
 
-        if self.cfg.ray_address and "ray" not in sys.modules:
+        address = self.cfg.ray_address or os.environ.get("RAY_ADDRESS")
+        if address and "ray" not in sys.modules:
             use_cluster_token()  # read once, when ray is first imported
         import ray
 
         if not ray.is_initialized():
+            where: dict[str, Any] = {"address": address}
+            if not address:  # "local": a new cluster even if `ray start` left one running
+                machine = machine_cpus()
+                cpus = local_cluster_cpus(self.cfg.workers, machine)
+                where = {"address": "local", "num_cpus": cpus}
+                if cpus > machine:
+                    note = (
+                        f"ray: started a local cluster with {cpus} logical CPUs for --workers "
+                        f"{self.cfg.workers} (one per encoder actor, one for chunking) on "
+                        f"{machine} cores; they share the cores"
+                    )
+                    log.info(note)
+                    self.notes.append(note)
             ray.init(
-                address=self.cfg.ray_address,
                 include_dashboard=False,
                 log_to_driver=False,
                 logging_level=logging.WARNING,  # the ingest's own report is the output
                 runtime_env={"env_vars": self._env()},
+                **where,
             )
             self._started = True
         from ray.data import DataContext
