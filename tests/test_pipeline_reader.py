@@ -98,6 +98,7 @@ def test_reader_span_picks_the_cited_passage_and_the_decoder_phrases_it():
     user = messages[-1]["content"]
     assert PASSAGES[1] in user and PASSAGES[0] not in user and "Short answer: Black Forest" in user
     assert pipe.generator.kwargs[0]["max_new_tokens"] <= pipeline_module.SPAN_MAX_NEW_TOKENS
+    assert "[1]" in pipe.generator.kwargs[0]["stop"]  # decoding ends with the citation
 
 
 def test_a_reply_that_drops_the_span_or_refuses_gives_the_passages_own_sentence():
