@@ -24,6 +24,7 @@ CLIS = [
     ("training.contrastive", ["--device", "tpu"], "--device"),
     ("training.lora", ["--r", "eight"], "--r"),
     ("training.rerank", ["--max-length", "long"], "--max-length"),
+    ("training.reader", ["--stride", "wide"], "--stride"),
     ("evals.qa", ["--squad", "x.json", "--k", "three"], "--k"),
     ("evals.retrieval", ["--dataset", "d", "--retriever", "sparse"], "--retriever"),
     ("evals.docqa", ["--device", "tpu"], "--device"),
@@ -40,9 +41,14 @@ CLIS = [
 ]
 
 
+# commands whose main lives in a module of the package (``python -m rag.serve`` runs
+# rag/serve/__main__.py, which calls rag.serve.app.main)
+MAIN_MODULE = {"rag.serve": "rag.serve.app"}
+
+
 def run_main(module: str, argv: list[str]) -> int:
     try:
-        return importlib.import_module(module).main(argv)
+        return importlib.import_module(MAIN_MODULE.get(module, module)).main(argv)
     except SystemExit as e:  # argparse: --help, or a refused flag
         return e.code
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rag.answer.reader import READER_ARTEFACT, resolve_reader
 from rag.models import TUNED_ENCODER, default_encoder
 from rag.paths import models_dir
 from rag.retrieval.rerank import AUTO_RERANKER, resolve_reranker
@@ -17,12 +18,17 @@ from training.rerank import reranker_config
 def test_steps_write_what_auto_resolution_reads(tmp_path, monkeypatch):
     monkeypatch.setenv("RAG_HOME", str(tmp_path / "home"))
     args = argparse.Namespace(device="cpu", threads=1)
-    retriever, reranker = retrieval_steps(args, tmp_path / "data")
+    retriever, reranker, reader = retrieval_steps(args, tmp_path / "data")
     assert retriever.artefact == models_dir() / TUNED_ENCODER
     assert reranker.artefact == models_dir() / AUTO_RERANKER
-    assert not retriever.exists() and not reranker.exists()
-    # before make models: the base encoder and no reranker
+    assert reader.artefact == models_dir() / READER_ARTEFACT
+    assert not retriever.exists() and not reranker.exists() and not reader.exists()
+    # before make models: the base encoder, no reranker, no reader
     assert default_encoder() == "minilm" and resolve_reranker("auto") is None
+    assert resolve_reader("auto") is None
+    (reader.artefact).mkdir(parents=True)
+    (reader.artefact / "reader.json").write_text("{}")
+    assert reader.exists() and resolve_reader("auto") == reader.artefact  # what auto reads
 
 
 def test_recipes_train_on_train_splits_and_the_docs(tmp_path):
@@ -53,7 +59,7 @@ def test_steps_run_the_recipes_and_report_their_summaries(tmp_path, monkeypatch)
     monkeypatch.setattr(C, "train_contrastive", fake_contrastive)
     monkeypatch.setattr(RR, "train_rerank", fake_rerank)
     args = argparse.Namespace(device="cpu", threads=2)
-    retriever, reranker = retrieval_steps(args, tmp_path / "data")
+    retriever, reranker, reader = retrieval_steps(args, tmp_path / "data")
     assert retriever.run() == {"n_pairs": 727, "steps": 66, "train_loss": 0.56}
     assert reranker.run()["n_rows"] == 14673
     assert seen["retriever"].out == str(models_dir() / TUNED_ENCODER)

@@ -23,7 +23,8 @@ PROG = "python -m ui.app"
 # The RAGConfig settings the app exposes as flags (and as starting values of its settings panel).
 RAG_FLAGS = (
     "index", "encoder", "decoder", "adapter", "mode", "k", "rerank", "rerank_depth",
-    "rerank_weight", "rerank_precision", "temperature", "max_new_tokens", "device",
+    "rerank_weight", "rerank_precision", "temperature", "max_new_tokens", "device", "reader",
+    "compose",
 )  # fmt: skip
 # Where the app's starting values differ from rag.ask's: the index `make demo` builds, and
 # shorter answers for a chat (the slider goes up to 512).
