@@ -72,5 +72,6 @@ $PY -m evals.qa $RQA --limit 300 --unanswerable-limit 100 --generator $Q --adapt
 $PY -m evals.qa $RQA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose decoder --out $O/qa-reader-qwen05.json
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader --compose extract --out $O/docqa-reader-extract.json
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader --compose decoder --out $O/docqa-reader-qwen05.json
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader none --out $O/docqa-reader-none.json  # the same index without the reader
 stamp done
 $PY -m evals.answers_report "$O"
