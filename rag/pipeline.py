@@ -38,7 +38,6 @@ configured, it reads the question against every relevant passage before anything
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -72,8 +71,7 @@ class Prepared:
     timings: dict[str, float]
     answerable: AnswerabilityDecision | None = None  # rag.answer.answerability; None = not checked
     reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
-    span: AnswerSpan | None = None  # the reader's trusted short answer (hits = its passage)
-    reader_abstained: bool = False  # the reader ran and no passage had a span it trusts
+    span: AnswerSpan | None = None  # the reader's trusted short answer (hits[0] = its passage)
 
 
 def open_retriever(config: RAGConfig, index: str | Path | None = None) -> Retriever:
@@ -182,7 +180,6 @@ class RAGPipeline:
         self._retriever = retriever
         self._generator = generator
         self._reader = reader  # a SpanReader; False = resolved to none
-        self._reader_threshold: float | None = None
         self.rewrite_query = rewrite_query or self.config.rewrite_query
         self._retriever_lock = threading.Lock()
         self._generator_lock = threading.Lock()
@@ -237,20 +234,7 @@ class RAGPipeline:
                         if path
                         else False
                     )
-                    self._reader_path = path
         return self._reader or None
-
-    @property
-    def reader_threshold(self) -> float:
-        """The reader's null threshold: the config's, else the one its training chose."""
-        if self.config.reader_threshold is not None:
-            return self.config.reader_threshold
-        if self._reader_threshold is None:
-            from rag.answer.reader import saved_threshold
-
-            path = getattr(self, "_reader_path", None) or getattr(self.reader, "path", None)
-            self._reader_threshold = saved_threshold(path) if path else 0.0
-        return self._reader_threshold
 
     @property
     def generation(self) -> str | None:
@@ -298,11 +282,11 @@ class RAGPipeline:
         reranker = name if isinstance(name, str) else None
         if not hits:
             return Prepared(question, query, [], [], timings, reranker=reranker)
-        span, abstained = self.read(query, hits, timings)
-        if span is not None:
+        read = self.read(query, hits, timings)
+        if read is not None:
             # the span's passage is [1], the only one the decoder reads; the other hits follow
             # (shown as retrieved, uncited)
-            hit = next(h for h in hits if h.chunk.id == span.chunk_id)
+            span, hit = read
             ordered = [hit, *(h for h in hits if h is not hit)]
             messages = build_span_messages(query, hit.chunk.text, span.text)
             return Prepared(question, query, ordered, messages, timings, None, reranker, span)
@@ -315,26 +299,29 @@ class RAGPipeline:
         )
         threshold = self.config.answerability_threshold
         answerable = check(self.retriever, query, hits, threshold)
-        return Prepared(
-            question, query, hits, messages, timings, answerable, reranker, None, abstained
-        )
+        return Prepared(question, query, hits, messages, timings, answerable, reranker)
 
     def read(
         self, query: str, hits: list[Hit], timings: dict[str, float]
-    ) -> tuple[AnswerSpan | None, bool]:
-        """(the reader's trusted span over ``hits``, whether the reader abstained): (None, False)
-        when there is no reader; ``timings["read_s"]`` records its time."""
+    ) -> tuple[AnswerSpan, Hit] | None:
+        """The reader's trusted span over ``hits`` and the hit it is in, or None when there is no
+        reader or it trusts no span (abstains); ``timings["read_s"]`` records its time. The
+        threshold is the config's, else the one the reader's training chose."""
         reader = self.reader
         if reader is None:
-            return None, False
+            return None
         from rag.answer.reader import pick
 
+        threshold = self.config.reader_threshold
+        if threshold is None:
+            threshold = reader.threshold
         t0 = time.perf_counter()
-        best = pick(reader.read(query, [h.chunk.text for h in hits]), self.reader_threshold)
+        best = pick(reader.read(query, [h.chunk.text for h in hits]), threshold)
         timings["read_s"] = time.perf_counter() - t0
         if best is None:
-            return None, True
-        c = hits[best.passage].chunk
+            return None
+        hit = hits[best.passage]
+        c = hit.chunk
         span = AnswerSpan(
             text=best.text,
             number=1,
@@ -347,7 +334,7 @@ class RAGPipeline:
             score=round(best.margin, 4),
             path=c.path,
         )
-        return span, False
+        return span, hit
 
     def _decode_args(
         self,
@@ -457,9 +444,9 @@ class RAGPipeline:
     ) -> tuple[Answer | None, RefusalDecision | None]:
         """(the refusal, when nothing relevant was retrieved or the gate refuses, else None;
         the gate's decision). Either refusal decodes nothing."""
+        # with a reader, the check runs only where it abstained (a span's Prepared has none), so
+        # a refusal here is the reader and the check agreeing
         unanswerable = prep.answerable is not None and prep.answerable.refuse
-        if self._reader and not prep.reader_abstained:
-            unanswerable = False  # with a reader, refuse only when it agrees (it abstained)
         spanned = prep.span is not None  # the decoder only phrases the span: it never refuses
         gate = self._gate(prep) if prep.hits and not unanswerable and not spanned else None
         if prep.hits and not unanswerable and not (gate is not None and gate.refuse):
@@ -518,7 +505,7 @@ def extracted_answer(prep: Prepared) -> str:
     from rag.answer.reader import sentence_around
 
     span = prep.span
-    return f"{sentence_around(prep.hits[0].chunk.text, span.start, span.end)} [1]"
+    return f"{sentence_around(prep.hits[0].chunk.text, span.start, span.end)} {SPAN_CITATION}"
 
 
 def span_reply(raw: str, prep: Prepared) -> str:
@@ -526,11 +513,10 @@ def span_reply(raw: str, prep: Prepared) -> str:
     the reply refuses or does not hold the span word for word (normalised)."""
     from rag.evaluation.metrics import normalize_answer
 
-    parsed = parse_citations(raw, 1)
+    parsed = parse_citations(raw, 1)  # the markers it wrote come out; [1] is appended
     if parsed.refused or normalize_answer(prep.span.text) not in normalize_answer(parsed.text):
         return extracted_answer(prep)
-    text = re.sub(r"\s*\[\d+(?:\s*,\s*\d+)*\]", "", raw).strip()
-    return f"{text} {SPAN_CITATION}"
+    return f"{parsed.text} {SPAN_CITATION}"
 
 
 def _gen_timings(stats: dict[str, float]) -> dict[str, float]:

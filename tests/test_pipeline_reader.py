@@ -40,6 +40,8 @@ class FakeRetriever:
 class FakeReader:
     """Scripted spans: ``answers`` maps passage index -> (answer text, margin)."""
 
+    threshold = 0.0  # SpanReader's own, read from reader.json; the tests set the config's
+
     def __init__(self, answers: dict[int, tuple[str, float]]):
         self.answers = answers
         self.calls: list[list[str]] = []

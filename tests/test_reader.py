@@ -117,6 +117,7 @@ def test_reader_training_run_saves_a_plain_qa_folder(tmp_path, tiny_qa_dir):
     model = AutoModelForQuestionAnswering.from_pretrained(str(out))
     reloaded = SpanReader.load(out)
     assert reloaded.max_length == 64  # reader.json read back
+    assert reloaded.threshold == saved["threshold"]  # the threshold the product uses
     trained = dict(model.named_parameters())["qa_outputs.weight"]
     start = dict(
         AutoModelForQuestionAnswering.from_pretrained(str(tiny_qa_dir)).named_parameters()

@@ -28,7 +28,7 @@ import logging
 import random
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,12 +163,7 @@ def train_reader(cfg: ReaderConfig) -> dict[str, Any]:
             train_qs = random.Random(cfg.seed).sample(
                 train_qs, min(cfg.max_questions, len(train_qs))
             )
-        train_qs = [
-            D.ReaderQuestion(
-                q.qid, q.question, q.answers, q.gold, q.distractors[: cfg.negatives], q.gold_start
-            )
-            for q in train_qs
-        ]
+        train_qs = [replace(q, distractors=q.distractors[: cfg.negatives]) for q in train_qs]
         D.assert_train_only(train_qs + cal_qs, cfg.squad)
         dev_qs = D.questions(D.squad_articles(cfg.squad, "dev"), negatives=0)
         if cfg.eval_max_questions:

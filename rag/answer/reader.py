@@ -88,6 +88,7 @@ class SpanReader:
         stride: int = 128,
         max_answer_tokens: int = 30,
         batch_size: int = 16,
+        threshold: float = 0.0,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -95,6 +96,9 @@ class SpanReader:
         self.stride = stride
         self.max_answer_tokens = max_answer_tokens
         self.batch_size = batch_size
+        # the null threshold its training chose (reader.json); 0.0 = "prefer the span whenever
+        # its margin is positive" for a folder without one
+        self.threshold = threshold
         self._lock = threading.Lock()
 
     @classmethod
@@ -116,9 +120,7 @@ class SpanReader:
         positions = getattr(model.config, "max_position_embeddings", None)
         if positions:  # never a window longer than the model has positions for
             settings["max_length"] = min(settings["max_length"], positions)
-        reader = cls(model, tok, **settings)
-        reader.path = path
-        return reader
+        return cls(model, tok, **settings)
 
     def read(self, question: str, passages: Sequence[str]) -> list[Span]:
         """The best span of each passage that has one (windows of a long passage compete by
@@ -167,14 +169,15 @@ class SpanReader:
 
 
 def _reader_settings(path: Path) -> dict[str, Any]:
-    """max_length / stride / max_answer_tokens saved in ``reader.json`` by the training run."""
+    """max_length / stride / max_answer_tokens / threshold saved in ``reader.json`` by the
+    training run (none for a folder without one)."""
     import json
 
     f = path / "reader.json"
     if not f.is_file():
         return {}
     saved = json.loads(f.read_text())
-    keys = ("max_length", "stride", "max_answer_tokens")
+    keys = ("max_length", "stride", "max_answer_tokens", "threshold")
     return {k: saved[k] for k in keys if k in saved}
 
 
@@ -204,15 +207,6 @@ def resolve_reader(name: str | None) -> Path | None:
         f"--reader {name}: no such reader folder or artefact under {models_dir()} "
         "(train one with `python -m training.reader`, or use --reader none)"
     )
-
-
-def saved_threshold(path: str | Path) -> float:
-    """The null threshold the training run chose on train questions (``reader.json``; 0.0 =
-    "prefer the span whenever its margin is positive" for a folder without one)."""
-    import json
-
-    f = Path(path) / "reader.json"
-    return float(json.loads(f.read_text()).get("threshold", 0.0)) if f.is_file() else 0.0
 
 
 def sentence_around(text: str, start: int, end: int) -> str:
