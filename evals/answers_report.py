@@ -44,7 +44,8 @@ def row_name(config: Mapping[str, Any]) -> str:
     name = f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"
     reader = config.get("reader")  # runs before the reader existed have no key: no reader
     if reader and reader != "none":
-        name = "reader alone" if config.get("compose") == "extract" else f"reader + {name}"
+        label = "reader" if reader == "auto" else Path(str(reader)).name
+        name = f"{label} alone" if config.get("compose") == "extract" else f"{label} + {name}"
     gate = config.get("refusal_threshold")
     if gate is not None:  # 1.0: decoded with the refusal barred, never refused by the decoder
         name = f"{name}, refusal barred" if gate >= 1 else f"{name}, refusal gate {gate:g}"

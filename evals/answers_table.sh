@@ -73,5 +73,12 @@ $PY -m evals.qa $RQA --limit 300 --unanswerable-limit 100 --generator $Q --adapt
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader --compose extract --out $O/docqa-reader-extract.json
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader --compose decoder --out $O/docqa-reader-qwen05.json
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader none --out $O/docqa-reader-none.json  # the same index without the reader
+stamp "the reader trained on SQuAD + linux-doc section questions (make models' recipe): the same rows"
+[ -f artifacts/models/minilm-reader-docs/reader.json ] || $PY -m training.reader --squad $S --docs $DATA/corpus/linux-doc --out artifacts/models/minilm-reader-docs --threads 2
+RQD="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --reader artifacts/models/minilm-reader-docs"
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader-docs --compose decoder --out $O/docqa-reader-docs-qwen05.json
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader-docs --compose extract --out $O/docqa-reader-docs-extract.json
+$PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose extract --out $O/qa-reader-docs-extract.json
+$PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose decoder --out $O/qa-reader-docs-qwen05.json
 stamp done
 $PY -m evals.answers_report "$O"

