@@ -33,8 +33,8 @@ ALLOWED: dict[str, set[str]] = {
 # plumbing every command shares), never to a rag subpackage's insides.
 ENTRY_POINTS = ("rag.ask", "rag.search", "rag.serve.app")
 UI_RAG_API = {
-    "rag.cli", "rag.config", "rag.dataclass_cli", "rag.documents", "rag.ingest", "rag.models",
-    "rag.paths", "rag.pipeline", "rag.prompt", "rag.types",
+    "rag.cli", "rag.config", "rag.dataclass_cli", "rag.documents", "rag.ingest", "rag.markup",
+    "rag.models", "rag.paths", "rag.pipeline", "rag.prompt", "rag.types",
 }  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import gradio as gr
 
 from rag.config import RAGConfig, resolve_models
+from rag.markup import inert
 from rag.paths import list_indexes
 from rag.pipeline import conversational
 from rag.types import Answer
@@ -205,7 +206,7 @@ class ChatApp:
         if not pairs:
             return "No file was uploaded."
         staged, refused = stage_uploads(pairs, index, self.config.max_upload_bytes)
-        lines = [f"- refused **{r.name}**: {r.reason}" for r in refused]
+        lines = [f"- refused **{inert(r.name)}**: {inert(r.reason)}" for r in refused]
         if staged:
             from rag.ingest import ingest
 
@@ -237,6 +238,9 @@ def _turns(history: list[dict]) -> list[dict[str, str]]:
 def _report_lines(report: Any) -> list[str]:
     """Markdown lines from a :class:`rag.ingest.IngestReport`: its summary, then each failed file
     with the reason (the same per-file report as ``python -m rag.ingest``)."""
-    lines = [f"- {report.summary()}"]
-    lines += [f"- failed **{Path(path).name}**: {reason}" for path, reason in report.failures]
+    lines = [f"- {inert(report.summary())}"]
+    lines += [
+        f"- failed **{inert(Path(path).name)}**: {inert(reason)}"
+        for path, reason in report.failures
+    ]
     return lines
