@@ -222,6 +222,34 @@ def test_generation_lifecycle(generation_backend, tmp_path):
     ix.close()
 
 
+def test_generation_that_only_removes(generation_backend, tmp_path):
+    """What ``rag.docs remove`` stages: dropped ids and no vectors at all. Until it is published
+    the live generation keeps them; after, the new one never returns them (a shared store keeps
+    them for readers still on the previous generation, then drops them at ``reconcile``)."""
+    backend, opts = generation_backend
+    vecs, ids = unit(np.random.default_rng(6), 6), [f"r{i}" for i in range(6)]
+    (staging := tmp_path / "index" / ".gen-000001.tmp-1").mkdir(parents=True)
+    root = staging.parent
+    with open_for_generation(backend, root, None, staging, DIM, **opts) as ix:
+        ix.stage_changes([], ids, vecs)
+        gen1 = _publish(staging)
+        ix.reconcile(ids)
+    (staging := root / ".gen-000002.tmp-1").mkdir()
+    with open_for_generation(backend, root, gen1, staging, DIM, **opts) as ix:
+        ix.stage_changes({"r0", "r1"}, [], np.zeros((0, DIM), np.float32))
+        with load_generation(backend, root, gen1, DIM, **opts) as live:
+            assert sorted(live.ids()) == ids
+            assert live.search(vecs[0:1], 1)[0][0][0] == "r0"
+        gen2 = _publish(staging)
+        ix.reconcile(ids[2:] + ids)  # the previous generation still names r0, r1
+        with load_generation(backend, root, gen2, DIM, **opts) as live:
+            assert {"r0", "r1"} & set(live.ids()) == ({"r0", "r1"} if live.shared_store else set())
+        ix.reconcile(ids[2:])  # the next publication: only the live generation is kept
+        with load_generation(backend, root, gen2, DIM, **opts) as live:
+            assert sorted(live.ids()) == ids[2:] and live.count() == 4
+            assert live.search(vecs[0:1], 4)[0][0][0] != "r0"
+
+
 def test_missing_ids_are_found_in_a_shared_store(generation_backend, tmp_path):
     """Ids the manifest names but a shared store lost are reported, to be re-embedded."""
     backend, opts = generation_backend

@@ -6,8 +6,9 @@ package, LangChain's ``ChatOpenAI``, curl) can ask the indexes questions.
         [--rerank auto|none|DIR] [--rerank-depth N] [--rerank-weight W]
 
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``,
-``POST /v1/embeddings``, ``GET /health``. A model name is ``rag:<index>`` for each index under
-``$RAG_HOME/indexes`` (``rag`` alone is ``--index``); every model answers with the server's one
+``POST /v1/embeddings``, ``GET /v1/documents``, ``DELETE /v1/documents/{path}``
+(:mod:`rag.serve.documents`), ``GET /health``. A model name is ``rag:<index>`` for each index
+under ``$RAG_HOME/indexes`` (``rag`` alone is ``--index``); every model answers with the server's one
 decoder, adapter and reranker (``--rerank auto``, the default: the trained ``minilm-rerank`` when
 present; ``/health`` names the one in use). The answer keeps its ``[n]`` markers and the cited
 passages arrive in the extra field ``sources`` (docs/serving.md). Binds 127.0.0.1 unless told
@@ -52,6 +53,7 @@ from rag.serve.api import (
     split_messages,
     sse,
 )
+from rag.serve.documents import add_document_routes
 from rag.serve.http import (
     ClosingStreamingResponse,
     Guard,
@@ -235,6 +237,8 @@ def create_app(
                 }
             )
         return {"object": "list", "data": data}
+
+    add_document_routes(app, service.index_for)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
