@@ -67,3 +67,24 @@ def test_failed_removal_is_one_line_and_changes_nothing(panel):
     assert index_state(name) == before and picker["choices"] == sorted(DOCS)
     report, *_ = app.remove(name, [])
     assert "no document chosen" in report and index_state(name) == before
+
+
+def test_filter_box_reaches_the_pipeline(panel, monkeypatch):
+    """The Settings' filter box: clauses split on spaces or ';' and passed to the pipeline's
+    stream; an empty box passes none (the app's own filter applies)."""
+    from rag.types import Answer
+
+    app, name = panel
+    seen = []
+
+    class Pipe:
+        def stream(self, question, **kw):
+            seen.append(kw)
+            yield Answer(text="none", citations=[], raw_text="none")
+
+    monkeypatch.setattr(app, "_pipeline", lambda *a, **k: Pipe())
+    settings = [name, "(index default)", "smollm2", "(none)", "hybrid", 3, 0.0, 32, None, None]
+    list(app.chat("q", [], *settings, "path=library/* ;type=md"))
+    assert seen[-1]["where"] == ["path=library/*", "type=md"]
+    list(app.chat("q", [], *settings, "  "))
+    assert "where" not in seen[-1]

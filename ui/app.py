@@ -145,6 +145,12 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
                     step=1,
                     label="Rerank depth (candidates re-scored)",
                 )
+                where = gr.Textbox(
+                    value=" ".join(config.rag.where),
+                    label="Filter: search only these documents",
+                    placeholder="path=library/* type=pdf (clauses ANDed; type=pdf,md = either)",
+                    elem_id="filter",
+                )
         with gr.Accordion("Upload documents into the current index", open=False):
             gr.Markdown(
                 f"Accepted: .md .txt .rst .html .pdf .docx, up to {config.max_upload_mb:g} MiB each. "
@@ -174,9 +180,10 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
                 docs_no = gr.Button("Cancel", elem_id="documents-no")
             docs_report = gr.HTML("", elem_id="documents-report")
 
-        # the rerank settings last: /chat clients that predate them get the page's values
+        # the rerank settings and the filter last: /chat clients that predate them get the
+        # page's values
         settings = [index, encoder, decoder, adapter, mode, k, temperature, max_new]
-        settings += [reranker, rerank_depth]
+        settings += [reranker, rerank_depth, where]
         outputs = [chatbot, box, sources, uncited]
         for trigger in (send.click, box.submit):
             trigger(

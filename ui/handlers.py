@@ -137,10 +137,13 @@ class ChatApp:
         max_new_tokens: float,
         reranker: str | None = None,
         rerank_depth: float | None = None,
+        where: str | None = None,
     ) -> Iterator[tuple[list[dict], str, str, str]]:
         """Stream one answer: yields (chat, textbox, sources html, uncited html). The rerank
-        settings come last and may be left out (the app's own), so /chat clients written
-        before they existed keep working."""
+        settings and the filter come last and may be left out (the app's own), so /chat
+        clients written before they existed keep working. ``where``: the filter box, clauses
+        separated by spaces or ``;`` (``path=library/* type=pdf``, rag.retrieval.filters);
+        empty = the app's ``--where``; a clause that cannot be read is the answer's error."""
         question = (message or "").strip()
         history = list(history or [])
         if not question:
@@ -156,6 +159,7 @@ class ChatApp:
                 )
             pipe = self._pipeline(index, encoder, decoder, adapter, reranker, rerank_depth)
             answer, raw = None, ""
+            clauses = (where or "").replace(";", " ").split()
             stream = pipe.stream(
                 question,
                 history=turns,
@@ -163,6 +167,7 @@ class ChatApp:
                 mode=mode,
                 temperature=float(temperature),
                 max_new_tokens=int(max_new_tokens),
+                **({"where": clauses} if clauses else {}),
             )
             # closing(): a user who leaves mid-answer stops the decoding, not just the display.
             with contextlib.closing(stream):
