@@ -73,6 +73,19 @@ def check_index_name(name: str, hint: str = CLI_INDEX_HINT) -> str:
     return name
 
 
+def check_existing_index(name: str, hint: str = CLI_INDEX_HINT) -> str:
+    """``name`` when it is a plain name (:func:`check_index_name`) of an index folder under
+    :func:`indexes_dir`, else the error naming it and how to create it (the servers' start-up
+    check: rag.serve, rag.mcp)."""
+    check_index_name(name, hint=hint)
+    if name not in list_indexes():
+        raise LookupError(
+            f"index {name!r} does not exist under {indexes_dir()}: "
+            f"create it with python -m rag.ingest FOLDER --index {name}"
+        )
+    return name
+
+
 def index_path(name: str) -> Path:
     """The folder of the index called ``name`` under :func:`indexes_dir` (name checked)."""
     return indexes_dir() / check_index_name(name)

@@ -173,3 +173,38 @@ def test_planted_image_and_link_make_the_browser_fetch_nothing(browser, app_url)
         assert paths == [] and requested == []
         assert images == 0 and hidden == 0
         assert f"![status]({leak})" in text and f"[guide]({link})" in text  # shown, as text
+
+
+def test_documents_panel_lists_and_removes_after_confirmation(browser, app_url):
+    """The Documents panel: the index's files listed; removing one asks first, then the table
+    no longer lists it. The file is still in the corpus folder, so re-ingesting that folder
+    brings it back (the re-ingest rule), which also leaves the index as the other tests need."""
+    from rag.ingest import ingest, list_documents
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(app_url[0])
+    page.get_by_text("Documents in the current index").click()
+    table = page.locator("#documents table")
+    table.wait_for(timeout=60_000)
+    assert "files.md" in table.inner_text() and "git.md" in table.inner_text()
+
+    page.locator("#documents-pick input").click()
+    page.get_by_role("option", name="git.md").click()
+    page.keyboard.press("Escape")
+    page.locator("#documents-remove").click()
+    confirm = page.locator("#documents-confirm")
+    confirm.get_by_text("Remove 1 document(s)").wait_for(timeout=30_000)
+    assert "git.md" in confirm.inner_text()
+    assert "git.md" in table.inner_text()  # nothing removed before the confirmation
+    page.locator("#documents-yes").click()
+    page.locator("#documents-report").get_by_text("Removed 1 document(s)").wait_for(timeout=60_000)
+    page.wait_for_function(
+        "!document.querySelector('#documents table').innerText.includes('git.md')",
+        timeout=30_000,
+    )
+    assert not confirm.is_visible()
+    left = list_documents("uitest").documents
+    assert [d.path for d in left] == ["files.md"]
+
+    folder = left[0].source.rsplit("/", 1)[0]
+    assert ingest([folder], index="uitest").added == [f"{folder}/git.md"]

@@ -20,10 +20,12 @@ citation markers this module writes (``#src-N``, same page).
 
 from __future__ import annotations
 
+import datetime
 import html
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from rag.markup import FENCE_START, close_fence, inert, split_code
 
@@ -67,6 +69,9 @@ a.rag-reattributed { text-decoration: underline dashed; }
 .rag-label { font-size: 0.75em; font-weight: normal; border: 1px solid currentColor;
   border-radius: 4px; padding: 0 4px; margin-left: 4px; }
 .rag-label.rag-unsupported { color: var(--error-text-color, #b91c1c); }
+.rag-documents { border-collapse: collapse; font-size: 0.9em; }
+.rag-documents th, .rag-documents td { text-align: left; padding: 2px 8px;
+  border-bottom: 1px solid var(--border-color-primary); }
 .rag-warning { border-left: 4px solid #d97706; background: rgba(217, 119, 6, 0.12);
   padding: 4px 8px; }
 """
@@ -370,3 +375,47 @@ def error_markdown(message: str) -> str:
     """A readable error in the chat (the traceback goes to the log only), inert: a message can
     quote a file name or a document."""
     return f"**Error:** {inert(message)}"
+
+
+# ---------------------------------------------------------------------------- documents panel
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    return f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
+
+
+def documents_html(index: str, docs: Sequence[Any], generation: str) -> str:
+    """The Documents panel's table: one row per document (``rag.ingest.DocumentInfo``), every
+    value escaped (file names come from users' folders and uploads)."""
+    if not docs:
+        return f"<p>Index <b>{html.escape(index)}</b> holds no documents.</p>"
+    rows = "".join(
+        "<tr>"
+        f"<td><code>{html.escape(d.path)}</code></td><td>{html.escape(d.type)}</td>"
+        f"<td>{d.chunks}</td><td>{_size(d.bytes)}</td>"
+        f"<td>{html.escape(iso_date(d.ingested))}</td>"
+        "</tr>"
+        for d in docs
+    )
+    total = sum(d.chunks for d in docs)
+    return (
+        f'<p class="rag-meta">Index <b>{html.escape(index)}</b> ({html.escape(generation)}): '
+        f"{len(docs)} documents, {total} chunks.</p>"
+        '<table class="rag-documents"><thead><tr><th>Path</th><th>Type</th><th>Chunks</th>'
+        f"<th>Size</th><th>Ingested</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def iso_date(t: float) -> str:
+    """When a document was ingested, to the minute (UTC); "unknown" when not recorded."""
+    if not t:
+        return "unknown"
+    when = datetime.datetime.fromtimestamp(t, tz=datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def paths_html(paths: Iterable[str]) -> str:
+    """A list of document paths, escaped (the confirmation and the removal report)."""
+    return "<ul>" + "".join(f"<li><code>{html.escape(p)}</code></li>" for p in paths) + "</ul>"

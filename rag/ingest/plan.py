@@ -11,6 +11,7 @@ import errno
 import hashlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -104,7 +105,8 @@ def _record_chunks(
     (report.updated if f.key in sources else report.added).append(f.key)
     if f.key in sources:
         plan.drop_sources.append(f.key)
-    plan.entries[f.key] = SourceEntry(f.digest, f.size, f.mtime_ns, [c.id for c in chunks])
+    ids = [c.id for c in chunks]
+    plan.entries[f.key] = SourceEntry(f.digest, f.size, f.mtime_ns, ids, ingested=time.time())
     plan.new_chunks.extend(chunks)
     report.bytes_embedded += f.size
 
@@ -153,7 +155,9 @@ def plan_changes(
             digest = file_hash(path) if path.is_file() else ""
             if prev and unchanged_chunking and prev.hash == digest:
                 report.unchanged.append(key)  # touched, same content: nothing to embed
-                plan.entries[key] = SourceEntry(digest, st.st_size, st.st_mtime_ns, prev.chunk_ids)
+                plan.entries[key] = SourceEntry(
+                    digest, st.st_size, st.st_mtime_ns, prev.chunk_ids, prev.ingested
+                )
                 continue
             todo = PendingFile(key, digest, st.st_size, st.st_mtime_ns)
             if engine is not None:
