@@ -27,12 +27,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
 from rag.answer.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
 from rag.dataclass_cli import config_parser, run_config_cli
 from rag.evaluation.datasets import load_squad_paragraphs, squad_split
+from rag.progress import track
 from rag.retrieval.embedding_cache import EmbeddingCache
 
 
@@ -75,7 +74,7 @@ def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -
     cache = EmbeddingCache() if cfg.embedding_cache else None
     retriever = ParagraphRetriever(kept, cfg.retriever, encoder, cache)
     rows = []
-    for q in tqdm(asked + unanswerable, desc="answerability", disable=not progress or None):
+    for q in track(asked + unanswerable, "answerability", unit="question", enabled=progress):
         hits = retriever.search(q.text, cfg.k)
         answerable = q.paragraph.rsplit("/", 1)[0] not in removed
         rows.append(

@@ -32,12 +32,11 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from tqdm import tqdm
-
 from rag.answer.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import config_parser, run_config_cli
 from rag.evaluation.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
 from rag.evaluation.metrics import citation_correct, exact_match, f1_score, normalize_answer
+from rag.progress import track
 from rag.prompt import build_messages, parse_citations
 from rag.retrieval.embedding_cache import EmbeddingCache, cache_stats
 
@@ -330,7 +329,7 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             profile=cfg.profile,
             speed=DecodeSpeed.from_config(cfg),
         )
-    bar = tqdm(questions + unanswerable, desc=f"qa {cfg.mode}", disable=not progress or None)
+    bar = track(questions + unanswerable, f"qa {cfg.mode}", unit="question", enabled=progress)
     embeddings: EmbeddingCache | None = None
     if cfg.mode == "oracle":
         source = OraclePassages(paragraphs, cfg.k, cfg.seed)

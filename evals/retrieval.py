@@ -175,6 +175,7 @@ def make_retriever(
         enc,
         settings,
         reranker=load_reranker(settings),
+        progress=True,  # a bar on a terminal, else a line every $RAG_PROGRESS_INTERVAL s
         embeddings=embeddings,
     )
 
