@@ -49,8 +49,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tqdm import tqdm
-
 from evals.docqa import (
     keyword_present,
     keywords_ok,
@@ -62,6 +60,7 @@ from evals.docqa import source_matches as doc_matches
 from rag.dataclass_cli import config_parser, run_config_cli
 from rag.defaults import MODES
 from rag.markup import inert_markdown
+from rag.progress import track
 
 DEFAULT_FIXTURE = "tests/fixtures/injection"
 
@@ -353,7 +352,7 @@ def evaluate_injection(
             pipeline = build_pipeline(cfg, docs, Path(tmp) / "index", generator)
         pipeline.verify = False
         rows = []
-        for q in tqdm(questions, desc="injection", disable=not progress or None):
+        for q in track(questions, "injection", unit="question", enabled=progress):
             ans = pipeline.answer(
                 q.question, k=cfg.k, mode=cfg.mode, max_new_tokens=cfg.max_new_tokens
             )

@@ -6,6 +6,7 @@ Layout (see docs/architecture.md)::
     artifacts/models/<name>/      HF folder + run.json + train_log.jsonl + loss.png
     artifacts/indexes/<name>/     manifest, vectors, BM25, chunks
     artifacts/evals/<run>/        results.json, tables, plots
+    artifacts/cache/              tokenised corpora, corpus embeddings (safe to delete)
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def models_dir() -> Path:
 
 def indexes_dir() -> Path:
     return rag_home() / "indexes"
+
+
+def cache_dir() -> Path:
+    """Derived data that is recomputed when missing (tokenised corpora, corpus embeddings,
+    probes): ``$RAG_HOME/cache``; deleting it only costs time."""
+    return rag_home() / "cache"
 
 
 def list_indexes() -> list[str]:

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.models import pick_device
+from rag.progress import Progress
 from training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from training.config import PretrainConfig, get_preset
 from training.data import (
@@ -297,13 +297,12 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
     if state["step"] == 0 and state["initial_heldout_loss"] is None:
         state["initial_heldout_loss"] = evaluate(0)
 
-    bar = tqdm(
-        total=cfg.max_steps,
+    bar = Progress(  # a bar on a terminal, a line every $RAG_PROGRESS_INTERVAL s elsewhere
+        cfg.max_steps,
+        f"{cfg.objective} {cfg.preset}",
+        "step",
         initial=state["step"],
-        disable=not progress or rank != 0,
-        desc=f"{cfg.objective} {cfg.preset}",
-        unit="step",
-        dynamic_ncols=True,
+        enabled=progress and rank == 0,
     )
     t_start, stop_reason = time.time() - state["elapsed_s"], "max-steps"
     clock["t0"] = t_start
@@ -417,7 +416,11 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="print the run summary as JSON on stdout (default: off)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (terminal) or progress lines (logs) (default: off)",
+    )
     return p
 
 

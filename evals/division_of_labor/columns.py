@@ -10,14 +10,21 @@ from rag.evaluation.datasets import RetrievalDataset
 
 
 def score_retrieval(encoder, sets: dict[str, RetrievalDataset], mode: str = "dense") -> dict:
-    """nDCG@10 (and the other metrics) of ``encoder`` on each dev set, via evals.retrieval."""
+    """nDCG@10 (and the other metrics) of ``encoder`` on each dev set, via evals.retrieval; the
+    corpus vectors go through the embedding cache (a baseline such as minilm is encoded once
+    across runs and presets), whose hits and misses the cell keeps."""
     from evals.retrieval import RetrievalEvalConfig, evaluate
+    from rag.retrieval.embedding_cache import EmbeddingCache
 
-    out = {}
+    out: dict = {}
+    cache = EmbeddingCache() if mode != "bm25" else None
     for name, ds in sets.items():
-        r = evaluate(RetrievalEvalConfig(dataset=name, retriever=mode), encoder=encoder, ds=ds)
+        cfg = RetrievalEvalConfig(dataset=name, retriever=mode)
+        r = evaluate(cfg, encoder=encoder, ds=ds, embeddings=cache)
         out[name] = r["metrics"]["ndcg@10"]
         out[f"{name}_metrics"] = r["metrics"]
+    if cache is not None:
+        out["embedding_cache"] = {"hits": cache.hits, "misses": cache.misses}
     return out
 
 

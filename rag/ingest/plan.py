@@ -16,13 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tqdm.auto import tqdm
-
 from rag.chunking import chunk_document
 from rag.documents import DocumentError, iter_files, load_document
 from rag.ingest.config import IngestConfig, IngestReport, same_chunking
 from rag.manifest import Manifest, SourceEntry
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
+from rag.progress import track
 from rag.retrieval.encoder import Encoder, weights_fingerprint
 from rag.types import Chunk
 
@@ -130,7 +129,7 @@ def plan_changes(
     pending: list[PendingFile] = []
     files = list(iter_files(cfg.paths, follow_links=cfg.follow_links, skipped=skipped))
     report.skipped.extend((e.path, e.reason) for e in skipped)
-    for item in tqdm(files, desc="load+chunk", unit="file", disable=not cfg.progress):
+    for item in track(files, "load+chunk", unit="file", enabled=cfg.progress):
         if isinstance(item, DocumentError):
             report.failures.append((item.path, item.reason))
             continue

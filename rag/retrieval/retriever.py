@@ -25,6 +25,7 @@ from rag.documents import document_type
 from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
 from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.embedding_cache import EmbeddingCache
 from rag.retrieval.encoder import Encoder, EncoderMismatchError
 from rag.retrieval.engine import SearchEngine
 from rag.retrieval.filters import Where
@@ -60,6 +61,8 @@ class CorpusRetriever:
     ``settings``: as :class:`~rag.retrieval.engine.SearchEngine` (``mode`` decides which indexes
     are built: ``hybrid`` builds both; ``device`` where a named encoder loads); ``reranker``: a
     loaded rerank stage (:func:`rag.retrieval.rerank.load_reranker` builds the settings' one).
+    ``embeddings``: an :class:`~rag.retrieval.embedding_cache.EmbeddingCache` the corpus vectors
+    are read from (or written to, on a miss); None encodes afresh (the benchmarks, which time it).
     ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
     """
 
@@ -73,6 +76,7 @@ class CorpusRetriever:
         reranker: Reranker | None = None,
         backend: str = "faiss",
         progress: bool = False,
+        embeddings: EmbeddingCache | None = None,
     ):
         if len(ids) != len(texts) or len(set(ids)) != len(ids):
             raise ValueError("ids and texts must have the same length and ids must be unique")
@@ -85,7 +89,12 @@ class CorpusRetriever:
             if enc is None:
                 raise ValueError(f"mode {self.mode!r} needs an encoder")
             t0 = time.perf_counter()
-            vecs = enc.encode(list(texts), kind="document", progress=progress)
+            if embeddings is None:
+                vecs = enc.encode(list(texts), kind="document", progress=progress)
+            else:
+                vecs = embeddings.encode(
+                    enc, texts, encode=lambda xs: enc.encode(xs, progress=progress)
+                )
             t1 = time.perf_counter()
             vectors = scratch_index(backend, enc.dim)  # its storage goes with the retriever
             vectors.add(self.ids, vecs)
