@@ -33,15 +33,37 @@ COMPARISONS = [
     ("retrieval", "mlm40-mean", "clm-last"),
     ("retrieval", "clm2mlm-mean", "clm-mean"),
     ("retrieval", "clm2mlm-mean", "mlm15-mean"),
+    ("retrieval", "mlm30-mean", "mlm15-mean"),
+    ("retrieval", "mlm30-mean", "clm-mean"),
+    ("retrieval", "antlm-mean", "clm-mean"),
+    ("retrieval", "antlm-mean", "mlm15-mean"),
+    ("retrieval", "antlm-mean", "clm2mlm-mean"),
+    ("retrieval", "prefixlm-mean", "clm-mean"),
+    ("retrieval", "prefixlm-mean", "mlm15-mean"),
     ("bpb", "clm", "mlm15"),
+    ("bpb", "clm", "mlm30"),
     ("bpb", "clm", "mlm40"),
     ("bpb", "clm2mlm", "clm"),
     ("bpb", "clm2mlm", "mlm15"),
+    ("bpb", "antlm", "clm"),
+    ("bpb", "antlm", "mlm15"),
+    ("bpb", "prefixlm", "clm"),
 ]
-ROW_COLOURS = {"mlm15": "#4C72B0", "mlm40": "#2A4D7F", "clm": "#DD8452", "clm2mlm": "#55A868"}
+ROW_COLOURS = {
+    "mlm15": "#4C72B0",
+    "mlm30": "#3A5F98",
+    "mlm40": "#2A4D7F",
+    "clm": "#DD8452",
+    "clm2mlm": "#55A868",
+    "antlm": "#8172B3",
+    "prefixlm": "#C44E52",
+}
 # bars left to right: retrieval cells carry the pooling, bits-per-byte cells the bare row name
-_ORDER = ["mlm15", "mlm15-mean", "mlm40", "mlm40-mean", "clm", "clm-mean", "clm-last"]
-_ORDER += ["clm2mlm", "clm2mlm-mean"]
+_ORDER = ["mlm15", "mlm15-mean", "mlm30", "mlm30-mean", "mlm40", "mlm40-mean"]
+_ORDER += ["clm", "clm-mean", "clm-last"]
+_ORDER += ["clm2mlm", "clm2mlm-mean", "antlm", "antlm-mean", "prefixlm", "prefixlm-mean"]
+# hatched bars: a row in the configuration that is not its natural one
+_HATCHED = ("-last",)
 
 
 def paired_difference(
@@ -119,7 +141,7 @@ def summary_chart(agg: dict, out: Path, name: str = "division_of_labor.png") -> 
         for i, m in enumerate(names):
             cell = models[m][key]
             colour = ROW_COLOURS[m.split("-")[0]]
-            hatch = "//" if m.endswith("-last") else None
+            hatch = "//" if m.endswith(_HATCHED) else None
             ax.bar(i, cell["mean"], color=colour, hatch=hatch, alpha=0.85, edgecolor="white")
             ax.scatter([i] * len(cell["values"]), cell["values"], color="black", s=10, zorder=3)
             drawn = True

@@ -95,6 +95,7 @@ class Experiment:
                 steps=self.p.pretrain_steps,
                 mask_rate=mask_rate,
                 mask_strategy=strategy,
+                alternate_every=self.p.antlm_block,
                 **kw,
             )
             return _pretrain_cell(out, [_brief(s)], [out])
@@ -149,14 +150,17 @@ class Experiment:
                 model_dir = self.pretrain(row, seed)
                 if model_dir is None:
                     continue
+                decoder = steps.decoder_folder(model_dir)
+                # left-to-right prediction from the decoder layout where the row has one
                 self.cells.get(
                     f"bpb/{row}/s{seed}",
-                    lambda d=model_dir: score_bpb(d, self.cfg, self.p, self.device),
+                    lambda d=decoder or model_dir: score_bpb(d, self.cfg, self.p, self.device),
                 )
                 self.retrieval(row, model_dir, seed, "mean")
                 if ROW_OBJECTIVE[row] == "clm":
                     self.retrieval(row, model_dir, seed, "last")
-                    self.qa(row, str(model_dir), seed)
+                if decoder is not None:
+                    self.qa(row, str(decoder), seed)
 
     def run_baselines(self) -> None:
         self.cells.get("retrieval/bm25/s0", lambda: score_retrieval(None, self.sets, mode="bm25"))
@@ -218,8 +222,13 @@ def _brief(summary: dict) -> dict:
         "params",
         "status",
         "init_from",
+        "final_heldout_clm_loss",
+        "heldout_clm_bits_per_byte",
     )
-    return {k: summary[k] for k in keep if k in summary}
+    brief = {k: summary[k] for k in keep if k in summary}
+    if summary.get("config", {}).get("objective") == "clm":  # its own loss is the CLM loss
+        brief["final_heldout_clm_loss"] = summary.get("final_heldout_loss")
+    return brief
 
 
 def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
@@ -230,6 +239,8 @@ def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
         "tokens_seen": sum(s.get("tokens_seen", 0) for s in stages),
         "wall_time_s": sum(s.get("wall_time_s", 0.0) for s in stages),
         "final_heldout_loss": last.get("final_heldout_loss"),
+        # held-out CLM loss of the row's decoder (clm, antlm, prefixlm): one quantity, one split
+        "final_heldout_clm_loss": last.get("final_heldout_clm_loss"),
         "stages": stages,
         "stage_dirs": [str(d) for d in dirs],
     }

@@ -29,6 +29,7 @@ METRICS = [
     ("pretrain", "tokens_seen", "tokens seen", True),
     ("pretrain", "wall_time_s", "wall time (s)", False),
     ("pretrain", "final_heldout_loss", "final held-out loss (own objective)", False),
+    ("pretrain", "final_heldout_clm_loss", "final held-out CLM loss (its decoder)", False),
     ("retrieval", "scifact_dev", "SciFact dev nDCG@10", True),
     ("retrieval", "squad_dev", "SQuAD dev nDCG@10", True),
     ("bpb", "wikitext_bpb", "WikiText-2 bits/byte (left to right)", False),

@@ -40,6 +40,7 @@ def pretrain(
     device: str,
     mask_rate: float = 0.15,
     mask_strategy: str = "80-10-10",
+    alternate_every: int = 1,
     init_from: Path | None = None,
     total_steps: int | None = None,
     eval_every: int = 0,
@@ -49,7 +50,7 @@ def pretrain(
 
     ``init_from`` starts from another run's weights (the CLM->MLM row): training.pretrain
     converts the CLM decoder's weights into the encoder's layout (training.init_from) and
-    training continues with the MLM objective.
+    training continues with the MLM objective. ``alternate_every``: the antlm row's block.
     """
     from training.config import PretrainConfig
     from training.pretrain import pretrain as run
@@ -65,6 +66,7 @@ def pretrain(
         batch_size=batch_size,
         mask_rate=mask_rate,
         mask_strategy=mask_strategy,
+        alternate_every=alternate_every,
         seed=seed,
         device=device,
         eval_every=eval_every,
@@ -177,3 +179,16 @@ def read_log(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def decoder_folder(model_dir: Path) -> Path | None:
+    """The decoder layout of a pretrained row: the folder itself for a CLM, ``<dir>/decoder`` for
+    the objectives that save both layouts (antlm, prefixlm), None for an encoder only."""
+    from transformers import AutoConfig
+
+    from rag.models import lm_objective
+    from training.config import DECODER_SUBDIR
+
+    if (Path(model_dir) / DECODER_SUBDIR / "config.json").exists():
+        return Path(model_dir) / DECODER_SUBDIR
+    return Path(model_dir) if lm_objective(AutoConfig.from_pretrained(model_dir)) == "clm" else None
