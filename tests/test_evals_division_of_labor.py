@@ -137,6 +137,32 @@ def test_decoder_folder_of_each_layout(tmp_path):
     assert decoder_folder(enc) == enc / "decoder"  # antlm / prefixlm: both layouts
 
 
+def test_reading_squad_keeps_every_dev_article_and_the_split(tmp_path):
+    from training_support import write_tiny_squad
+
+    from evals.division_of_labor.data import reading_squad
+    from rag.evaluation.datasets import squad_split
+
+    full = write_tiny_squad(tmp_path / "squad.json")
+    assert reading_squad(str(full), tmp_path / "r.json", 0) == str(full)
+    small = reading_squad(str(full), tmp_path / "r.json", 2)
+    train, dev = squad_split(small)
+    assert dev == squad_split(full)[1] and len(train) == 2
+    assert set(train) <= set(squad_split(full)[0])
+
+
+def test_reading_column_in_the_head_to_head():
+    cells = {
+        "reading/mlm15/s0": {"em": 0.5, "f1": 0.6},
+        "reading/mlm15/s1": {"em": 0.4, "f1": 0.5},
+        "reading/clm-causal/s0": {"em": 0.1, "f1": 0.2},
+        "reading/clm-causal/s1": {"em": 0.2, "f1": 0.2},
+    }
+    rows = {(r["first"], r["second"], r["metric"]): r for r in head_to_head(aggregate(cells))}
+    f1 = rows[("mlm15", "clm-causal", "reading F1")]
+    assert f1["mean"] == pytest.approx(0.35) and f1["first_better"] == 2
+
+
 def test_subsample_keeps_relevant_docs():
     ds = RetrievalDataset(
         "t",
@@ -169,6 +195,10 @@ def test_tiny_preset_runs_whole_experiment_and_resumes(shared_data, tmp_path):
     assert {"clm-lora", "antlm-lora", "prefixlm-lora"} <= set(summary.get("qa", {})) or any(
         k.startswith("qa/") for k in results["skipped"]
     )
+    readers = {r for r in rows if r != "clm"} | {"clm-causal", "clm-bidir"}
+    assert set(summary["reading"]) == readers  # every row reads, the CLM both ways
+    for model in summary["reading"].values():
+        assert 0.0 <= model["em"]["mean"] <= model["f1"]["mean"] <= 1.0
     cells = results["cells"]
     assert cells["bpb/antlm/s0"]["objective"] == "clm"  # scored through its decoder layout
     assert cells["bpb/mlm15/s0"]["objective"] == "mlm"

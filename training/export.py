@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 from training.config import DECODER_SUBDIR
 from training.tokenizer import for_objective
 
@@ -65,3 +67,20 @@ def save_decoder_copy(model, tokenizer, out: Path, max_seq_length: int) -> Path:
     folder = Path(out) / DECODER_SUBDIR
     save_model_folder(convert_model(model, "clm"), tokenizer, "clm", folder, max_seq_length)
     return folder
+
+
+def save_converted_folder(src: Path, out: Path, layout: str, max_seq_length: int) -> Path:
+    """A saved MLM or CLM folder re-saved in ``layout`` (``mlm`` / ``clm``) in ``out``, with the
+    tokenizer set up for that layout; returns ``out``."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from training.init_from import source_objective
+    from training.model import convert_model
+    from training.tokenizer import load_tokenizer
+
+    cls = AutoModelForCausalLM if source_objective(src) == "clm" else AutoModelForMaskedLM
+    model = cls.from_pretrained(str(src), dtype=torch.float32)
+    save_model_folder(
+        convert_model(model, layout), load_tokenizer(Path(src)), layout, out, max_seq_length
+    )
+    return Path(out)

@@ -20,6 +20,9 @@ Columns, each after the identical downstream recipe:
 - generation: bits per byte of left-to-right prediction on WikiText-2 validation (the decoder
   layout where a row has one; MLM rows predict a mask appended after the prefix; see evals.lm);
 - grounded QA (decoders only): identical LoRA -> EM/F1 and citation accuracy, SQuAD dev articles;
+- reading: identical span-head fine-tune (training.reader) -> EM/F1 on the SQuAD dev articles'
+  gold paragraphs; the CLM reads causally (``clm-causal``, training.decoder_qa) and converted to
+  the encoder layout (``clm-bidir``);
 - baselines: BM25 and ``minilm`` (retrieval), ``smollm2`` zero-shot and LoRA (generation, QA).
 
 Every cell is cached as ``DIR/cells/<name>.json``; rerunning skips finished cells, so an

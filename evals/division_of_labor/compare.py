@@ -25,6 +25,7 @@ COMPARED_METRICS = {
         ("squad_dev", "SQuAD dev nDCG@10", True),
     ],
     "bpb": [("wikitext_bpb", "WikiText-2 bits/byte", False)],
+    "reading": [("em", "reading EM", True), ("f1", "reading F1", True)],
 }
 # (column, first model, second model): "first vs second"
 COMPARISONS = [
@@ -48,6 +49,16 @@ COMPARISONS = [
     ("bpb", "antlm", "clm"),
     ("bpb", "antlm", "mlm15"),
     ("bpb", "prefixlm", "clm"),
+    ("reading", "mlm15", "clm-causal"),
+    ("reading", "mlm15", "clm-bidir"),
+    ("reading", "clm-bidir", "clm-causal"),
+    ("reading", "mlm30", "mlm15"),
+    ("reading", "mlm40", "mlm15"),
+    ("reading", "clm2mlm", "mlm15"),
+    ("reading", "antlm", "mlm15"),
+    ("reading", "antlm", "clm-causal"),
+    ("reading", "prefixlm", "mlm15"),
+    ("reading", "prefixlm", "clm-causal"),
 ]
 ROW_COLOURS = {
     "mlm15": "#4C72B0",
@@ -58,12 +69,13 @@ ROW_COLOURS = {
     "antlm": "#8172B3",
     "prefixlm": "#C44E52",
 }
-# bars left to right: retrieval cells carry the pooling, bits-per-byte cells the bare row name
+# bars left to right: retrieval cells carry the pooling, reading cells of the CLM the attention
+# it reads with, bits-per-byte cells the bare row name
 _ORDER = ["mlm15", "mlm15-mean", "mlm30", "mlm30-mean", "mlm40", "mlm40-mean"]
-_ORDER += ["clm", "clm-mean", "clm-last"]
+_ORDER += ["clm", "clm-mean", "clm-last", "clm-causal", "clm-bidir"]
 _ORDER += ["clm2mlm", "clm2mlm-mean", "antlm", "antlm-mean", "prefixlm", "prefixlm-mean"]
 # hatched bars: a row in the configuration that is not its natural one
-_HATCHED = ("-last",)
+_HATCHED = ("-last", "-bidir")
 
 
 def paired_difference(
@@ -126,14 +138,16 @@ def head_to_head_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def summary_chart(agg: dict, out: Path, name: str = "division_of_labor.png") -> str | None:
-    """Three panels (SciFact, SQuAD, bits per byte): one bar per row, a dot per seed, baselines
-    as dashed lines. Returns the file name, or None when there are no row results yet."""
+    """Four panels (SciFact, SQuAD, bits per byte, reading F1): one bar per row, a dot per
+    seed, baselines as dashed lines. Returns the file name, or None when there are no row
+    results yet."""
     panels = [
         ("retrieval", "scifact_dev", "SciFact dev nDCG@10 ↑", ("bm25", "minilm")),
         ("retrieval", "squad_dev", "SQuAD dev nDCG@10 ↑", ("bm25", "minilm")),
         ("bpb", "wikitext_bpb", "WikiText-2 bits/byte ↓", ("smollm2",)),
+        ("reading", "f1", "SQuAD dev reading F1 ↑ (gold paragraph)", ()),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    fig, axes = plt.subplots(1, 4, figsize=(14.5, 3.6))
     drawn = False
     for ax, (column, key, title, baselines) in zip(axes, panels, strict=True):
         models = agg.get(column, {})

@@ -13,8 +13,8 @@ from typing import Any
 
 from evals.division_of_labor import steps
 from evals.division_of_labor.cells import Cells
-from evals.division_of_labor.columns import score_bpb, score_qa, score_retrieval
-from evals.division_of_labor.data import dev_sets, resolve_paths
+from evals.division_of_labor.columns import score_bpb, score_qa, score_reading, score_retrieval
+from evals.division_of_labor.data import dev_sets, reading_squad, resolve_paths
 from evals.division_of_labor.presets import PRESETS, ROW_MASK, ROW_OBJECTIVE, ExperimentConfig
 from rag.evaluation.datasets import RetrievalDataset
 
@@ -144,6 +144,32 @@ class Experiment:
 
         return self.cells.get(f"qa/{name}{'-lora' if tuned else ''}/s{seed}", run)
 
+    def reading(self, name: str, model_dir: Path, seed: int) -> dict:
+        """The reading cell ``reading/<name>/s<seed>``: the identical span-head fine-tune, then
+        EM/F1 on the SQuAD dev articles' gold paragraphs."""
+
+        def run() -> dict:
+            p = self.p
+            summary = steps.reader(
+                model_dir,
+                self.out / "models" / f"{name}-s{seed}-reader",
+                squad=reading_squad(
+                    self.cfg.squad, self.out / "squad-reading.json", p.reading_articles
+                ),
+                steps=p.reading_steps,
+                batch_size=p.reading_batch,
+                max_questions=p.reading_questions,
+                calibration_questions=p.reading_calibration,
+                eval_questions=p.reading_eval_questions,
+                max_length=p.seq_len,
+                seed=seed,
+                device=self.device,
+                threads=self.cfg.threads,
+            )
+            return score_reading(summary)
+
+        return self.cells.get(f"reading/{name}/s{seed}", run)
+
     def run_rows(self) -> None:
         for seed in self.cfg.seeds:
             for row in self.cfg.rows:
@@ -161,6 +187,15 @@ class Experiment:
                     self.retrieval(row, model_dir, seed, "last")
                 if decoder is not None:
                     self.qa(row, str(decoder), seed)
+                if ROW_OBJECTIVE[row] != "clm":  # an encoder layout: it reads bidirectionally
+                    self.reading(row, model_dir, seed)
+                    continue
+                # the CLM reads as pretrained (causal) and converted to the encoder layout
+                self.reading(f"{row}-causal", model_dir, seed)
+                bidir = steps.encoder_copy(
+                    model_dir, self.out / "models" / f"{row}-s{seed}-as-encoder", self.p.seq_len
+                )
+                self.reading(f"{row}-bidir", bidir, seed)
 
     def run_baselines(self) -> None:
         self.cells.get("retrieval/bm25/s0", lambda: score_retrieval(None, self.sets, mode="bm25"))

@@ -37,12 +37,17 @@ METRICS = [
     ("qa", "f1", "QA F1", True),
     ("qa", "citation_accuracy", "QA citation accuracy", True),
     ("qa", "refusal_rate", "QA refusal rate", False),
+    ("reading", "em", "reading EM", True),
+    ("reading", "f1", "reading F1", True),
+    ("reading", "f1_before", "F1 before the fine-tune", True),
 ]
 TABLES = {
     "pretrain": "Pretraining (same budget per row; losses of different objectives are not comparable)",
     "retrieval": "Retrieval (identical contrastive fine-tune; pooling in brackets)",
     "bpb": "Generation: bits per byte of left-to-right prediction (lower is better)",
     "qa": "Grounded QA on SQuAD dev articles (oracle passages, identical LoRA)",
+    "reading": "Reading: identical span-head fine-tune (training.reader), SQuAD dev articles, "
+    "gold paragraph (clm: -causal as pretrained, -bidir converted to the encoder layout)",
 }
 
 

@@ -192,3 +192,56 @@ def decoder_folder(model_dir: Path) -> Path | None:
     if (Path(model_dir) / DECODER_SUBDIR / "config.json").exists():
         return Path(model_dir) / DECODER_SUBDIR
     return Path(model_dir) if lm_objective(AutoConfig.from_pretrained(model_dir)) == "clm" else None
+
+
+def encoder_copy(clm_dir: Path, out: Path, max_seq_length: int) -> Path:
+    """A CLM's weights in the encoder layout (training.init_from's exact conversion), saved once
+    in ``out``: the CLM row read with bidirectional attention (the ``clm-bidir`` reading cell)."""
+    from training.export import save_converted_folder
+
+    if not (out / "config.json").exists():
+        save_converted_folder(clm_dir, out, "mlm", max_seq_length)
+    return out
+
+
+def reader(
+    model_dir: Path,
+    out: Path,
+    *,
+    squad: str,
+    steps: int,
+    batch_size: int,
+    max_questions: int,
+    calibration_questions: int,
+    eval_questions: int,
+    max_length: int,
+    seed: int,
+    device: str,
+    threads: int = 0,
+) -> dict[str, Any]:
+    """Identical span-head recipe for every row (training.reader, its defaults but the sizes):
+    ``max_length`` tokens per window (the pretraining length, the longest the rows have seen),
+    stride a quarter of it. A decoder folder reads with its causal backbone
+    (training.decoder_qa). Returns the reader's run summary."""
+    from training.decoder_qa import register
+    from training.reader import ReaderConfig, train_reader
+
+    register()  # AutoModelForQuestionAnswering learns ModernBERT decoder folders
+    cfg = ReaderConfig(
+        model=str(model_dir),
+        out=str(out),
+        squad=squad,
+        epochs=1000.0,  # max_steps decides
+        max_steps=steps,
+        batch_size=batch_size,
+        max_questions=max_questions,
+        calibration_questions=calibration_questions,
+        eval_max_questions=eval_questions,
+        max_length=max_length,
+        stride=max(8, max_length // 4),
+        seed=seed,
+        device=device,
+        threads=threads,
+        logging_steps=max(1, steps // 10),
+    )
+    return train_reader(cfg)
