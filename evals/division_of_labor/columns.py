@@ -1,5 +1,5 @@
 """Column recipes of the division-of-labour experiment: how one model is scored on retrieval,
-bits per byte and grounded QA, each through the evals module a user would run for it."""
+bits per byte, grounded QA and reading, each through the module a user would run for it."""
 
 from __future__ import annotations
 
@@ -56,3 +56,20 @@ def score_qa(
     )
     r = evaluate_qa(qcfg, generator=gen, progress=False)
     return {**r["metrics"], "n_questions": r["n_questions"], "examples": r["predictions"][:3]}
+
+
+def score_reading(summary: dict) -> dict:
+    """The reading cell from a training.reader run summary: EM/F1 as fractions (like the QA
+    column) on the SQuAD dev articles' gold paragraphs, plus the untrained-head score and the
+    null-threshold calibration the run also measured."""
+    dev, before = summary["dev"], summary.get("dev_before_200", {})
+    return {
+        "em": dev["em"] / 100,
+        "f1": dev["f1"] / 100,
+        "n_questions": dev["questions"],
+        "f1_before": before.get("f1", 0.0) / 100,
+        "calibration": summary.get("calibration"),
+        "train_windows": summary.get("windows"),
+        "train_seconds": summary.get("train_seconds"),
+        "reader_dir": summary.get("out"),
+    }
