@@ -27,12 +27,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
 from rag.answer.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
 from rag.dataclass_cli import config_parser, run_config_cli
 from rag.evaluation.datasets import load_squad_paragraphs, squad_split
+from rag.progress import track
+from rag.retrieval.embedding_cache import EmbeddingCache
 
 
 @dataclass
@@ -52,6 +52,7 @@ class AnswerabilityEvalConfig:
     k: int = 5  # passages per question, as the pipeline gives the decoder
     seed: int = 0  # question sample and removed articles (as evals.qa)
     max_false_refusal: float = 0.05  # --fit: the false-refusal limit the threshold keeps
+    embedding_cache: bool = True  # paragraph vectors from / into $RAG_HOME/cache/embeddings
 
 
 def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -> list[dict]:
@@ -70,9 +71,10 @@ def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -
 
         encoder = load_embedder(cfg.encoder)
     kept = [p for p in paragraphs if p.title not in set(removed)]
-    retriever = ParagraphRetriever(kept, cfg.retriever, encoder)
+    cache = EmbeddingCache() if cfg.embedding_cache else None
+    retriever = ParagraphRetriever(kept, cfg.retriever, encoder, cache)
     rows = []
-    for q in tqdm(asked + unanswerable, desc="answerability", disable=not progress or None):
+    for q in track(asked + unanswerable, "answerability", unit="question", enabled=progress):
         hits = retriever.search(q.text, cfg.k)
         answerable = q.paragraph.rsplit("/", 1)[0] not in removed
         rows.append(

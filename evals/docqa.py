@@ -41,10 +41,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from rag.dataclass_cli import config_parser, run_config_cli
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS, MODES
+from rag.progress import track
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = "evals/data/pydocs_qa.jsonl"
@@ -351,7 +350,7 @@ def evaluate_docqa(cfg: DocQAConfig, pipeline: Any = None, progress: bool = True
         pipeline = build_pipeline(cfg)
         load_s = time.perf_counter() - t0
     rows = []
-    for q in tqdm(questions, desc="docqa", disable=not progress or None):
+    for q in track(questions, "docqa", unit="question", enabled=progress):
         t0 = time.perf_counter()
         ans = pipeline.answer(q.question, k=cfg.k, mode=cfg.mode, max_new_tokens=cfg.max_new_tokens)
         rows.append(score_answer(q, ans, time.perf_counter() - t0))

@@ -28,9 +28,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from rag.dataclass_cli import config_parser, run_config_cli
+from rag.progress import track
 
 
 @dataclass
@@ -96,7 +96,7 @@ def clm_nll(model, ids: list[int], bos: int | None, context: int, device: str) -
     seq = ([bos] if bos is not None else []) + ids
     stride = max(1, context // 2)
     total, count, scored_to = 0.0, 0, 1  # seq[0] is never scored
-    for begin in tqdm(range(0, len(seq), stride), desc="clm bpb", leave=False, disable=None):
+    for begin in track(range(0, len(seq), stride), "clm bpb", unit="window"):
         end = min(begin + context, len(seq))
         window = torch.tensor([seq[begin:end]], device=device)
         logits = model(input_ids=window).logits[0, :-1].float()
@@ -129,7 +129,7 @@ def mlm_nll(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     total, count = 0.0, 0
     positions = list(range(start, len(ids)))
-    for b in tqdm(range(0, len(positions), batch_size), desc="mlm bpb", leave=False, disable=None):
+    for b in track(range(0, len(positions), batch_size), "mlm bpb", unit="batch"):
         batch = positions[b : b + batch_size]
         rows = [head + ids[max(0, t - room) : t] + [tokenizer.mask_token_id] + tail for t in batch]
         width = max(len(r) for r in rows)

@@ -32,13 +32,13 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from tqdm import tqdm
-
 from rag.answer.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import config_parser, run_config_cli
 from rag.evaluation.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
 from rag.evaluation.metrics import citation_correct, exact_match, f1_score, normalize_answer
+from rag.progress import track
 from rag.prompt import build_messages, parse_citations
+from rag.retrieval.embedding_cache import EmbeddingCache, cache_stats
 
 
 @dataclass
@@ -81,6 +81,8 @@ class QAEvalConfig:
     reader: str | None = "auto"
     reader_threshold: float | None = None  # None = the reader's own (chosen on train questions)
     compose: str = "decoder"  # decoder (sentence around the span) | extract (nothing decoded)
+    # rag mode, dense/hybrid: paragraph vectors from / into $RAG_HOME/cache/embeddings
+    embedding_cache: bool = True
 
 
 @dataclass
@@ -145,7 +147,13 @@ class ParagraphRetriever:
     """rag's ``CorpusRetriever`` over every paragraph of the file, with the ``search(query, k,
     mode) -> list[Hit]`` face that :class:`rag.pipeline.RAGPipeline` expects of a retriever."""
 
-    def __init__(self, paragraphs: list[SquadParagraph], retriever: str, encoder):
+    def __init__(
+        self,
+        paragraphs: list[SquadParagraph],
+        retriever: str,
+        encoder,
+        embeddings: EmbeddingCache | None = None,
+    ):
         from rag.retrieval.retriever import CorpusRetriever
         from rag.retrieval.settings import RetrievalSettings
 
@@ -154,7 +162,7 @@ class ParagraphRetriever:
         enc = encoder if retriever != "bm25" else None
         # RRF, as the numbers in docs/answering.md were measured (hybrid: plain RRF, no rerank)
         settings = RetrievalSettings(mode=retriever, fusion="rrf", rerank=None)
-        self.index = CorpusRetriever(list(self.by_id), texts, enc, settings)
+        self.index = CorpusRetriever(list(self.by_id), texts, enc, settings, embeddings=embeddings)
         self.mode = retriever
 
     def search(self, query: str, k: int = 5, mode: str | None = None) -> list:
@@ -321,7 +329,8 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             profile=cfg.profile,
             speed=DecodeSpeed.from_config(cfg),
         )
-    bar = tqdm(questions + unanswerable, desc=f"qa {cfg.mode}", disable=not progress or None)
+    bar = track(questions + unanswerable, f"qa {cfg.mode}", unit="question", enabled=progress)
+    embeddings: EmbeddingCache | None = None
     if cfg.mode == "oracle":
         source = OraclePassages(paragraphs, cfg.k, cfg.seed)
         rows = [answer_one(generator, q, source(q), cfg.max_new_tokens) for q in bar]
@@ -334,7 +343,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
 
             encoder = load_embedder(cfg.encoder, device=cfg.device)
         kept = [p for p in paragraphs if p.title not in set(removed)]
-        retriever = ParagraphRetriever(kept, cfg.retriever, encoder)
+        if cfg.embedding_cache and cfg.retriever != "bm25":
+            embeddings = EmbeddingCache()
+        retriever = ParagraphRetriever(kept, cfg.retriever, encoder, embeddings)
         # By default citation accuracy measures the markers the model writes itself, so the
         # pipeline's likelihood-based citation completion (a UI fallback) is off here.
         config = RAGConfig(
@@ -355,6 +366,7 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
         "config": {**asdict(cfg), "articles": articles, "removed": removed},
         "n_questions": len(rows),
         "metrics": {m: round(v, 4) for m, v in summarize(rows).items()},
+        "embedding_cache": cache_stats(embeddings),
         "predictions": rows,
     }
 

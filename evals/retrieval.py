@@ -16,6 +16,11 @@ cross-encoder on top, once per ``--rerank-weight`` (the reranker's share of the 
 score, :func:`rag.retrieval.fusion.interpolate`; ``default``: chosen on the train queries, as ``alpha``).
 ``--latency`` searches one query at a time and reports p50/p90 latency.
 
+The corpus is encoded once per command (every row searches one index build) and its vectors are
+kept in ``$RAG_HOME/cache/embeddings`` (:mod:`rag.retrieval.embedding_cache`), so a later run with
+the same encoder and corpus encodes nothing; each row's ``embedding_cache`` says hits and misses
+(``--no-embedding-cache`` encodes afresh, as a timing run should).
+
 CLI::
 
     python -m evals.retrieval --dataset ../shared/data/scifact --split train --queries dev \\
@@ -62,6 +67,7 @@ from rag.evaluation.datasets import (
 )
 from rag.evaluation.metrics import exclude_self_hits, mean_per_query, per_query_retrieval
 from rag.precision import PRECISION_SETTINGS
+from rag.retrieval.embedding_cache import EmbeddingCache, cache_stats
 from rag.retrieval.fusion import FUSIONS, NORMS
 
 QUERY_SETS = ("dev", "train", "all")  # fixed splits, see the module docstring
@@ -93,6 +99,9 @@ class RetrievalEvalConfig:
     # | default (chosen on --tune-queries, as alpha); the CLI takes several (one row each)
     rerank_weight: str = "1.0"
     latency: bool = False  # search one query at a time and report p50/p90 latency
+    # corpus vectors from / into $RAG_HOME/cache/embeddings (rag.retrieval.embedding_cache), keyed
+    # by the encoder's weights, modules, precision and the corpus text: a rerun encodes nothing
+    embedding_cache: bool = True
 
     # value sets (argparse choices, rag.dataclass_cli); the CLI takes several modes and fusions
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -131,13 +140,18 @@ def _build_mode(modes: list[str]) -> str:
 
 
 def make_retriever(
-    ds: RetrievalDataset, cfg: RetrievalEvalConfig, encoder=None, mode: str | None = None
+    ds: RetrievalDataset,
+    cfg: RetrievalEvalConfig,
+    encoder=None,
+    mode: str | None = None,
+    embeddings: EmbeddingCache | None = None,
 ):
     """``rag.retrieval.retriever.CorpusRetriever`` over the whole corpus (title + text per document).
 
     ``encoder`` may be an already loaded SentenceTransformer (the experiment passes its fine-tuned
     models); otherwise ``cfg.encoder`` is loaded by rag for dense and hybrid modes. ``mode``
     (default ``cfg.retriever``) decides which indexes are built; ``hybrid`` builds both.
+    ``embeddings``: the command's corpus-embedding cache (None: encode afresh).
     """
     from rag.models import load_embedder
     from rag.retrieval.rerank import load_reranker
@@ -155,7 +169,15 @@ def make_retriever(
     settings = RetrievalSettings.from_config(
         cfg, mode=mode, alpha=0.5, rerank_weight=0.5, depth=max(cfg.k, 100)
     )
-    return CorpusRetriever(ids, texts, enc, settings, reranker=load_reranker(settings))
+    return CorpusRetriever(
+        ids,
+        texts,
+        enc,
+        settings,
+        reranker=load_reranker(settings),
+        progress=True,  # a bar on a terminal, else a line every $RAG_PROGRESS_INTERVAL s
+        embeddings=embeddings,
+    )
 
 
 def run_retrieval(
@@ -193,11 +215,15 @@ def evaluate_modes(
     ds: RetrievalDataset | None = None,
     fusions: list[str] | None = None,
     rerank_weights: list[str] | None = None,
+    embeddings: EmbeddingCache | None = None,
 ) -> list[dict]:
-    """Score several retrieval modes over ONE index build (the corpus is encoded once), one
-    result dict per :class:`Row` (hybrid once per fusion, plus reranked rows when
-    ``cfg.rerank``, once per rerank weight); ``cfg.retriever``, ``cfg.fusion`` and
-    ``cfg.rerank_weight`` stand for the first of ``modes``, ``fusions``, ``rerank_weights``."""
+    """Score several retrieval modes over ONE index build (the corpus is encoded once, or read
+    from the embedding cache), one result dict per :class:`Row` (hybrid once per fusion, plus
+    reranked rows when ``cfg.rerank``, once per rerank weight); ``cfg.retriever``, ``cfg.fusion``
+    and ``cfg.rerank_weight`` stand for the first of ``modes``, ``fusions``, ``rerank_weights``.
+    ``embeddings``: a cache shared with the caller's other evaluations (default: a new one on
+    ``$RAG_HOME/cache/embeddings`` when ``cfg.embedding_cache``); its hits and misses are each
+    row's ``embedding_cache``."""
     fusions = fusions or [cfg.fusion]
     rows = table_rows(cfg, modes, fusions, rerank_weights)
     if ds is None:
@@ -206,8 +232,10 @@ def evaluate_modes(
         ds = ds.subset(list(ds.queries)[: cfg.limit])
     if not ds.queries:
         raise DatasetError(f"{cfg.dataset}: no queries with relevance judgements to evaluate")
+    if embeddings is None and cfg.embedding_cache:
+        embeddings = EmbeddingCache()
     t0 = time.perf_counter()
-    retriever = make_retriever(ds, cfg, encoder, _build_mode(modes))
+    retriever = make_retriever(ds, cfg, encoder, _build_mode(modes), embeddings)
     t_index = time.perf_counter() - t0
     hybrid_fusions = sorted({r.fusion for r in rows if r.fusion}, key=fusions.index)
     load_tune = functools.cache(lambda: _tuning_set(cfg))  # loaded once, if any weight is tuned
@@ -253,6 +281,7 @@ def evaluate_modes(
                 "per_query_ndcg@10": {q: round(v, 4) for q, v in per_query.items()},
                 "corpus_encode_s": round(t_index, 2),
                 "index_shared_by": names if len(rows) > 1 else None,
+                "embedding_cache": cache_stats(embeddings),
                 "search_s": round(t_search, 2),
                 "search_ms_per_query": round(1000 * t_search / len(ds.queries), 2),
                 "latency_ms_p50": round(float(np.percentile(lat, 50)), 1) if lat else None,
@@ -306,9 +335,14 @@ def _tuning_set(cfg: RetrievalEvalConfig) -> RetrievalDataset:
     return tune
 
 
-def evaluate(cfg: RetrievalEvalConfig, encoder=None, ds: RetrievalDataset | None = None) -> dict:
+def evaluate(
+    cfg: RetrievalEvalConfig,
+    encoder=None,
+    ds: RetrievalDataset | None = None,
+    embeddings: EmbeddingCache | None = None,
+) -> dict:
     """Load, index, search, score one mode (``cfg.retriever``): settings, metrics, timings."""
-    return evaluate_modes(cfg, [cfg.retriever], encoder, ds)[0]
+    return evaluate_modes(cfg, [cfg.retriever], encoder, ds, embeddings=embeddings)[0]
 
 
 def _line(r: dict) -> str:
@@ -321,9 +355,17 @@ def _line(r: dict) -> str:
         + (f" ({c['encoder']})" if c["retriever"] != "bm25" else "")
         + f": nDCG@10 {m['ndcg@10']:.4f}  R@10 {m['recall@10']:.4f}  R@100 {m['recall@100']:.4f}"
         f"  MRR@10 {m['mrr@10']:.4f}  MAP@100 {m['map@100']:.4f}  ({r['n_queries']} queries,"
-        f" {r['n_docs']} docs, index {r['corpus_encode_s']}s, search {r['search_s']}s{lat})"
-        + _target_note(r.get("ndcg@10_by_target"))
+        f" {r['n_docs']} docs, index {r['corpus_encode_s']}s{_cache_note(r)},"
+        f" search {r['search_s']}s{lat})" + _target_note(r.get("ndcg@10_by_target"))
     )
+
+
+def _cache_note(r: dict) -> str:
+    """Where a dense or hybrid row's corpus vectors came from (the cache, or encoded and stored)."""
+    c = r.get("embedding_cache")
+    if not c or not c["hits"] + c["misses"] or r["config"]["retriever"] == "bm25":
+        return ""
+    return " (embeddings from cache)" if c["hits"] and not c["misses"] else " (embeddings stored)"
 
 
 def _target_note(groups: dict | None) -> str:

@@ -7,7 +7,7 @@ the chunk ids chosen by ingest, so every backend is addressed by the same string
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -92,8 +92,12 @@ class VectorIndex(ABC):
         """Remove ``ids``; unknown ids are ignored."""
 
     @abstractmethod
-    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
-        """For each query row, up to ``k`` (id, inner product) pairs, best first."""
+    def search(
+        self, queries: np.ndarray, k: int, ids: Collection[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """For each query row, up to ``k`` (id, inner product) pairs, best first. ``ids``: search
+        only these (a filter pushed into the search, so ``k`` hits come from them whenever they
+        hold ``k``); unknown ids are ignored, an empty collection finds nothing."""
 
     @abstractmethod
     def count(self) -> int:

@@ -9,7 +9,7 @@ function would download a model, and the index must use the encoder the manifest
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -170,12 +170,19 @@ class ChromaIndex(VectorIndex):
             if ids[s : s + self._max_batch]:
                 self._col.delete(ids=ids[s : s + self._max_batch])
 
-    def search(self, queries: np.ndarray, k: int) -> list[list[tuple[str, float]]]:
+    def search(
+        self, queries: np.ndarray, k: int, ids: Collection[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """Top ``k`` by inner product; ``ids`` goes to Chroma's own pre-filter (the query's
+        ``ids``, applied with its ``where`` before the nearest-neighbour search)."""
         queries = self._queries(queries)
-        n = self.count()
+        wanted = None if ids is None else sorted(set(ids))
+        n = self.count() if wanted is None else len(wanted)
         if n == 0 or k <= 0:
             return [[] for _ in range(len(queries))]
-        res = self._col.query(query_embeddings=queries, n_results=min(k, n), include=["distances"])
+        res = self._col.query(
+            query_embeddings=queries, n_results=min(k, n), ids=wanted, include=["distances"]
+        )
         return [
             [(i, 1.0 - float(d)) for i, d in zip(row_ids, row_d)]
             for row_ids, row_d in zip(res["ids"], res["distances"])

@@ -36,6 +36,7 @@ CLI_FIELDS = (
     "adapter",
     "k",
     "mode",
+    "where",
     "rerank",
     "rerank_depth",
     "rerank_weight",

@@ -96,6 +96,9 @@ class RAGConfig:
     # dense weight in hybrid fusion (chosen on train queries: 0.5 / 0.4)
     alpha: float = RETRIEVAL.alpha
     mode: str = RETRIEVAL.mode  # retrieval mode
+    # document filter (rag.retrieval.filters): path=GLOB on the relative path, type=pdf,md;
+    # several clauses are ANDed (values within one ORed)
+    where: list[str] = field(default_factory=lambda: list(RETRIEVAL.where))
     temperature: float = 0.0  # 0 = greedy decoding (deterministic); > 0 samples
     top_p: float = 1.0  # nucleus sampling mass when temperature > 0
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # answer length limit in decoder tokens
@@ -223,8 +226,14 @@ def settings() -> dict[str, tuple[type, bool]]:
 
 
 def _coerce(name: str, value: Any, source: str) -> Any:
-    """Check a TOML value against the field's annotated type (TOML has no null: use "none")."""
+    """Check a TOML value against the field's annotated type (TOML has no null: use "none");
+    a list field takes a list of its type, or one value."""
     tp, optional = settings()[name]
+    if field_type(typing.get_type_hints(RAGConfig)[name])[1]:
+        items = [value] if isinstance(value, tp) else value
+        if not isinstance(items, list) or not all(isinstance(v, tp) for v in items):
+            raise ConfigError(f"{source}: {name} must be a list of {tp.__name__}, not {value!r}")
+        return list(items)
     if optional and isinstance(value, str) and value.lower() == "none":
         return None
     is_number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -307,9 +316,16 @@ CLI_HELP = {
     "reranker's order, 0 = the first stage's",
     "rerank_precision": "reranker weights: auto = bf16 on CUDA or a CPU with bf16 units, else "
     "fp32; or fp32, bf16, int8 (CPU)",
+    "where": "document filter, repeatable (clauses ANDed): path=GLOB on the relative path "
+    "(library/* or a folder), type=pdf,md (values ORed) (default: none)",
     "refusal_threshold": "refuse only when p(refusal) >= this, in (0, 1], else answer with the "
     "refusal barred; none = the decoder's own choice (rag.answer.refusal)",
 }
+
+
+# ``--where`` takes one clause per flag, repeated (a list flag's ``nargs="+"`` would swallow the
+# question or query that may follow it on the command line)
+FLAG_KWARGS = {"where": {"nargs": None, "action": "append", "metavar": "KEY=VALUE"}}
 
 
 def add_config_args(
@@ -320,7 +336,8 @@ def add_config_args(
     """``--kebab-case`` flags for RAGConfig fields (all, or ``names``), built like every flag of
     the project (rag.dataclass_cli) but layered: a flag not given stays out of the namespace,
     so the TOML value or the dataclass default stays in force (``--help`` shows the default)."""
-    options = {"help": {**CLI_HELP, **options.pop("help", {})}, **options}
+    kwargs = {**FLAG_KWARGS, **options.pop("kwargs", {})}
+    options = {"help": {**CLI_HELP, **options.pop("help", {})}, "kwargs": kwargs, **options}
     return add_dataclass_args(parser, RAGConfig, only=names, layered=True, **options)
 
 

@@ -76,6 +76,17 @@ def _suffix_of(path: Path) -> str:
     return path.suffix.lower()
 
 
+# a file's type as filters and document listings name it: its suffix without the dot, the
+# spellings of one format under one name (Sphinx ``*.rst.txt`` is rst)
+_TYPE_ALIASES = {"markdown": "md", "htm": "html"}
+
+
+def document_type(path: str | Path) -> str:
+    """``md``, ``txt``, ``rst``, ``html``, ``pdf``, ``docx`` (or another file's bare suffix)."""
+    suffix = _suffix_of(Path(path)).lstrip(".")
+    return _TYPE_ALIASES.get(suffix, suffix)
+
+
 def _outside(path: Path, root: Path) -> str | None:
     """The target of ``path`` when it is a symbolic link that resolves outside ``root`` (already
     resolved), else None. Links that stay inside the folder are harmless and read as usual."""

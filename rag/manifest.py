@@ -60,6 +60,7 @@ class SourceEntry:
     size: int
     mtime_ns: int
     chunk_ids: list[str] = field(default_factory=list)
+    ingested: float = 0.0  # time.time() when these chunks were embedded; 0: not recorded
 
 
 @dataclass

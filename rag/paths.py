@@ -6,6 +6,7 @@ Layout (see docs/architecture.md)::
     artifacts/models/<name>/      HF folder + run.json + train_log.jsonl + loss.png
     artifacts/indexes/<name>/     manifest, vectors, BM25, chunks
     artifacts/evals/<run>/        results.json, tables, plots
+    artifacts/cache/              tokenised corpora, corpus embeddings (safe to delete)
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def models_dir() -> Path:
 
 def indexes_dir() -> Path:
     return rag_home() / "indexes"
+
+
+def cache_dir() -> Path:
+    """Derived data that is recomputed when missing (tokenised corpora, corpus embeddings,
+    probes): ``$RAG_HOME/cache``; deleting it only costs time."""
+    return rag_home() / "cache"
 
 
 def list_indexes() -> list[str]:
@@ -69,6 +76,19 @@ def check_index_name(name: str, hint: str = CLI_INDEX_HINT) -> str:
         raise IndexNameError(
             f"index name {name!r} is not allowed: use letters, digits, '.', '_' or '-' "
             "(not '.' or '-' first, no '/')" + (f"; {hint}" if hint else "")
+        )
+    return name
+
+
+def check_existing_index(name: str, hint: str = CLI_INDEX_HINT) -> str:
+    """``name`` when it is a plain name (:func:`check_index_name`) of an index folder under
+    :func:`indexes_dir`, else the error naming it and how to create it (the servers' start-up
+    check: rag.serve, rag.mcp)."""
+    check_index_name(name, hint=hint)
+    if name not in list_indexes():
+        raise LookupError(
+            f"index {name!r} does not exist under {indexes_dir()}: "
+            f"create it with python -m rag.ingest FOLDER --index {name}"
         )
     return name
 

@@ -244,10 +244,16 @@ class RAGPipeline:
 
     # ---- steps -------------------------------------------------------------------------------
 
-    def retrieve(self, query: str, k: int | None = None, mode: str | None = None) -> list[Hit]:
-        """Top-``k`` hits for ``query`` (defaults from the config)."""
+    def retrieve(
+        self, query: str, k: int | None = None, mode: str | None = None, where: Any = None
+    ) -> list[Hit]:
+        """Top-``k`` hits for ``query`` (defaults from the config); ``where``: a document filter
+        for this question (:mod:`rag.retrieval.filters`), None = the config's ``where``."""
+        extra = {} if where is None else {"where": where}  # retrievers without filters stay fine
         return list(
-            self.retriever.search(query, k=k or self.config.k, mode=mode or self.config.mode)
+            self.retriever.search(
+                query, k=k or self.config.k, mode=mode or self.config.mode, **extra
+            )
         )
 
     def standalone_query(self, question: str, history: Any = None) -> str:
@@ -265,6 +271,7 @@ class RAGPipeline:
         k: int | None = None,
         mode: str | None = None,
         max_new_tokens: int | None = None,
+        where: Any = None,
     ) -> Prepared:
         """Rewrite, retrieve, gate on relevance and fit passages; ``hits`` empty = refuse.
 
@@ -276,7 +283,8 @@ class RAGPipeline:
         t0 = time.perf_counter()
         mode = mode or self.config.mode
         query = self.standalone_query(question, history)
-        hits = relevant_hits(self.retrieve(query, k=k, mode=mode), mode, self.config.min_score)
+        found = self.retrieve(query, k=k, mode=mode, where=where)
+        hits = relevant_hits(found, mode, self.config.min_score)
         timings = {"retrieve_s": time.perf_counter() - t0}
         name = getattr(getattr(self.retriever, "reranker", None), "name", None)
         reranker = name if isinstance(name, str) else None
@@ -374,11 +382,13 @@ class RAGPipeline:
         mode: str | None = None,
         temperature: float | None = None,
         max_new_tokens: int | None = None,
+        where: Any = None,
     ) -> Answer:
-        """A grounded answer with citations (or the refusal when nothing relevant is found)."""
+        """A grounded answer with citations (or the refusal when nothing relevant is found);
+        ``where`` restricts retrieval to some documents (None: the config's filter)."""
         t0 = time.perf_counter()
         prep = self.prepare(
-            question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens
+            question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens, where=where
         )
         early, gate = self._refuse_early(prep, t0)
         if early is not None:
@@ -405,15 +415,17 @@ class RAGPipeline:
         mode: str | None = None,
         temperature: float | None = None,
         max_new_tokens: int | None = None,
+        where: Any = None,
     ) -> Iterator[str | Answer]:
-        """Raw text deltas (citation markers included) as decoded, then the final :class:`Answer`.
+        """Raw text deltas (citation markers included) as decoded, then the final :class:`Answer`
+        (``where`` as for :meth:`answer`).
 
         A completed citation (see :func:`complete_citation`) is scored after decoding ends; its
         marker (`` [i]``) arrives as the last text delta, before the Answer.
         """
         t0 = time.perf_counter()
         prep = self.prepare(
-            question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens
+            question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens, where=where
         )
         early, gate = self._refuse_early(prep, t0)
         if early is not None:

@@ -1,7 +1,8 @@
 """Search an ingested index from the command line.
 
 ``python -m rag.search "query" [--index NAME | --index-dir PATH] [--k 10]
-[--mode dense|bm25|hybrid] [--rerank auto|none|DIR] [--rerank-depth N] [--json]``
+[--mode dense|bm25|hybrid] [--where path=GLOB|type=T ...] [--rerank auto|none|DIR]
+[--rerank-depth N] [--json]``
 
 Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview);
 ``--json`` prints the hits as JSON on stdout (logs stay on stderr). Any failure is one line on
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 from rag.cli import OneLineParser, add_index_args, run_cli
-from rag.config import RAGConfig
+from rag.config import CLI_HELP, FLAG_KWARGS, RAGConfig
 from rag.dataclass_cli import add_dataclass_args
 from rag.types import Hit
 
@@ -42,6 +43,7 @@ def build_parser() -> OneLineParser:
         only=(
             "k",
             "mode",
+            "where",
             "fusion",
             "alpha",
             "encoder",
@@ -58,8 +60,10 @@ def build_parser() -> OneLineParser:
             "encoder": "query encoder; must match the index's (none = the index's own)",
             "rerank": "cross-encoder to rerank with: auto = minilm-rerank when `make models` "
             "trained it (else no rerank); none = off; or a folder/artefact name",
+            "where": CLI_HELP["where"],
         },
         kwargs={
+            **FLAG_KWARGS,
             "rerank": {"metavar": "auto|none|DIR"},
             "rerank_depth": {"metavar": "N"},
             "rerank_weight": {"metavar": "W"},
@@ -86,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             "index": str(index),
             "mode": args.mode,
             "k": args.k,
+            "where": list(settings.where),
             "reranker": reranker,
             "seconds": round(seconds, 3),
             "hits": [h.to_dict() for h in hits],

@@ -22,6 +22,7 @@ DOCS = {
 def write_docs(folder: Path, docs: dict[str, str] = DOCS) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for name, text in docs.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)  # names may hold folders
         (folder / name).write_text(text, encoding="utf-8")
     return folder
 

@@ -16,7 +16,7 @@ from transformers import (
 from evals.division_of_labor.cells import Cells
 from evals.division_of_labor.compare import head_to_head, paired_difference, summary_chart
 from evals.division_of_labor.data import subsample
-from evals.division_of_labor.presets import ROWS
+from evals.division_of_labor.presets import ROW_MASK, ROW_OBJECTIVE, ROWS
 from evals.division_of_labor.report import aggregate, markdown
 from evals.division_of_labor.run import main
 from rag.evaluation.datasets import RetrievalDataset
@@ -117,6 +117,52 @@ def test_head_to_head_table_and_summary_chart(tmp_path):
     assert summary_chart({}, tmp_path, "empty.png") is None
 
 
+def test_rows_name_their_objectives_and_masks():
+    from training.config import OBJECTIVES
+
+    assert {"mlm30", "antlm", "prefixlm"} <= set(ROWS)
+    assert all(ROW_OBJECTIVE[r] in OBJECTIVES for r in ROWS)
+    assert ROW_MASK["mlm30"] == (0.30, "mask-only")
+    assert ROW_MASK["antlm"] == ROW_MASK["clm2mlm"]  # they differ only in the schedule
+
+
+def test_decoder_folder_of_each_layout(tmp_path):
+    from evals.division_of_labor.steps import decoder_folder
+
+    enc, dec = tmp_path / "enc", tmp_path / "dec"
+    ModernBertForMaskedLM(ModernBertConfig(**KW)).save_pretrained(enc)
+    ModernBertDecoderForCausalLM(ModernBertDecoderConfig(**KW)).save_pretrained(dec)
+    assert decoder_folder(enc) is None and decoder_folder(dec) == dec
+    ModernBertDecoderForCausalLM(ModernBertDecoderConfig(**KW)).save_pretrained(enc / "decoder")
+    assert decoder_folder(enc) == enc / "decoder"  # antlm / prefixlm: both layouts
+
+
+def test_reading_squad_keeps_every_dev_article_and_the_split(tmp_path):
+    from training_support import write_tiny_squad
+
+    from evals.division_of_labor.data import reading_squad
+    from rag.evaluation.datasets import squad_split
+
+    full = write_tiny_squad(tmp_path / "squad.json")
+    assert reading_squad(str(full), tmp_path / "r.json", 0) == str(full)
+    small = reading_squad(str(full), tmp_path / "r.json", 2)
+    train, dev = squad_split(small)
+    assert dev == squad_split(full)[1] and len(train) == 2
+    assert set(train) <= set(squad_split(full)[0])
+
+
+def test_reading_column_in_the_head_to_head():
+    cells = {
+        "reading/mlm15/s0": {"em": 0.5, "f1": 0.6},
+        "reading/mlm15/s1": {"em": 0.4, "f1": 0.5},
+        "reading/clm-causal/s0": {"em": 0.1, "f1": 0.2},
+        "reading/clm-causal/s1": {"em": 0.2, "f1": 0.2},
+    }
+    rows = {(r["first"], r["second"], r["metric"]): r for r in head_to_head(aggregate(cells))}
+    f1 = rows[("mlm15", "clm-causal", "reading F1")]
+    assert f1["mean"] == pytest.approx(0.35) and f1["first_better"] == 2
+
+
 def test_subsample_keeps_relevant_docs():
     ds = RetrievalDataset(
         "t",
@@ -130,23 +176,34 @@ def test_subsample_keeps_relevant_docs():
 
 
 @pytest.mark.data
-@pytest.mark.slow  # ~130 s of CPU (2-core box): over this area's share of the default suite
+@pytest.mark.slow  # ~160 s of CPU (2-core box): over this area's share of the default suite
 def test_tiny_preset_runs_whole_experiment_and_resumes(shared_data, tmp_path):
     out = tmp_path / "dol"
+    # every row with code of its own (mlm30 and mlm40 are mlm15 with other mask settings)
+    rows = ["mlm15", "clm", "clm2mlm", "antlm", "prefixlm"]
     args = ["--preset", "tiny", "--out", str(out), "--no-baselines", "--threads", "2"]
+    args += ["--rows", *rows]
     assert main(args) == 0
     results = json.loads((out / "results.json").read_text())
     summary = results["summary"]
-    assert set(summary["bpb"]) == set(ROWS)
-    assert {f"{r}-mean" for r in ROWS} | {"clm-last", "bm25"} <= set(summary["retrieval"])
+    assert set(summary["bpb"]) == set(rows)
+    assert {f"{r}-mean" for r in rows} | {"clm-last", "bm25"} <= set(summary["retrieval"])
     for model in summary["retrieval"].values():
         assert 0.0 <= model["scifact_dev"]["mean"] <= 1.0
     for model in summary["bpb"].values():
         assert 0.5 < model["wikitext_bpb"]["mean"] < 20  # a barely trained model: a few bits/byte
-    assert "clm-lora" in summary.get("qa", {}) or any(
+    assert {"clm-lora", "antlm-lora", "prefixlm-lora"} <= set(summary.get("qa", {})) or any(
         k.startswith("qa/") for k in results["skipped"]
     )
-    assert (out / "results.md").read_text().count("| mlm15") >= 2
+    readers = {r for r in rows if r != "clm"} | {"clm-causal", "clm-bidir"}
+    assert set(summary["reading"]) == readers  # every row reads, the CLM both ways
+    for model in summary["reading"].values():
+        assert 0.0 <= model["em"]["mean"] <= model["f1"]["mean"] <= 1.0
+    cells = results["cells"]
+    assert cells["bpb/antlm/s0"]["objective"] == "clm"  # scored through its decoder layout
+    assert cells["bpb/mlm15/s0"]["objective"] == "mlm"
+    assert cells["pretrain/prefixlm/s0"]["final_heldout_clm_loss"] > 0
+    assert (out / "results.md").read_text().count("| mlm15") >= 3
     assert (out / "retrieval_scifact_dev.png").exists() and (out / "pretrain_loss.png").exists()
     assert (out / "division_of_labor.png").exists()
     assert "| mlm15-mean vs clm-mean | SciFact dev nDCG@10 |" in (out / "results.md").read_text()

@@ -136,15 +136,11 @@ CORPUS = {
 
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-    from training_support import save_tiny_encoder
+    from training_support import tiny_sentence_transformer
 
     from rag.retrieval.retriever import CorpusRetriever
 
-    folder = save_tiny_encoder(tmp_path_factory.mktemp("fusion_enc"))
-    tr = Transformer(str(folder), max_seq_length=32)
-    st = SentenceTransformer(modules=[tr, Pooling(64, "mean"), Normalize()], device="cpu")
+    st = tiny_sentence_transformer(tmp_path_factory.mktemp("fusion_enc"))
     return CorpusRetriever(
         list(CORPUS), list(CORPUS.values()), st, RetrievalSettings(mode="hybrid", device="cpu")
     )

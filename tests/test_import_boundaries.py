@@ -31,10 +31,10 @@ ALLOWED: dict[str, set[str]] = {
 # and settings through rag.config and rag.pipeline instead of CLI code; and ui talks to rag
 # through its public face (the config, the pipeline, what it returns, ingest, and the CLI
 # plumbing every command shares), never to a rag subpackage's insides.
-ENTRY_POINTS = ("rag.ask", "rag.search", "rag.serve.app")
+ENTRY_POINTS = ("rag.ask", "rag.docs", "rag.mcp", "rag.search", "rag.serve.app")
 UI_RAG_API = {
-    "rag.cli", "rag.config", "rag.dataclass_cli", "rag.documents", "rag.ingest", "rag.models",
-    "rag.paths", "rag.pipeline", "rag.prompt", "rag.types",
+    "rag.cli", "rag.config", "rag.dataclass_cli", "rag.documents", "rag.ingest", "rag.markup",
+    "rag.models", "rag.paths", "rag.pipeline", "rag.prompt", "rag.types",
 }  # fmt: skip
 
 

@@ -120,6 +120,53 @@ def test_upsert_delete_and_persist(make_index):
     assert again.search(vecs[5:6], 1)[0][0][0] == "c5"
 
 
+def _brute_force(queries, vecs, ids, subset, k):
+    """The ``k`` best of ``subset`` by exact inner product, per query: what a filtered search
+    must return."""
+    rows = [ids.index(i) for i in subset if i in ids]
+    exact = queries @ vecs[rows].T
+    return [[ids[rows[j]] for j in np.argsort(-row, kind="stable")[:k]] for row in exact]
+
+
+def test_search_within_ids_equals_brute_force_over_them(make_index):
+    """A filter pushed into the search (``ids``): the k best of those ids, exactly the ones a
+    brute force over them finds, and k of them even where the unfiltered top k holds none."""
+    rng = np.random.default_rng(7)
+    vecs = unit(rng, 60)
+    ids = [f"f{i}" for i in range(60)]
+    ix = make_index()
+    ix.add(ids, vecs)
+    subset = ids[::3] + ["unknown"]  # 20 stored ids and one the index never saw
+    queries = vecs[1:60:3][:4] + 0.01  # each nearest to an id outside the subset
+    assert all(top[0][0] not in subset for top in ix.search(queries, 1))
+    got = ix.search(queries, 5, ids=subset)
+    assert [[i for i, _ in row] for row in got] == _brute_force(queries, vecs, ids, subset, 5)
+    for row in got:
+        for i, score in row:
+            assert score == pytest.approx(
+                float(queries[got.index(row)] @ vecs[ids.index(i)]), abs=1e-4
+            )
+    assert [len(r) for r in ix.search(queries, 100, ids=subset)] == [20] * 4
+    assert ix.search(queries, 5, ids=[]) == [[]] * 4
+    assert ix.search(queries, 5, ids=["unknown"]) == [[]] * 4
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw", "ivf"])
+def test_faiss_filtered_search_through_the_id_selector(kind):
+    """Past ``exact_subset_max`` ids a FAISS filter goes through the index with an
+    IDSelectorBatch: the same hits as brute force over the subset (300 vectors: IVF's 7 lists
+    are all probed, HNSW at efSearch 128 finds them all)."""
+    rng = np.random.default_rng(8)
+    vecs = unit(rng, 300)
+    ids = [str(i) for i in range(300)]
+    ix = open_index("faiss", None, DIM, kind=kind, exact_subset_max=0)
+    ix.add(ids, vecs)
+    subset = ids[::4]
+    queries = unit(rng, 10)
+    got = [[i for i, _ in row] for row in ix.search(queries, 5, ids=subset)]
+    assert got == _brute_force(queries, vecs, ids, subset, 5)
+
+
 def test_bad_shapes_rejected(make_index):
     ix = make_index()
     with pytest.raises(ValueError):
@@ -220,6 +267,34 @@ def test_generation_lifecycle(generation_backend, tmp_path):
     ix.reconcile(ids[2:])
     assert sorted(ix.ids()) == sorted(ids[2:])
     ix.close()
+
+
+def test_generation_that_only_removes(generation_backend, tmp_path):
+    """What ``rag.docs remove`` stages: dropped ids and no vectors at all. Until it is published
+    the live generation keeps them; after, the new one never returns them (a shared store keeps
+    them for readers still on the previous generation, then drops them at ``reconcile``)."""
+    backend, opts = generation_backend
+    vecs, ids = unit(np.random.default_rng(6), 6), [f"r{i}" for i in range(6)]
+    (staging := tmp_path / "index" / ".gen-000001.tmp-1").mkdir(parents=True)
+    root = staging.parent
+    with open_for_generation(backend, root, None, staging, DIM, **opts) as ix:
+        ix.stage_changes([], ids, vecs)
+        gen1 = _publish(staging)
+        ix.reconcile(ids)
+    (staging := root / ".gen-000002.tmp-1").mkdir()
+    with open_for_generation(backend, root, gen1, staging, DIM, **opts) as ix:
+        ix.stage_changes({"r0", "r1"}, [], np.zeros((0, DIM), np.float32))
+        with load_generation(backend, root, gen1, DIM, **opts) as live:
+            assert sorted(live.ids()) == ids
+            assert live.search(vecs[0:1], 1)[0][0][0] == "r0"
+        gen2 = _publish(staging)
+        ix.reconcile(ids[2:] + ids)  # the previous generation still names r0, r1
+        with load_generation(backend, root, gen2, DIM, **opts) as live:
+            assert {"r0", "r1"} & set(live.ids()) == ({"r0", "r1"} if live.shared_store else set())
+        ix.reconcile(ids[2:])  # the next publication: only the live generation is kept
+        with load_generation(backend, root, gen2, DIM, **opts) as live:
+            assert sorted(live.ids()) == ids[2:] and live.count() == 4
+            assert live.search(vecs[0:1], 4)[0][0][0] != "r0"
 
 
 def test_missing_ids_are_found_in_a_shared_store(generation_backend, tmp_path):

@@ -4,8 +4,11 @@ tests/ui_support.py), so retrieval, citation parsing, rendering and clicking are
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from ui_support import ScriptedGenerator, build_index, module_rag_home, scripted_factory, serve
@@ -105,3 +108,103 @@ def test_follow_up_is_rewritten_and_shown(browser, app_url):
     page.locator("#sources >> text=rewritten from").wait_for(timeout=60_000)
     text = page.locator("#sources").inner_text()
     assert "git" in text.split("rewritten from")[0] and "branch" in text.split("rewritten from")[0]
+
+
+@contextlib.contextmanager
+def _listener():
+    """A local HTTP server that records every request it gets: (port, paths)."""
+    paths: list[str] = []
+
+    class Record(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the http.server API
+            paths.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Record)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], paths
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_planted_image_and_link_make_the_browser_fetch_nothing(browser, app_url):
+    """An answer that copied a document's ``![x](http://127.0.0.1:PORT/leak?d=...)`` (the RAG
+    exfiltration channel, docs/security.md) shows it as text while it streams and once done:
+    the local listener gets no request and the page makes none to it; a planted link shows its
+    target."""
+    url, gen = app_url
+    with _listener() as (port, paths):
+        leak = f"http://127.0.0.1:{port}/leak?d=close+a+file"
+        link = f"http://127.0.0.1:{port}/guide?d=q"
+        old = gen.pieces
+        gen.pieces = [
+            "According ",
+            f"![status]({leak}) ",
+            "to the documents ",
+            f"[guide]({link})",
+            " [1].",
+        ]
+        page = browser.new_page()
+        requested: list[str] = []
+        page.on("request", lambda r: requested.append(r.url) if f":{port}/" in r.url else None)
+        try:
+            page.goto(url)
+            _ask(page, "How do I close a file in Python?")
+            page.locator('#chat a[href$="#src-1"]').last.wait_for(timeout=60_000)
+            page.wait_for_timeout(1_000)  # time for any image the page would load
+            chat = page.locator("#chat")
+            text = chat.inner_text()
+            hidden = chat.evaluate(
+                "(el, port) => [...el.querySelectorAll('a[href*=\":' + port + '/\"]')]"
+                ".filter(a => !a.innerText.includes(a.getAttribute('href'))).length",
+                port,
+            )
+            images = chat.evaluate("el => el.querySelectorAll('img[src*=\"leak\"]').length")
+        finally:
+            gen.pieces = old
+            page.close()
+        assert paths == [] and requested == []
+        assert images == 0 and hidden == 0
+        assert f"![status]({leak})" in text and f"[guide]({link})" in text  # shown, as text
+
+
+def test_documents_panel_lists_and_removes_after_confirmation(browser, app_url):
+    """The Documents panel: the index's files listed; removing one asks first, then the table
+    no longer lists it. The file is still in the corpus folder, so re-ingesting that folder
+    brings it back (the re-ingest rule), which also leaves the index as the other tests need."""
+    from rag.ingest import ingest, list_documents
+
+    page = browser.new_page(viewport={"width": 1400, "height": 1200})
+    page.goto(app_url[0])
+    page.get_by_text("Documents in the current index").click()
+    table = page.locator("#documents table")
+    table.wait_for(timeout=60_000)
+    assert "files.md" in table.inner_text() and "git.md" in table.inner_text()
+
+    page.locator("#documents-pick input").click()
+    page.get_by_role("option", name="git.md").click()
+    page.keyboard.press("Escape")
+    page.locator("#documents-remove").click()
+    confirm = page.locator("#documents-confirm")
+    confirm.get_by_text("Remove 1 document(s)").wait_for(timeout=30_000)
+    assert "git.md" in confirm.inner_text()
+    assert "git.md" in table.inner_text()  # nothing removed before the confirmation
+    page.locator("#documents-yes").click()
+    page.locator("#documents-report").get_by_text("Removed 1 document(s)").wait_for(timeout=60_000)
+    page.wait_for_function(
+        "!document.querySelector('#documents table').innerText.includes('git.md')",
+        timeout=30_000,
+    )
+    assert not confirm.is_visible()
+    left = list_documents("uitest").documents
+    assert [d.path for d in left] == ["files.md"]
+
+    folder = left[0].source.rsplit("/", 1)[0]
+    assert ingest([folder], index="uitest").added == [f"{folder}/git.md"]

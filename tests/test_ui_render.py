@@ -184,3 +184,45 @@ def test_document_html_in_the_reply_is_escaped_outside_code():
     assert "<script>" not in out and "&lt;script&gt;alert(1)&lt;/script&gt;" in out
     assert "<code>&lt;i&gt;code&lt;/i&gt;</code>" in out and "<i>" not in out
     assert "<script>" not in _html(stream_markdown(raw))
+
+
+# Planted markup (docs/security.md, the exfiltration channel): what a document can make the model
+# copy into an answer, and what a plain markdown renderer would fetch or hide for each.
+PLANTED = [
+    "![status](http://127.0.0.1:9/leak?d=QUESTION)",
+    '![s](http://127.0.0.1:9/leak "title")',
+    "![ref][r]\n\n[r]: http://127.0.0.1:9/leak",
+    "![1]\n\n[1]: http://127.0.0.1:9/leak",
+    "![see [1]](http://127.0.0.1:9/leak)",
+    "\\`![x](http://127.0.0.1:9/leak)`",
+    '<img src="http://127.0.0.1:9/leak">',
+    "[the guide](http://127.0.0.1:9/leak?d=q)",
+    "[guide][g]\n\n[g]: http://127.0.0.1:9/leak",
+]
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_planted_images_and_links_render_inert(planted):
+    from evals.injection import rendered_fetches
+
+    raw = f"Snapshots are kept 14 days [1]. {planted}"
+    fetched, hidden = rendered_fetches(raw)
+    assert fetched or hidden  # a plain renderer would leak or hide it
+    for md in (reply_markdown(_answer(raw, [1])), stream_markdown(raw)):
+        assert rendered_fetches(md) == ([], [])
+        assert "127.0.0.1:9/leak" in _html(md)  # the target stays visible, as text
+    assert '<a href="#src-1">[1]</a>' in _html(reply_markdown(_answer(raw, [1])))
+
+
+def test_planted_markup_in_passages_stays_text():
+    from dataclasses import replace
+
+    answer = _answer("x [1]", [1])
+    planted = '![s](http://127.0.0.1:9/leak) <img src="http://127.0.0.1:9/leak">'
+    answer.citations = [replace(answer.citations[0], text=planted)]
+    answer.passages = [
+        replace(h, chunk=replace(h.chunk, text=planted, heading_path=(planted,)))
+        for h in answer.passages
+    ]
+    for out in (sources_html(answer, "q"), uncited_html(answer)):
+        assert "<img" not in out and "127.0.0.1:9/leak" in out

@@ -115,6 +115,16 @@ def save_tiny_encoder(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def tiny_sentence_transformer(folder: Path, seed: int = 0, max_seq_length: int = 32):
+    """:func:`save_tiny_encoder` (``seed``) as a mean-pooled, normalised SentenceTransformer."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    save_tiny_encoder(folder, seed)
+    tr = Transformer(str(folder), max_seq_length=max_seq_length)
+    return SentenceTransformer(modules=[tr, Pooling(64, "mean"), Normalize()], device="cpu")
+
+
 def save_tiny_decoder(path: Path, seed: int = 0) -> Path:
     """A plain HF Llama causal LM folder (smollm2's architecture) with a chat template."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -42,7 +42,16 @@ PRESETS: dict[str, ModelPreset] = {
 }
 
 
-OBJECTIVES = ("mlm", "clm")  # bidirectional encoder, causal decoder
+# mlm: bidirectional encoder; clm: causal decoder; antlm: CLM and MLM steps alternating on one
+# set of weights; prefixlm: bidirectional over a prefix, causal over the rest (training.objectives)
+OBJECTIVES = ("mlm", "clm", "antlm", "prefixlm")
+# the model class each objective trains: the encoder layout (ModernBertForMaskedLM) for every
+# objective that has bidirectional steps, the decoder layout (ModernBertDecoderForCausalLM) for clm
+LAYOUT = {"mlm": "mlm", "clm": "clm", "antlm": "mlm", "prefixlm": "mlm"}
+# objectives whose encoder-layout weights were also trained causally: their run saves a decoder
+# copy in <out>/decoder as well (training.export.save_decoder_copy)
+WITH_DECODER = ("antlm", "prefixlm")
+DECODER_SUBDIR = "decoder"
 SCHEDULES = ("steps", "time")  # what the lr decay follows
 MASK_STRATEGIES = ("80-10-10", "mask-only")
 
@@ -61,7 +70,7 @@ def get_preset(name: str) -> ModelPreset:
 class PretrainConfig:
     """Everything one pretraining run needs; saved as run.json beside the model."""
 
-    objective: str = "mlm"  # mlm (bidirectional encoder) or clm (causal decoder)
+    objective: str = "mlm"  # mlm (encoder), clm (decoder), antlm (CLM/MLM alternating), prefixlm
     preset: str = "tiny"  # tiny | small | base (training/config.py PRESETS)
     corpus: list[str] = field(default_factory=list)  # folders/files read through rag.documents
     out: str = ""  # output folder (HF model + logs + checkpoints)
@@ -79,6 +88,9 @@ class PretrainConfig:
     mask_rate: float = 0.30  # MLM: fraction of tokens to predict, in (0, 1)
     mask_strategy: str = "80-10-10"  # MLM: 80-10-10 (mask/random/keep) or mask-only
     whole_word_mask: bool = False  # MLM: mask all tokens of a chosen word together
+    # antlm: steps per CLM or MLM block (1 = switch every step); blocks count back from the last
+    # step, so the run ends on MLM (--mask-rate / --mask-strategy set its MLM steps)
+    alternate_every: int = 1
     sparse_prediction: bool = True  # MLM: project to the vocabulary only at masked positions
     heldout_fraction: float = 0.05  # share of files held out (at least one file)
     eval_every: int = 50  # steps between held-out evaluations (0 = only start and end)
@@ -105,7 +117,11 @@ class PretrainConfig:
         """Fill preset defaults and validate; raises ConfigError naming the bad flag."""
         p = get_preset(self.preset)
         if self.objective not in OBJECTIVES:
-            raise ConfigError(f"--objective must be mlm or clm, not {self.objective!r}")
+            raise ConfigError(
+                f"--objective must be one of {', '.join(OBJECTIVES)}, not {self.objective!r}"
+            )
+        if self.alternate_every < 1:
+            raise ConfigError(f"--alternate-every must be >= 1, got {self.alternate_every}")
         if not 0.0 < self.mask_rate < 1.0:
             raise ConfigError(f"--mask-rate must be in (0, 1), got {self.mask_rate}")
         if self.mask_strategy not in MASK_STRATEGIES:

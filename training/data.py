@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from rag.documents import DocumentError, iter_files, load_document
-from rag.paths import rag_home
+from rag.paths import cache_dir
 
 
 class CorpusError(ValueError):
@@ -110,7 +110,7 @@ def load_corpus(
     """(train, held-out) token streams for the corpus, from the cache when possible."""
     files = list_files(corpus)
     key = _cache_key(files, tokenizer, heldout_fraction, seed)
-    path = rag_home() / "cache" / f"corpus-{key}.npz"
+    path = cache_dir() / f"corpus-{key}.npz"
     if cache and path.exists():
         z = np.load(path)
         meta = json.loads(str(z["meta"]))

@@ -56,8 +56,9 @@ def default_corpus() -> list[str]:
 
 
 def default_out(objective: str, preset: str) -> str:
-    """``$RAG_HOME/models/encoder-mlm-tiny`` and the like: make models' names."""
-    kind = "encoder" if objective == "mlm" else "decoder"
+    """``$RAG_HOME/models/encoder-mlm-tiny`` and the like: make models' names (every objective
+    but clm saves the encoder layout there)."""
+    kind = "decoder" if objective == "clm" else "encoder"
     return str(models_dir() / f"{kind}-{objective}-{preset}")
 
 

@@ -5,6 +5,11 @@ the tokenizer files go beside them (the encoder's adds ``<s> … </s>``, the dec
 ``<s>``); the encoder also gets the three small sentence-transformers files (modules.json,
 sentence_bert_config.json, 1_Pooling/config.json, mean pooling) so ``SentenceTransformer(DIR)``
 builds the intended pipeline instead of guessing one.
+
+The objectives that train the encoder layout with causal steps too (``antlm``, ``prefixlm``:
+training.objectives) are saved twice: the encoder layout in ``out`` (retrieval, reading) and
+the same weights in the decoder layout in ``out/decoder`` (:func:`save_decoder_copy`: bits per
+byte, generation, LoRA), converted exactly by training.init_from.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
+from training.config import DECODER_SUBDIR
 from training.tokenizer import for_objective
 
 
@@ -49,3 +57,30 @@ def write_sentence_transformers_files(out: Path, dim: int, max_seq_length: int) 
     pooling = {"embedding_dimension": dim, "pooling_mode": "mean", "include_prompt": True}
     (out / "1_Pooling").mkdir(exist_ok=True)
     (out / "1_Pooling" / "config.json").write_text(json.dumps(pooling, indent=2) + "\n")
+
+
+def save_decoder_copy(model, tokenizer, out: Path, max_seq_length: int) -> Path:
+    """Save an encoder-layout ``model`` also as a ModernBertDecoderForCausalLM folder in
+    ``out/decoder`` (the decoder tokenizer, generation config); returns that folder."""
+    from training.model import convert_model
+
+    folder = Path(out) / DECODER_SUBDIR
+    save_model_folder(convert_model(model, "clm"), tokenizer, "clm", folder, max_seq_length)
+    return folder
+
+
+def save_converted_folder(src: Path, out: Path, layout: str, max_seq_length: int) -> Path:
+    """A saved MLM or CLM folder re-saved in ``layout`` (``mlm`` / ``clm``) in ``out``, with the
+    tokenizer set up for that layout; returns ``out``."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    from training.init_from import source_objective
+    from training.model import convert_model
+    from training.tokenizer import load_tokenizer
+
+    cls = AutoModelForCausalLM if source_objective(src) == "clm" else AutoModelForMaskedLM
+    model = cls.from_pretrained(str(src), dtype=torch.float32)
+    save_model_folder(
+        convert_model(model, layout), load_tokenizer(Path(src)), layout, out, max_seq_length
+    )
+    return Path(out)

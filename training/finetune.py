@@ -90,13 +90,14 @@ class FinetuneRun:
         )
 
     def train(self, trainer_cls: type, args: Any, model: Any, train_dataset: Any, **kw: Any) -> Any:
-        """Build ``trainer_cls`` with the train_log.jsonl callback, train, and remove the
-        Trainer's output folder (empty: nothing is saved there); returns the TrainOutput."""
+        """Build ``trainer_cls`` with the train_log.jsonl and progress-line callbacks, train,
+        and remove the Trainer's output folder (empty: nothing is saved there); returns the
+        TrainOutput."""
         trainer = trainer_cls(
             model=model,
             args=args,
             train_dataset=train_dataset,
-            callbacks=[jsonl_logger(self.log_path)],
+            callbacks=[jsonl_logger(self.log_path), progress_lines(f"train {self.out.name}")],
             **kw,
         )
         t = time.time()
@@ -156,6 +157,40 @@ def jsonl_logger(path: Path) -> Any:
                     )
 
     return JsonlLogger()
+
+
+def progress_lines(desc: str, **progress: Any) -> Any:
+    """A TrainerCallback that reports optimiser steps through :class:`rag.progress.Progress`
+    (steps done/total, rate, ETA, the last logged loss) on the main process. Lines only: on a
+    terminal the Trainer draws its own bar, but off one (a log, CI) that bar is carriage-return
+    redraws on one line, so a long fine-tune looked hung. ``progress``: Progress's keywords
+    (tests pass a clock and a stream)."""
+    from transformers import TrainerCallback
+
+    from rag.progress import Progress
+
+    class ProgressLines(TrainerCallback):
+        bar: Progress | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.is_world_process_zero:
+                total = state.max_steps if state.max_steps and state.max_steps > 0 else None
+                kw = {"bar": False, "initial": state.global_step, **progress}
+                self.bar = Progress(total, desc, "step", **kw)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.update(state.global_step - self.bar.done)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if self.bar is not None and logs and "loss" in logs:
+                self.bar.set_postfix(loss=float(logs["loss"]))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.bar is not None:
+                self.bar.close()
+
+    return ProgressLines()
 
 
 def plot_loss(log_path: Path, out_png: Path, title: str) -> None:

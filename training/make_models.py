@@ -267,8 +267,15 @@ def retrieval_steps(args: argparse.Namespace, data: Path) -> list[Step]:
     ]
 
 
-def run_steps(steps: list[Step], overwrite: bool) -> dict:
+def run_steps(steps: list[Step], overwrite: bool, progress: bool = True) -> dict:
+    """Run each step in order (an existing artefact is skipped unless ``overwrite``); with
+    ``progress``, a line off a terminal after each step says how many are done, the rate and
+    the ETA (each step's own training loop reports its steps meanwhile)."""
+    from rag.progress import Progress
+
     report = {}
+    todo = [s for s in steps if overwrite or not s.exists()]
+    bar = Progress(len(todo), "make models", "artefact", enabled=progress and bool(todo), bar=False)
     for step in steps:
         if step.exists() and not overwrite:
             print(
@@ -291,6 +298,8 @@ def run_steps(steps: list[Step], overwrite: bool) -> dict:
         print(line, file=sys.stderr)
         for s in step.summary.get("samples", []):
             print(f"   sample: {s!r}", file=sys.stderr)
+        bar.update(1, last=step.name)
+    bar.close()
     return report
 
 
@@ -330,7 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="rebuild artefacts that already exist")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--no-progress", action="store_true", help="no progress bars (terminal) or lines (logs)"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     return run_cli(p, run, argv)
 
@@ -343,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
             f"--corpus {missing[0]}: no such directory (see ../shared/data/README.md)"
         )
     t0 = time.time()
-    report = run_steps(build_steps(args), args.overwrite)
+    report = run_steps(build_steps(args), args.overwrite, progress=not args.no_progress)
     report["total_seconds"] = round(time.time() - t0, 1)
     rag_home().mkdir(parents=True, exist_ok=True)
     (rag_home() / "make_models.json").write_text(json.dumps(report, indent=2) + "\n")

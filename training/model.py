@@ -18,7 +18,25 @@ from transformers import (
     PreTrainedModel,
 )
 
-from training.config import ConfigError, ModelPreset, get_preset
+from training.config import LAYOUT, ConfigError, ModelPreset, get_preset
+
+# backbone_kwargs' keys: what a converted model copies from the config it is converted from
+_BACKBONE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "max_position_embeddings",
+    "local_attention",
+    "global_attn_every_n_layers",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "cls_token_id",
+    "sep_token_id",
+    "tie_word_embeddings",
+)
 
 
 def backbone_kwargs(preset: ModelPreset, vocab_size: int, tokenizer: Any) -> dict:
@@ -61,20 +79,44 @@ def build_model(
     tokenizer: Any,
     attn_implementation: str = "sdpa",
 ) -> PreTrainedModel:
-    """A freshly initialised ModernBertForMaskedLM (``mlm``) or ModernBertDecoderForCausalLM
+    """A freshly initialised ModernBertForMaskedLM (``mlm``, and ``antlm`` / ``prefixlm``,
+    which train the encoder layout: training.objectives) or ModernBertDecoderForCausalLM
     (``clm``) of the preset's size, with the tokenizer's special ids in its config."""
     if isinstance(preset, str):
         preset = get_preset(preset)
-    kw = backbone_kwargs(preset, vocab_size, tokenizer)
-    if objective == "mlm":
+    if objective not in LAYOUT:
+        raise ConfigError(f"--objective must be one of {', '.join(LAYOUT)}, not {objective!r}")
+    return _model_for(
+        LAYOUT[objective], backbone_kwargs(preset, vocab_size, tokenizer), attn_implementation
+    )
+
+
+def _model_for(layout: str, kw: dict, attn_implementation: str) -> PreTrainedModel:
+    if layout == "mlm":
         config = ModernBertConfig(**kw)
         config._attn_implementation = attn_implementation
         return ModernBertForMaskedLM(config)
-    if objective == "clm":
-        config = ModernBertDecoderConfig(**kw)
-        config._attn_implementation = attn_implementation
-        return ModernBertDecoderForCausalLM(config)
-    raise ConfigError(f"--objective must be mlm or clm, not {objective!r}")
+    config = ModernBertDecoderConfig(**kw)
+    config._attn_implementation = attn_implementation
+    return ModernBertDecoderForCausalLM(config)
+
+
+def convert_model(model: PreTrainedModel, layout: str) -> PreTrainedModel:
+    """The same weights in the other layout (``mlm``: ModernBertForMaskedLM, ``clm``:
+    ModernBertDecoderForCausalLM), converted exactly by training.init_from; a model already in
+    ``layout`` is returned as is."""
+    from training.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
+
+    is_mlm = isinstance(model, ModernBertForMaskedLM)
+    if (layout == "mlm") == is_mlm:
+        return model
+    kw = {k: getattr(model.config, k) for k in _BACKBONE_KEYS}
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    target = _model_for(layout, kw, impl)
+    convert = mlm_to_clm_state_dict if is_mlm else clm_to_mlm_state_dict
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    target.load_state_dict(convert(state), strict=True)
+    return target.to(next(model.parameters()).device)
 
 
 def count_parameters(model: PreTrainedModel) -> dict[str, int]:

@@ -2,6 +2,13 @@
 
     python -m training.pretrain --objective mlm        # docs/, a tokenizer trained for it, tiny
     python -m training.pretrain --objective clm --preset small --corpus ../shared/data/python-docs
+    python -m training.pretrain --objective antlm --alternate-every 10 --mask-rate 0.15
+    python -m training.pretrain --objective prefixlm
+
+``antlm`` (CLM and MLM steps alternating on one set of weights, ending on MLM) and ``prefixlm``
+(bidirectional prefix, causal suffix, loss on the suffix) train the encoder layout with the
+masks of training.objectives and save it twice: the encoder in ``--out`` and the same weights
+as a decoder in ``--out``/decoder.
 
 Defaults (training/defaults.py): corpus = the project's docs/, out =
 $RAG_HOME/models/<encoder|decoder>-<objective>-<preset>, tokenizer = $RAG_HOME/tokenizer or one
@@ -28,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from rag.cli import run_cli
 from rag.dataclass_cli import config_from_args, dataclass_parser
 from rag.models import pick_device
+from rag.progress import Progress
 from training.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from training.config import PretrainConfig, get_preset
+from training.config import DECODER_SUBDIR, LAYOUT, WITH_DECODER, PretrainConfig, get_preset
 from training.data import (
     PackedBatches,
     eval_windows,
@@ -43,7 +50,7 @@ from training.data import (
     unigram_bits_per_byte,
 )
 from training.defaults import DEFAULT_HELP
-from training.export import save_model_folder
+from training.export import save_decoder_copy, save_model_folder
 from training.init_from import load_initial_weights
 from training.masking import make_spec
 from training.model import build_model, count_parameters
@@ -70,6 +77,7 @@ RESUME_KEYS = (
     "mask_rate",
     "mask_strategy",
     "whole_word_mask",
+    "alternate_every",
     "corpus",
     "tokenizer",
     "heldout_fraction",
@@ -159,7 +167,24 @@ def header_lines(
         f"seq {cfg.seq_len} x batch {cfg.batch_size}, peak lr {cfg.lr:g}",
         "device": f"device:    {device}" + (f" x {world} processes" if world > 1 else ""),
         "steps": f"steps:     {steps}",
+        "objective": f"objective: {objective_line(cfg)}",
     }
+
+
+def objective_line(cfg: PretrainConfig) -> str:
+    """What each step trains and which layouts the run saves, in words."""
+    mlm = f"MLM ({cfg.mask_rate:.0%}, {cfg.mask_strategy})"
+    if cfg.objective == "mlm":
+        return f"{mlm}; saves the encoder"
+    if cfg.objective == "clm":
+        return "CLM (next token); saves the decoder"
+    both = (
+        f"saves the encoder, and the same weights as a decoder in {Path(cfg.out) / DECODER_SUBDIR}"
+    )
+    if cfg.objective == "antlm":
+        every = f"every {cfg.alternate_every} steps" if cfg.alternate_every > 1 else "every step"
+        return f"CLM and {mlm} alternating {every}, ending on MLM; {both}"
+    return f"prefix-LM (bidirectional prefix, causal suffix, loss on the suffix); {both}"
 
 
 def say(line: str, rank: int = 0) -> None:
@@ -192,7 +217,7 @@ def announce(
     say(tokenizer_line(choice, len(tokenizer), seconds), rank)
     if choice.note:
         say(f"           ({choice.note})", rank)
-    for key in ("out", "preset", "device", "steps"):
+    for key in ("out", "preset", "device", "steps", "objective"):
         say(lines[key], rank)
     return tokenizer
 
@@ -227,12 +252,13 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
     heldout = eval_windows(held.ids, cfg.seq_len, cfg.eval_batches * cfg.batch_size)
 
     torch.manual_seed(cfg.seed)
+    layout = LAYOUT[cfg.objective]  # the model class the objective trains
     model = build_model(cfg.objective, preset, len(tokenizer), tokenizer)
     if cfg.init_from and not cfg.resume:  # a resumed run's checkpoint holds the weights
-        load_initial_weights(model, cfg.init_from, cfg.objective)
+        load_initial_weights(model, cfg.init_from, layout)
     model = model.to(device)
     model.train()
-    if cfg.objective == "mlm":  # an instance flag: the saved config stays dense for inference
+    if layout == "mlm":  # an instance flag: the saved config stays dense for inference
         model.sparse_prediction = cfg.sparse_prediction
     optimizer = make_optimizer(model, cfg.lr, cfg.weight_decay, device)
     clock = {"t0": time.time()}  # set to the (resumed) start time below
@@ -242,7 +268,7 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
     scheduler = make_scheduler(
         optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio, time_fraction
     )
-    spec = make_spec(tokenizer) if cfg.objective == "mlm" else None
+    spec = make_spec(tokenizer) if cfg.objective in ("mlm", "antlm") else None
     forward_model = torch.compile(model) if cfg.compile else model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
@@ -253,7 +279,8 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
 
     def make_stepper(m):  # the same masking and objective for training and evaluation
         args = (cfg.mask_rate, cfg.mask_strategy, cfg.whole_word_mask, cfg.seed)
-        return Stepper(m, cfg.objective, device, spec, *args)
+        schedule = dict(max_steps=cfg.max_steps, alternate_every=cfg.alternate_every)
+        return Stepper(m, cfg.objective, device, spec, *args, **schedule)
 
     stepper = make_stepper(forward_model)  # DDP-wrapped when distributed
     evaluator = make_stepper(model)
@@ -290,6 +317,10 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
             "heldout_loss": loss,
             "heldout_bits_per_byte": bits_per_byte(loss, held.tokens_per_byte),
         }
+        if cfg.objective in WITH_DECODER:  # the exported decoder's own loss: fully causal
+            clm = evaluator.evaluate(heldout, cfg.batch_size, seed=cfg.seed + 12345, kind="clm")
+            row["heldout_clm_loss"] = clm
+            row["heldout_clm_bits_per_byte"] = bits_per_byte(clm, held.tokens_per_byte)
         append_log(out, row, rank)
         log.append(row)
         return loss
@@ -297,13 +328,12 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
     if state["step"] == 0 and state["initial_heldout_loss"] is None:
         state["initial_heldout_loss"] = evaluate(0)
 
-    bar = tqdm(
-        total=cfg.max_steps,
+    bar = Progress(  # a bar on a terminal, a line every $RAG_PROGRESS_INTERVAL s elsewhere
+        cfg.max_steps,
+        f"{cfg.objective} {cfg.preset}",
+        "step",
         initial=state["step"],
-        disable=not progress or rank != 0,
-        desc=f"{cfg.objective} {cfg.preset}",
-        unit="step",
-        dynamic_ncols=True,
+        enabled=progress and rank == 0,
     )
     t_start, stop_reason = time.time() - state["elapsed_s"], "max-steps"
     clock["t0"] = t_start
@@ -313,12 +343,16 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
         time.time(),
         state["tokens"],
     )
+    by_kind: dict[str, list] = {}  # antlm: the CLM and the MLM losses of the interval apart
     last_loss = math.nan
     while state["step"] < cfg.max_steps:
         step = state["step"]
         inputs, labels = stepper.prepare(batches.batch(step), step)
-        loss_acc += stepper.step(inputs, labels, optimizer, scheduler, cfg.grad_clip)
+        loss = stepper.step(inputs, labels, optimizer, scheduler, cfg.grad_clip)
+        loss_acc += loss
         n_acc += 1
+        if cfg.objective == "antlm":
+            by_kind.setdefault(stepper.kind_at(step), []).append(loss)
         state["step"] = step + 1
         state["tokens"] += cfg.batch_size * cfg.seq_len * world
         state["elapsed_s"] = time.time() - t_start
@@ -340,6 +374,8 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
                 "tokens_per_s": tps,
                 "epoch": batches.epoch_of(step),
             }
+            row.update({f"loss_{k}": float(torch.stack(v).mean()) for k, v in by_kind.items()})
+            by_kind = {}
             append_log(out, row, rank)
             log.append(row)
             bar.set_postfix(loss=f"{last_loss:.3f}", tok_s=f"{tps:,.0f}")
@@ -361,7 +397,9 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
     final = evaluate(state["step"])
     if rank == 0:
         save_checkpoint(out, model, optimizer, scheduler, dict(state))
-        save_model_folder(model, tokenizer, cfg.objective, out, max_seq_length=cfg.seq_len)
+        save_model_folder(model, tokenizer, layout, out, max_seq_length=cfg.seq_len)
+        if cfg.objective in WITH_DECODER:
+            save_decoder_copy(model, tokenizer, out, max_seq_length=cfg.seq_len)
         plot_losses(log, out / "loss.png", f"{cfg.objective.upper()} {cfg.preset} ({out.name})")
     train_losses = [r["loss"] for r in log if "loss" in r]
     summary.update(
@@ -375,10 +413,24 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
         final_heldout_loss=final,
         final_train_loss=train_losses[-1] if train_losses else None,
         heldout_bits_per_byte=bits_per_byte(final, held.tokens_per_byte),
+        layouts=saved_layouts(cfg),
     )
+    if cfg.objective in WITH_DECODER:
+        summary["final_heldout_clm_loss"] = log[-1]["heldout_clm_loss"]
+        summary["heldout_clm_bits_per_byte"] = log[-1]["heldout_clm_bits_per_byte"]
     if rank == 0:
         (out / RUN).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def saved_layouts(cfg: PretrainConfig) -> dict[str, str]:
+    """``{"encoder": folder, "decoder": folder}``: where the run saved each layout it has."""
+    out = Path(cfg.out)
+    if cfg.objective == "clm":
+        return {"decoder": str(out)}
+    if cfg.objective in WITH_DECODER:
+        return {"encoder": str(out), "decoder": str(out / DECODER_SUBDIR)}
+    return {"encoder": str(out)}
 
 
 def append_log(out: Path, row: dict, rank: int) -> None:
@@ -417,7 +469,11 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--json", action="store_true", help="print the run summary as JSON on stdout (default: off)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar (default: off)")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (terminal) or progress lines (logs) (default: off)",
+    )
     return p
 
 

@@ -1,4 +1,5 @@
-"""Gradio chat UI over an index: streamed, cited answers; a sources panel; uploads; settings.
+"""Gradio chat UI over an index: streamed, cited answers; a sources panel; uploads; the index's
+documents (listed, removable); settings.
 
     python -m ui.app --index docs            # http://127.0.0.1:7860
     make demo                                # ingests docs/ into index "docs", then this
@@ -144,6 +145,12 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
                     step=1,
                     label="Rerank depth (candidates re-scored)",
                 )
+                where = gr.Textbox(
+                    value=" ".join(config.rag.where),
+                    label="Filter: search only these documents",
+                    placeholder="path=library/* type=pdf (clauses ANDed; type=pdf,md = either)",
+                    elem_id="filter",
+                )
         with gr.Accordion("Upload documents into the current index", open=False):
             gr.Markdown(
                 f"Accepted: .md .txt .rst .html .pdf .docx, up to {config.max_upload_mb:g} MiB each. "
@@ -154,10 +161,29 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
             )
             upload_btn = gr.Button("Add to index", elem_id="upload-btn")
             upload_report = gr.Markdown(elem_id="upload-report")
+        with gr.Accordion("Documents in the current index", open=False, elem_id="documents-box"):
+            docs_table = gr.HTML("", elem_id="documents")
+            with gr.Row():
+                docs_pick = gr.Dropdown(
+                    [],
+                    value=[],
+                    multiselect=True,
+                    label="Documents to remove",
+                    scale=4,
+                    elem_id="documents-pick",
+                )
+                docs_refresh = gr.Button("Refresh", size="sm", elem_id="documents-refresh")
+                docs_remove = gr.Button("Remove…", variant="stop", elem_id="documents-remove")
+            with gr.Row(visible=False, elem_id="documents-confirm") as docs_confirm:
+                docs_confirm_text = gr.HTML("", elem_id="documents-confirm-text")
+                docs_yes = gr.Button("Confirm removal", variant="stop", elem_id="documents-yes")
+                docs_no = gr.Button("Cancel", elem_id="documents-no")
+            docs_report = gr.HTML("", elem_id="documents-report")
 
-        # the rerank settings last: /chat clients that predate them get the page's values
+        # the rerank settings and the filter last: /chat clients that predate them get the
+        # page's values
         settings = [index, encoder, decoder, adapter, mode, k, temperature, max_new]
-        settings += [reranker, rerank_depth]
+        settings += [reranker, rerank_depth, where]
         outputs = [chatbot, box, sources, uncited]
         for trigger in (send.click, box.submit):
             trigger(
@@ -172,8 +198,29 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
             [chatbot, sources, uncited],
             api_name=False,
         )
+        listing = [docs_table, docs_pick]
         upload_btn.click(
             app.upload, [files, index], upload_report, api_name="upload", concurrency_limit=1
+        ).then(app.documents, index, listing, api_name=False)
+        # the Documents panel: listed on load and for each index; removal in two steps (a
+        # confirmation naming the documents, hidden again when the choice changes)
+        demo.load(app.documents, index, listing, api_name=False)
+        index.change(app.documents, index, listing, api_name=False)
+        docs_refresh.click(app.documents, index, listing, api_name=False)
+        docs_remove.click(
+            app.confirm_removal,
+            [index, docs_pick],
+            [docs_confirm, docs_confirm_text, docs_report],
+            api_name=False,
+        )
+        docs_pick.change(lambda: gr.update(visible=False), None, docs_confirm, api_name=False)
+        docs_no.click(lambda: gr.update(visible=False), None, docs_confirm, api_name=False)
+        docs_yes.click(
+            app.remove,
+            [index, docs_pick],
+            [docs_report, docs_table, docs_pick, docs_confirm],
+            api_name=False,
+            concurrency_limit=1,
         )
 
         def _refresh():

@@ -1,10 +1,12 @@
-"""The handlers behind the chat page: stream an answer, ingest uploads. Every model call goes
-through ``rag/`` (the pipeline, ingest); this module only checks settings, renders results and
+"""The handlers behind the chat page: stream an answer, ingest uploads, list and remove an
+index's documents. Every model and index call goes through ``rag/`` (the pipeline, ingest, the
+documents of :mod:`rag.ingest.manage`); this module only checks settings, renders results and
 turns failures into one readable line (the traceback goes to the log)."""
 
 from __future__ import annotations
 
 import contextlib
+import html
 import logging
 from collections.abc import Iterator
 from dataclasses import replace
@@ -14,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from rag.config import RAGConfig, resolve_models
+from rag.markup import inert
 from rag.paths import list_indexes
 from rag.pipeline import conversational
 from rag.types import Answer
@@ -103,9 +106,7 @@ class ChatApp:
         """The shared pipeline for these settings; ``reranker`` / ``rerank_depth`` None = the
         app's own (a client of the /chat API that predates them)."""
         models = self.models()
-        index = check_index_name(index)
-        if index not in list_indexes():
-            raise SettingError(f"index {index!r} does not exist yet: upload documents to create it")
+        index = self._existing_index(index)
         check_choice(encoder, models["encoders"], "encoder")
         check_choice(decoder, models["decoders"], "decoder")
         check_choice(adapter, models["adapters"], "adapter")
@@ -137,10 +138,13 @@ class ChatApp:
         max_new_tokens: float,
         reranker: str | None = None,
         rerank_depth: float | None = None,
+        where: str | None = None,
     ) -> Iterator[tuple[list[dict], str, str, str]]:
         """Stream one answer: yields (chat, textbox, sources html, uncited html). The rerank
-        settings come last and may be left out (the app's own), so /chat clients written
-        before they existed keep working."""
+        settings and the filter come last and may be left out (the app's own), so /chat
+        clients written before they existed keep working. ``where``: the filter box, clauses
+        separated by spaces or ``;`` (``path=library/* type=pdf``, rag.retrieval.filters);
+        empty = the app's ``--where``; a clause that cannot be read is the answer's error."""
         question = (message or "").strip()
         history = list(history or [])
         if not question:
@@ -156,6 +160,7 @@ class ChatApp:
                 )
             pipe = self._pipeline(index, encoder, decoder, adapter, reranker, rerank_depth)
             answer, raw = None, ""
+            clauses = (where or "").replace(";", " ").split()
             stream = pipe.stream(
                 question,
                 history=turns,
@@ -163,6 +168,7 @@ class ChatApp:
                 mode=mode,
                 temperature=float(temperature),
                 max_new_tokens=int(max_new_tokens),
+                **({"where": clauses} if clauses else {}),
             )
             # closing(): a user who leaves mid-answer stops the decoding, not just the display.
             with contextlib.closing(stream):
@@ -205,7 +211,7 @@ class ChatApp:
         if not pairs:
             return "No file was uploaded."
         staged, refused = stage_uploads(pairs, index, self.config.max_upload_bytes)
-        lines = [f"- refused **{r.name}**: {r.reason}" for r in refused]
+        lines = [f"- refused **{inert(r.name)}**: {inert(r.reason)}" for r in refused]
         if staged:
             from rag.ingest import ingest
 
@@ -215,6 +221,66 @@ class ChatApp:
             lines = _report_lines(report) + lines
         head = f"Index **{index}**: {len(staged)} file(s) accepted, {len(refused)} refused."
         return "\n".join([head, *lines])
+
+    # ---- documents ------------------------------------------------------------------------
+
+    def documents(self, index: str) -> tuple[str, Any]:
+        """The Documents panel for ``index``: (table html, the removal picker's choices, none
+        chosen). An index not created yet, or a bad name, is said in the table's place."""
+        try:
+            index = self._existing_index(index)
+            from rag.ingest import list_documents
+
+            docs = list_documents(index)
+        except Exception as e:  # noqa: BLE001
+            return f"<p>{html.escape(readable(e))}</p>", gr.update(choices=[], value=[])
+        paths = sorted({d.path for d in docs.documents})
+        table = render.documents_html(index, docs.documents, docs.generation)
+        return table, gr.update(choices=paths, value=[])
+
+    def confirm_removal(self, index: str, selected: list[str] | None) -> tuple[Any, str, str]:
+        """First step of a removal: (the confirmation row shown, what it would remove, report
+        cleared); with nothing chosen the row stays hidden and the report says why."""
+        chosen = [p for p in (selected or []) if p]
+        if not chosen:
+            return gr.update(visible=False), "", "<p>Choose the documents to remove first.</p>"
+        text = (
+            f"<p>Remove {len(chosen)} document(s) from index <b>{html.escape(index)}</b>? "
+            "They can be ingested again from their folder.</p>" + render.paths_html(chosen)
+        )
+        return gr.update(visible=True), text, ""
+
+    def remove(self, index: str, selected: list[str] | None) -> tuple[str, str, Any, Any]:
+        """Second step, after confirmation: remove ``selected`` from ``index`` (one new
+        generation, :func:`rag.ingest.remove_documents`); returns (report html, table html,
+        picker update, confirmation row hidden). A failure (a path removed meanwhile, an
+        ingest running) is one line and nothing changes."""
+        hidden = gr.update(visible=False)
+        try:
+            index = self._existing_index(index)
+            chosen = [p for p in (selected or []) if p]
+            if not chosen:
+                raise SettingError("no document chosen")
+            from rag.ingest import remove_documents
+
+            report = remove_documents(index, chosen)
+            done = (
+                f"<p>Removed {len(report.removed)} document(s), {report.chunks_removed} chunks; "
+                f"{report.chunks} chunks left ({html.escape(report.generation)}). A removed file "
+                "still in its folder comes back at the next ingest of that folder.</p>"
+                + render.paths_html(d.path for d in report.removed)
+            )
+        except Exception as e:  # noqa: BLE001
+            log.exception("removing documents from %r failed", index)
+            done = f"<p><b>Error:</b> {html.escape(readable(e))}</p>"
+        table, picker = self.documents(index)
+        return done, table, picker, hidden
+
+    def _existing_index(self, index: str) -> str:
+        index = check_index_name(index)
+        if index not in list_indexes():
+            raise SettingError(f"index {index!r} does not exist yet: upload documents to create it")
+        return index
 
     def _ingest_kwargs(self, index: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"index": index}
@@ -237,6 +303,9 @@ def _turns(history: list[dict]) -> list[dict[str, str]]:
 def _report_lines(report: Any) -> list[str]:
     """Markdown lines from a :class:`rag.ingest.IngestReport`: its summary, then each failed file
     with the reason (the same per-file report as ``python -m rag.ingest``)."""
-    lines = [f"- {report.summary()}"]
-    lines += [f"- failed **{Path(path).name}**: {reason}" for path, reason in report.failures]
+    lines = [f"- {inert(report.summary())}"]
+    lines += [
+        f"- failed **{inert(Path(path).name)}**: {inert(reason)}"
+        for path, reason in report.failures
+    ]
     return lines

@@ -11,27 +11,27 @@ marker ``[2]`` becomes ``[2→3]`` and links to passage 3, an unsupported one ``
 :class:`~rag.types.Answer` records), so every marker of a number gets its number's mark.
 
 The reply stays markdown (Gradio renders it): fenced code blocks and inline code spans are left
-verbatim (no marker inside code becomes a link), a ``<`` outside code is escaped so text that
-the model copied from a document cannot become markup, and a fence the decoder left open is
-closed before any note is appended.
+verbatim (no marker inside code becomes a link), prose outside code is made inert
+(:mod:`rag.markup`: no tag, no image, no link of the text's own) so text that the model copied
+from a document cannot become markup or make the browser fetch a planted URL, and a fence the
+decoder left open is closed before any note is appended. The only links in a reply are the
+citation markers this module writes (``#src-N``, same page).
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from rag.markup import FENCE_START, close_fence, inert, split_code
 
 # One definition of what a citation marker is: the parser's own (``lines[1]`` is code).
 from rag.prompt import CITATION, CITATION_RUN
 from rag.types import Answer, AnswerSpan, Citation, Hit
-
-_FENCE_OPEN = re.compile(r" {0,3}(`{3,}(?=[^`]*$)|~{3,})")  # matched against one line
-_FENCE_START = re.compile(r" {0,3}(?:`{3,}|~{3,})")
-# An inline code span: a backtick string, then the same string again (within one paragraph).
-_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)((?:(?!\n[ \t]*\n).)+?)(?<!`)\1(?!`)", re.DOTALL)
-_ONLY_MARKERS = re.compile(r"\s*(?:\[\d+(?:\s*,\s*\d+)*\]\s*)+")
 
 UNSUPPORTED_TIP = "not supported by the cited passage"
 
@@ -69,6 +69,9 @@ a.rag-reattributed { text-decoration: underline dashed; }
 .rag-label { font-size: 0.75em; font-weight: normal; border: 1px solid currentColor;
   border-radius: 4px; padding: 0 4px; margin-left: 4px; }
 .rag-label.rag-unsupported { color: var(--error-text-color, #b91c1c); }
+.rag-documents { border-collapse: collapse; font-size: 0.9em; }
+.rag-documents th, .rag-documents td { text-align: left; padding: 2px 8px;
+  border-bottom: 1px solid var(--border-color-primary); }
 .rag-warning { border-left: 4px solid #d97706; background: rgba(217, 119, 6, 0.12);
   padding: 4px 8px; }
 """
@@ -132,51 +135,6 @@ class Marks:
 # ---------------------------------------------------------------------------- code and prose
 
 
-def split_code(text: str) -> tuple[list[tuple[str, bool]], str]:
-    """``text`` as (piece, is_code) pieces: fenced code blocks (``` or ~~~, to their closing
-    fence or the end) and inline code spans are code. Also returns the fence left open at the
-    end ("" when none). A code span holding only markers (`` `[1]` ``, the model's habit) is
-    prose: the marker it wraps is a citation."""
-    pieces: list[tuple[str, bool]] = []
-    prose: list[str] = []
-    code: list[str] = []
-    fence = ""
-    for line in text.splitlines(keepends=True):
-        if fence:
-            code.append(line)
-            body = line.strip()
-            indent = len(line) - len(line.lstrip(" "))
-            if indent <= 3 and body and set(body) == {fence[0]} and len(body) >= len(fence):
-                pieces.append(("".join(code), True))
-                code, fence = [], ""
-            continue
-        m = _FENCE_OPEN.match(line.rstrip("\r\n"))
-        if m:
-            pieces.extend(_inline("".join(prose)))
-            prose, code, fence = [], [line], m.group(1)
-        else:
-            prose.append(line)
-    pieces.extend(_inline("".join(prose)))
-    if code:
-        pieces.append(("".join(code), True))
-    return [p for p in pieces if p[0]], fence
-
-
-def _inline(prose: str) -> Iterable[tuple[str, bool]]:
-    pos = 0
-    for m in _CODE_SPAN.finditer(prose):
-        yield prose[pos : m.start()], False
-        only_markers = _ONLY_MARKERS.fullmatch(m.group(2))
-        yield (m.group(2).strip(), False) if only_markers else (m.group(0), True)
-        pos = m.end()
-    yield prose[pos:], False
-
-
-def _escape(text: str) -> str:
-    """Prose as markdown that cannot open a tag (markdown shows ``&lt;`` as ``<``)."""
-    return text.replace("<", "&lt;")
-
-
 def _escape_span(text: str) -> str:
     """A short answer inside ``**...**``: no tag, no emphasis or link syntax of its own."""
     flat = " ".join(text.split())
@@ -184,27 +142,27 @@ def _escape_span(text: str) -> str:
 
 
 def _prose(text: str, marks: Marks | None) -> str:
+    """Prose made inert (:func:`rag.markup.inert`: the browser never fetches what a document
+    planted), with its marker runs shown by ``marks`` (None: escaped as text too)."""
     if marks is None:
-        return _escape(text)
+        return inert(text)
     out, pos = [], 0
     for m in CITATION_RUN.finditer(text):
-        out += [_escape(text[pos : m.start()]), marks.run(m.group(0))]
+        out += [inert(text[pos : m.start()]), marks.run(m.group(0))]
         pos = m.end()
-    out.append(_escape(text[pos:]))
+    out.append(inert(text[pos:]))
     return "".join(out)
 
 
 def render_markdown(text: str, marks: Marks | None) -> tuple[str, bool]:
-    """``text`` with the markers in its prose shown by ``marks`` (None: left as written) and
-    ``<`` escaped outside code; code is kept verbatim and a fence left open is closed. Returns
+    """``text`` with the markers in its prose shown by ``marks`` (None: shown as text) and the
+    rest of the prose inert (no tag, image or link); code is kept verbatim and a fence left open is closed. Returns
     the markdown and whether it ends with a fenced code block."""
     pieces, fence = split_code(text)
-    out = "".join(p if is_code else _prose(p, marks) for p, is_code in pieces)
-    if fence:
-        out += ("" if out.endswith("\n") else "\n") + fence
+    out = close_fence("".join(p if is_code else _prose(p, marks) for p, is_code in pieces), fence)
     last, is_code = pieces[-1] if pieces else ("", False)
     ends_in_block = bool(fence) or (
-        is_code and "\n" in last and _FENCE_START.match(last) is not None
+        is_code and "\n" in last and FENCE_START.match(last) is not None
     )
     return out, ends_in_block
 
@@ -216,8 +174,8 @@ def link_markers(raw_text: str, valid: set[int]) -> str:
 
 
 def stream_markdown(raw: str) -> str:
-    """The reply while it streams: the decoder's text with ``<`` escaped outside code (markers
-    are linked once the answer, and so its citations, is complete)."""
+    """The reply while it streams: the decoder's text made inert outside code (markers are
+    linked once the answer, and so its citations, is complete)."""
     return render_markdown(raw, None)[0]
 
 
@@ -414,5 +372,50 @@ def uncited_html(answer: Answer) -> str:
 
 
 def error_markdown(message: str) -> str:
-    """A readable error in the chat (the traceback goes to the log only)."""
-    return f"**Error:** {message}"
+    """A readable error in the chat (the traceback goes to the log only), inert: a message can
+    quote a file name or a document."""
+    return f"**Error:** {inert(message)}"
+
+
+# ---------------------------------------------------------------------------- documents panel
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    return f"{n / 1024:.1f} KiB" if n < 1024**2 else f"{n / 1024**2:.1f} MiB"
+
+
+def documents_html(index: str, docs: Sequence[Any], generation: str) -> str:
+    """The Documents panel's table: one row per document (``rag.ingest.DocumentInfo``), every
+    value escaped (file names come from users' folders and uploads)."""
+    if not docs:
+        return f"<p>Index <b>{html.escape(index)}</b> holds no documents.</p>"
+    rows = "".join(
+        "<tr>"
+        f"<td><code>{html.escape(d.path)}</code></td><td>{html.escape(d.type)}</td>"
+        f"<td>{d.chunks}</td><td>{_size(d.bytes)}</td>"
+        f"<td>{html.escape(iso_date(d.ingested))}</td>"
+        "</tr>"
+        for d in docs
+    )
+    total = sum(d.chunks for d in docs)
+    return (
+        f'<p class="rag-meta">Index <b>{html.escape(index)}</b> ({html.escape(generation)}): '
+        f"{len(docs)} documents, {total} chunks.</p>"
+        '<table class="rag-documents"><thead><tr><th>Path</th><th>Type</th><th>Chunks</th>'
+        f"<th>Size</th><th>Ingested</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
+
+
+def iso_date(t: float) -> str:
+    """When a document was ingested, to the minute (UTC); "unknown" when not recorded."""
+    if not t:
+        return "unknown"
+    when = datetime.datetime.fromtimestamp(t, tz=datetime.timezone.utc)
+    return when.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def paths_html(paths: Iterable[str]) -> str:
+    """A list of document paths, escaped (the confirmation and the removal report)."""
+    return "<ul>" + "".join(f"<li><code>{html.escape(p)}</code></li>" for p in paths) + "</ul>"

@@ -4,18 +4,25 @@ Every row shares the backbone (a training/config.py preset), the pretraining cor
 tokenizer and the token budget (steps x batch x sequence length); only the objective differs:
 
 - ``mlm15``: MLM, 15% of tokens, 80/10/10 mask/random/keep (BERT);
+- ``mlm30``: MLM, 30% of tokens, mask-only;
 - ``mlm40``: MLM, 40% of tokens, mask-only (Wettig et al. 2023);
 - ``clm``: CLM (next token);
 - ``clm2mlm``: CLM for the first ``clm_fraction`` of the steps, then MLM 15% 80/10/10 from the
-  converted CLM weights for the rest (two-stage, as AntLM).
+  converted CLM weights for the rest (two-stage);
+- ``antlm``: CLM and MLM 15% 80/10/10 steps alternating on the same weights, ending on MLM;
+- ``prefixlm``: bidirectional over a prefix, causal over the rest, loss on the suffix.
+  These two save an encoder and a decoder layout of the same weights (training.objectives).
 
 Columns, each after the identical downstream recipe:
 
 - retrieval: contrastive fine-tune with the same pairs and steps (mean pooling for all rows,
   last-token pooling too for CLM) -> nDCG@10 on the SciFact dev split and the SQuAD dev articles;
-- generation: bits per byte of left-to-right prediction on WikiText-2 validation (MLM rows
-  predict a mask appended after the prefix; see evals.lm);
+- generation: bits per byte of left-to-right prediction on WikiText-2 validation (the decoder
+  layout where a row has one; MLM rows predict a mask appended after the prefix; see evals.lm);
 - grounded QA (decoders only): identical LoRA -> EM/F1 and citation accuracy, SQuAD dev articles;
+- reading: identical span-head fine-tune (training.reader) -> EM/F1 on the SQuAD dev articles'
+  gold paragraphs; the CLM reads causally (``clm-causal``, training.decoder_qa) and converted to
+  the encoder layout (``clm-bidir``);
 - baselines: BM25 and ``minilm`` (retrieval), ``smollm2`` zero-shot and LoRA (generation, QA).
 
 Every cell is cached as ``DIR/cells/<name>.json``; rerunning skips finished cells, so an

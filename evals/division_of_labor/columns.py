@@ -1,5 +1,5 @@
 """Column recipes of the division-of-labour experiment: how one model is scored on retrieval,
-bits per byte and grounded QA, each through the evals module a user would run for it."""
+bits per byte, grounded QA and reading, each through the module a user would run for it."""
 
 from __future__ import annotations
 
@@ -10,14 +10,21 @@ from rag.evaluation.datasets import RetrievalDataset
 
 
 def score_retrieval(encoder, sets: dict[str, RetrievalDataset], mode: str = "dense") -> dict:
-    """nDCG@10 (and the other metrics) of ``encoder`` on each dev set, via evals.retrieval."""
+    """nDCG@10 (and the other metrics) of ``encoder`` on each dev set, via evals.retrieval; the
+    corpus vectors go through the embedding cache (a baseline such as minilm is encoded once
+    across runs and presets), whose hits and misses the cell keeps."""
     from evals.retrieval import RetrievalEvalConfig, evaluate
+    from rag.retrieval.embedding_cache import EmbeddingCache
 
-    out = {}
+    out: dict = {}
+    cache = EmbeddingCache() if mode != "bm25" else None
     for name, ds in sets.items():
-        r = evaluate(RetrievalEvalConfig(dataset=name, retriever=mode), encoder=encoder, ds=ds)
+        cfg = RetrievalEvalConfig(dataset=name, retriever=mode)
+        r = evaluate(cfg, encoder=encoder, ds=ds, embeddings=cache)
         out[name] = r["metrics"]["ndcg@10"]
         out[f"{name}_metrics"] = r["metrics"]
+    if cache is not None:
+        out["embedding_cache"] = {"hits": cache.hits, "misses": cache.misses}
     return out
 
 
@@ -49,3 +56,20 @@ def score_qa(
     )
     r = evaluate_qa(qcfg, generator=gen, progress=False)
     return {**r["metrics"], "n_questions": r["n_questions"], "examples": r["predictions"][:3]}
+
+
+def score_reading(summary: dict) -> dict:
+    """The reading cell from a training.reader run summary: EM/F1 as fractions (like the QA
+    column) on the SQuAD dev articles' gold paragraphs, plus the untrained-head score and the
+    null-threshold calibration the run also measured."""
+    dev, before = summary["dev"], summary.get("dev_before_200", {})
+    return {
+        "em": dev["em"] / 100,
+        "f1": dev["f1"] / 100,
+        "n_questions": dev["questions"],
+        "f1_before": before.get("f1", 0.0) / 100,
+        "calibration": summary.get("calibration"),
+        "train_windows": summary.get("windows"),
+        "train_seconds": summary.get("train_seconds"),
+        "reader_dir": summary.get("out"),
+    }

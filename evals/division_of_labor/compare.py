@@ -25,6 +25,7 @@ COMPARED_METRICS = {
         ("squad_dev", "SQuAD dev nDCG@10", True),
     ],
     "bpb": [("wikitext_bpb", "WikiText-2 bits/byte", False)],
+    "reading": [("em", "reading EM", True), ("f1", "reading F1", True)],
 }
 # (column, first model, second model): "first vs second"
 COMPARISONS = [
@@ -33,15 +34,48 @@ COMPARISONS = [
     ("retrieval", "mlm40-mean", "clm-last"),
     ("retrieval", "clm2mlm-mean", "clm-mean"),
     ("retrieval", "clm2mlm-mean", "mlm15-mean"),
+    ("retrieval", "mlm30-mean", "mlm15-mean"),
+    ("retrieval", "mlm30-mean", "clm-mean"),
+    ("retrieval", "antlm-mean", "clm-mean"),
+    ("retrieval", "antlm-mean", "mlm15-mean"),
+    ("retrieval", "antlm-mean", "clm2mlm-mean"),
+    ("retrieval", "prefixlm-mean", "clm-mean"),
+    ("retrieval", "prefixlm-mean", "mlm15-mean"),
     ("bpb", "clm", "mlm15"),
+    ("bpb", "clm", "mlm30"),
     ("bpb", "clm", "mlm40"),
     ("bpb", "clm2mlm", "clm"),
     ("bpb", "clm2mlm", "mlm15"),
+    ("bpb", "antlm", "clm"),
+    ("bpb", "antlm", "mlm15"),
+    ("bpb", "prefixlm", "clm"),
+    ("reading", "mlm15", "clm-causal"),
+    ("reading", "mlm15", "clm-bidir"),
+    ("reading", "clm-bidir", "clm-causal"),
+    ("reading", "mlm30", "mlm15"),
+    ("reading", "mlm40", "mlm15"),
+    ("reading", "clm2mlm", "mlm15"),
+    ("reading", "antlm", "mlm15"),
+    ("reading", "antlm", "clm-causal"),
+    ("reading", "prefixlm", "mlm15"),
+    ("reading", "prefixlm", "clm-causal"),
 ]
-ROW_COLOURS = {"mlm15": "#4C72B0", "mlm40": "#2A4D7F", "clm": "#DD8452", "clm2mlm": "#55A868"}
-# bars left to right: retrieval cells carry the pooling, bits-per-byte cells the bare row name
-_ORDER = ["mlm15", "mlm15-mean", "mlm40", "mlm40-mean", "clm", "clm-mean", "clm-last"]
-_ORDER += ["clm2mlm", "clm2mlm-mean"]
+ROW_COLOURS = {
+    "mlm15": "#4C72B0",
+    "mlm30": "#3A5F98",
+    "mlm40": "#2A4D7F",
+    "clm": "#DD8452",
+    "clm2mlm": "#55A868",
+    "antlm": "#8172B3",
+    "prefixlm": "#C44E52",
+}
+# bars left to right: retrieval cells carry the pooling, reading cells of the CLM the attention
+# it reads with, bits-per-byte cells the bare row name
+_ORDER = ["mlm15", "mlm15-mean", "mlm30", "mlm30-mean", "mlm40", "mlm40-mean"]
+_ORDER += ["clm", "clm-mean", "clm-last", "clm-causal", "clm-bidir"]
+_ORDER += ["clm2mlm", "clm2mlm-mean", "antlm", "antlm-mean", "prefixlm", "prefixlm-mean"]
+# hatched bars: a row in the configuration that is not its natural one
+_HATCHED = ("-last", "-bidir")
 
 
 def paired_difference(
@@ -104,14 +138,16 @@ def head_to_head_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def summary_chart(agg: dict, out: Path, name: str = "division_of_labor.png") -> str | None:
-    """Three panels (SciFact, SQuAD, bits per byte): one bar per row, a dot per seed, baselines
-    as dashed lines. Returns the file name, or None when there are no row results yet."""
+    """Four panels (SciFact, SQuAD, bits per byte, reading F1): one bar per row, a dot per
+    seed, baselines as dashed lines. Returns the file name, or None when there are no row
+    results yet."""
     panels = [
         ("retrieval", "scifact_dev", "SciFact dev nDCG@10 ↑", ("bm25", "minilm")),
         ("retrieval", "squad_dev", "SQuAD dev nDCG@10 ↑", ("bm25", "minilm")),
         ("bpb", "wikitext_bpb", "WikiText-2 bits/byte ↓", ("smollm2",)),
+        ("reading", "f1", "SQuAD dev reading F1 ↑ (gold paragraph)", ()),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    fig, axes = plt.subplots(1, 4, figsize=(14.5, 3.6))
     drawn = False
     for ax, (column, key, title, baselines) in zip(axes, panels, strict=True):
         models = agg.get(column, {})
@@ -119,7 +155,7 @@ def summary_chart(agg: dict, out: Path, name: str = "division_of_labor.png") -> 
         for i, m in enumerate(names):
             cell = models[m][key]
             colour = ROW_COLOURS[m.split("-")[0]]
-            hatch = "//" if m.endswith("-last") else None
+            hatch = "//" if m.endswith(_HATCHED) else None
             ax.bar(i, cell["mean"], color=colour, hatch=hatch, alpha=0.85, edgecolor="white")
             ax.scatter([i] * len(cell["values"]), cell["values"], color="black", s=10, zorder=3)
             drawn = True

@@ -66,3 +66,28 @@ def dev_sets(cfg: ExperimentConfig, p: ExperimentPreset) -> dict[str, RetrievalD
         "squad_dev": load_eval_dataset(f"squad:{cfg.squad}", queries="dev"),
     }
     return {k: subsample(v, p.eval_queries, p.eval_docs) for k, v in sets.items()}
+
+
+def reading_squad(squad: str, out: Path, n_train_articles: int, seed: int = 0) -> str:
+    """The SQuAD file the reading column trains and scores on: ``squad`` itself, or (with
+    ``n_train_articles``) a copy holding every dev article and that many train articles drawn by
+    ``seed``, written once to ``out``. Why: training.reader mines BM25 distractors for every
+    train-article question before it samples its ``max_questions`` (about 40 s per reader on
+    two cores), which the tiny preset cannot afford eight times. The split is unchanged: dev is
+    the named article list (rag.evaluation.datasets.squad_split), all of it kept."""
+    import json
+    import random
+
+    from rag.evaluation.datasets import squad_split
+
+    if not n_train_articles:
+        return squad
+    if not out.exists():
+        train, dev = squad_split(squad)
+        keep = set(dev) | set(random.Random(seed).sample(train, min(n_train_articles, len(train))))
+        data = json.loads(Path(squad).read_text())
+        data["data"] = [a for a in data["data"] if a["title"] in keep]
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        tmp.replace(out)
+    return str(out)

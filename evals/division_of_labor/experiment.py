@@ -13,8 +13,8 @@ from typing import Any
 
 from evals.division_of_labor import steps
 from evals.division_of_labor.cells import Cells
-from evals.division_of_labor.columns import score_bpb, score_qa, score_retrieval
-from evals.division_of_labor.data import dev_sets, resolve_paths
+from evals.division_of_labor.columns import score_bpb, score_qa, score_reading, score_retrieval
+from evals.division_of_labor.data import dev_sets, reading_squad, resolve_paths
 from evals.division_of_labor.presets import PRESETS, ROW_MASK, ROW_OBJECTIVE, ExperimentConfig
 from rag.evaluation.datasets import RetrievalDataset
 
@@ -95,6 +95,7 @@ class Experiment:
                 steps=self.p.pretrain_steps,
                 mask_rate=mask_rate,
                 mask_strategy=strategy,
+                alternate_every=self.p.antlm_block,
                 **kw,
             )
             return _pretrain_cell(out, [_brief(s)], [out])
@@ -143,20 +144,58 @@ class Experiment:
 
         return self.cells.get(f"qa/{name}{'-lora' if tuned else ''}/s{seed}", run)
 
+    def reading(self, name: str, model_dir: Path, seed: int) -> dict:
+        """The reading cell ``reading/<name>/s<seed>``: the identical span-head fine-tune, then
+        EM/F1 on the SQuAD dev articles' gold paragraphs."""
+
+        def run() -> dict:
+            p = self.p
+            summary = steps.reader(
+                model_dir,
+                self.out / "models" / f"{name}-s{seed}-reader",
+                squad=reading_squad(
+                    self.cfg.squad, self.out / "squad-reading.json", p.reading_articles
+                ),
+                steps=p.reading_steps,
+                batch_size=p.reading_batch,
+                max_questions=p.reading_questions,
+                calibration_questions=p.reading_calibration,
+                eval_questions=p.reading_eval_questions,
+                max_length=p.seq_len,
+                seed=seed,
+                device=self.device,
+                threads=self.cfg.threads,
+            )
+            return score_reading(summary)
+
+        return self.cells.get(f"reading/{name}/s{seed}", run)
+
     def run_rows(self) -> None:
         for seed in self.cfg.seeds:
             for row in self.cfg.rows:
                 model_dir = self.pretrain(row, seed)
                 if model_dir is None:
                     continue
+                decoder = steps.decoder_folder(model_dir)
+                # left-to-right prediction from the decoder layout where the row has one
                 self.cells.get(
                     f"bpb/{row}/s{seed}",
-                    lambda d=model_dir: score_bpb(d, self.cfg, self.p, self.device),
+                    lambda d=decoder or model_dir: score_bpb(d, self.cfg, self.p, self.device),
                 )
                 self.retrieval(row, model_dir, seed, "mean")
                 if ROW_OBJECTIVE[row] == "clm":
                     self.retrieval(row, model_dir, seed, "last")
-                    self.qa(row, str(model_dir), seed)
+                if decoder is not None:
+                    self.qa(row, str(decoder), seed)
+                if ROW_OBJECTIVE[row] != "clm":  # an encoder layout: it reads bidirectionally
+                    self.reading(row, model_dir, seed)
+                    continue
+                # the CLM reads as pretrained (causal) and converted to the encoder layout
+                self.reading(f"{row}-causal", model_dir, seed)
+                bidir = steps.encoder_copy(
+                    model_dir, self.out / "models" / f"{row}-s{seed}-as-encoder", self.p.seq_len
+                )
+                self.reading(f"{row}-bidir", bidir, seed)
 
     def run_baselines(self) -> None:
         self.cells.get("retrieval/bm25/s0", lambda: score_retrieval(None, self.sets, mode="bm25"))
@@ -218,8 +257,13 @@ def _brief(summary: dict) -> dict:
         "params",
         "status",
         "init_from",
+        "final_heldout_clm_loss",
+        "heldout_clm_bits_per_byte",
     )
-    return {k: summary[k] for k in keep if k in summary}
+    brief = {k: summary[k] for k in keep if k in summary}
+    if summary.get("config", {}).get("objective") == "clm":  # its own loss is the CLM loss
+        brief["final_heldout_clm_loss"] = summary.get("final_heldout_loss")
+    return brief
 
 
 def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
@@ -230,6 +274,8 @@ def _pretrain_cell(out: Path, stages: list[dict], dirs: list[Path]) -> dict:
         "tokens_seen": sum(s.get("tokens_seen", 0) for s in stages),
         "wall_time_s": sum(s.get("wall_time_s", 0.0) for s in stages),
         "final_heldout_loss": last.get("final_heldout_loss"),
+        # held-out CLM loss of the row's decoder (clm, antlm, prefixlm): one quantity, one split
+        "final_heldout_clm_loss": last.get("final_heldout_clm_loss"),
         "stages": stages,
         "stage_dirs": [str(d) for d in dirs],
     }

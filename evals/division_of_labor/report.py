@@ -29,6 +29,7 @@ METRICS = [
     ("pretrain", "tokens_seen", "tokens seen", True),
     ("pretrain", "wall_time_s", "wall time (s)", False),
     ("pretrain", "final_heldout_loss", "final held-out loss (own objective)", False),
+    ("pretrain", "final_heldout_clm_loss", "final held-out CLM loss (its decoder)", False),
     ("retrieval", "scifact_dev", "SciFact dev nDCG@10", True),
     ("retrieval", "squad_dev", "SQuAD dev nDCG@10", True),
     ("bpb", "wikitext_bpb", "WikiText-2 bits/byte (left to right)", False),
@@ -36,12 +37,17 @@ METRICS = [
     ("qa", "f1", "QA F1", True),
     ("qa", "citation_accuracy", "QA citation accuracy", True),
     ("qa", "refusal_rate", "QA refusal rate", False),
+    ("reading", "em", "reading EM", True),
+    ("reading", "f1", "reading F1", True),
+    ("reading", "f1_before", "F1 before the fine-tune", True),
 ]
 TABLES = {
     "pretrain": "Pretraining (same budget per row; losses of different objectives are not comparable)",
     "retrieval": "Retrieval (identical contrastive fine-tune; pooling in brackets)",
     "bpb": "Generation: bits per byte of left-to-right prediction (lower is better)",
     "qa": "Grounded QA on SQuAD dev articles (oracle passages, identical LoRA)",
+    "reading": "Reading: identical span-head fine-tune (training.reader), SQuAD dev articles, "
+    "gold paragraph (clm: -causal as pretrained, -bidir converted to the encoder layout)",
 }
 
 

@@ -40,6 +40,7 @@ def pretrain(
     device: str,
     mask_rate: float = 0.15,
     mask_strategy: str = "80-10-10",
+    alternate_every: int = 1,
     init_from: Path | None = None,
     total_steps: int | None = None,
     eval_every: int = 0,
@@ -49,7 +50,7 @@ def pretrain(
 
     ``init_from`` starts from another run's weights (the CLM->MLM row): training.pretrain
     converts the CLM decoder's weights into the encoder's layout (training.init_from) and
-    training continues with the MLM objective.
+    training continues with the MLM objective. ``alternate_every``: the antlm row's block.
     """
     from training.config import PretrainConfig
     from training.pretrain import pretrain as run
@@ -65,6 +66,7 @@ def pretrain(
         batch_size=batch_size,
         mask_rate=mask_rate,
         mask_strategy=mask_strategy,
+        alternate_every=alternate_every,
         seed=seed,
         device=device,
         eval_every=eval_every,
@@ -177,3 +179,69 @@ def read_log(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def decoder_folder(model_dir: Path) -> Path | None:
+    """The decoder layout of a pretrained row: the folder itself for a CLM, ``<dir>/decoder`` for
+    the objectives that save both layouts (antlm, prefixlm), None for an encoder only."""
+    from transformers import AutoConfig
+
+    from rag.models import lm_objective
+    from training.config import DECODER_SUBDIR
+
+    if (Path(model_dir) / DECODER_SUBDIR / "config.json").exists():
+        return Path(model_dir) / DECODER_SUBDIR
+    return Path(model_dir) if lm_objective(AutoConfig.from_pretrained(model_dir)) == "clm" else None
+
+
+def encoder_copy(clm_dir: Path, out: Path, max_seq_length: int) -> Path:
+    """A CLM's weights in the encoder layout (training.init_from's exact conversion), saved once
+    in ``out``: the CLM row read with bidirectional attention (the ``clm-bidir`` reading cell)."""
+    from training.export import save_converted_folder
+
+    if not (out / "config.json").exists():
+        save_converted_folder(clm_dir, out, "mlm", max_seq_length)
+    return out
+
+
+def reader(
+    model_dir: Path,
+    out: Path,
+    *,
+    squad: str,
+    steps: int,
+    batch_size: int,
+    max_questions: int,
+    calibration_questions: int,
+    eval_questions: int,
+    max_length: int,
+    seed: int,
+    device: str,
+    threads: int = 0,
+) -> dict[str, Any]:
+    """Identical span-head recipe for every row (training.reader, its defaults but the sizes):
+    ``max_length`` tokens per window (the pretraining length, the longest the rows have seen),
+    stride a quarter of it. A decoder folder reads with its causal backbone
+    (training.decoder_qa). Returns the reader's run summary."""
+    from training.decoder_qa import register
+    from training.reader import ReaderConfig, train_reader
+
+    register()  # AutoModelForQuestionAnswering learns ModernBERT decoder folders
+    cfg = ReaderConfig(
+        model=str(model_dir),
+        out=str(out),
+        squad=squad,
+        epochs=1000.0,  # max_steps decides
+        max_steps=steps,
+        batch_size=batch_size,
+        max_questions=max_questions,
+        calibration_questions=calibration_questions,
+        eval_max_questions=eval_questions,
+        max_length=max_length,
+        stride=max(8, max_length // 4),
+        seed=seed,
+        device=device,
+        threads=threads,
+        logging_steps=max(1, steps // 10),
+    )
+    return train_reader(cfg)

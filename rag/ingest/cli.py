@@ -47,7 +47,8 @@ INGEST_HELP = {
     "engine": "local: this process; ray: Ray Data chunks, --workers encoder actors embed "
     "(the `ray` extra)",
     "ray_address": "Ray cluster (default: start a local one)",
-    "progress": "progress bars on stderr",
+    "progress": "progress on stderr: a bar on a terminal, else a line every "
+    "$RAG_PROGRESS_INTERVAL s (15) with rate and ETA",
 }
 
 

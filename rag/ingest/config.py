@@ -102,7 +102,7 @@ class IngestConfig:
     faiss_nprobe: int | None = None  # IVF lists searched per query; None: the index's, else 16
     max_bytes: int = DEFAULT_MAX_BYTES  # larger files are reported and skipped
     follow_links: bool = False  # read links that leave the folder, walk linked folders
-    progress: bool = True  # tqdm bars on stderr
+    progress: bool = True  # progress on stderr (rag.progress: a bar on a terminal, else lines)
     engine: str = "local"  # local (this process) | ray (Ray Data chunks, encoder actors embed)
     ray_address: str | None = None  # --engine ray: a running cluster; None = start a local one
     workers: int = 1  # --engine ray: encoder actors

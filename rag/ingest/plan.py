@@ -11,17 +11,17 @@ import errno
 import hashlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-
-from tqdm.auto import tqdm
 
 from rag.chunking import chunk_document
 from rag.documents import DocumentError, iter_files, load_document
 from rag.ingest.config import IngestConfig, IngestReport, same_chunking
 from rag.manifest import Manifest, SourceEntry
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
+from rag.progress import track
 from rag.retrieval.encoder import Encoder, weights_fingerprint
 from rag.types import Chunk
 
@@ -104,7 +104,8 @@ def _record_chunks(
     (report.updated if f.key in sources else report.added).append(f.key)
     if f.key in sources:
         plan.drop_sources.append(f.key)
-    plan.entries[f.key] = SourceEntry(f.digest, f.size, f.mtime_ns, [c.id for c in chunks])
+    ids = [c.id for c in chunks]
+    plan.entries[f.key] = SourceEntry(f.digest, f.size, f.mtime_ns, ids, ingested=time.time())
     plan.new_chunks.extend(chunks)
     report.bytes_embedded += f.size
 
@@ -128,7 +129,7 @@ def plan_changes(
     pending: list[PendingFile] = []
     files = list(iter_files(cfg.paths, follow_links=cfg.follow_links, skipped=skipped))
     report.skipped.extend((e.path, e.reason) for e in skipped)
-    for item in tqdm(files, desc="load+chunk", unit="file", disable=not cfg.progress):
+    for item in track(files, "load+chunk", unit="file", enabled=cfg.progress):
         if isinstance(item, DocumentError):
             report.failures.append((item.path, item.reason))
             continue
@@ -153,7 +154,9 @@ def plan_changes(
             digest = file_hash(path) if path.is_file() else ""
             if prev and unchanged_chunking and prev.hash == digest:
                 report.unchanged.append(key)  # touched, same content: nothing to embed
-                plan.entries[key] = SourceEntry(digest, st.st_size, st.st_mtime_ns, prev.chunk_ids)
+                plan.entries[key] = SourceEntry(
+                    digest, st.st_size, st.st_mtime_ns, prev.chunk_ids, prev.ingested
+                )
                 continue
             todo = PendingFile(key, digest, st.st_size, st.st_mtime_ns)
             if engine is not None:

@@ -228,12 +228,18 @@ class RayEngine:
         )
 
     def _collect(self, ds: Any) -> list[dict[str, Any]]:
+        """The pipeline's rows; off a terminal a progress line counts them (the total is not
+        known while Ray streams; on a terminal Ray Data draws its own bars)."""
+        from rag.progress import Progress
+
         rows: list[dict[str, Any]] = []
-        for batch in ds.iter_batches(batch_format="numpy", batch_size=BATCH_SIZE):
-            n = len(batch["key"])
-            rows.extend({k: batch[k][i] for k in batch} for i in range(n))
-            if self.on_batch is not None:
-                self.on_batch(n)
+        with Progress(None, "ray chunk+embed", "chunk", enabled=self.cfg.progress, bar=False) as p:
+            for batch in ds.iter_batches(batch_format="numpy", batch_size=BATCH_SIZE):
+                n = len(batch["key"])
+                rows.extend({k: batch[k][i] for k in batch} for i in range(n))
+                p.update(n)
+                if self.on_batch is not None:
+                    self.on_batch(n)
         return rows
 
     def chunk(self, files: list[PendingFile], chunking: dict) -> dict[str, list[Chunk] | str]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
 
 import bm25s
+import numpy as np
 import Stemmer
 
 _STEMMER = Stemmer.Stemmer("english")
@@ -42,6 +43,7 @@ class BM25Index:
     def __init__(self, ids: Sequence[str], texts: Sequence[str], k1: float = 0.9, b: float = 0.4):
         self.ids = list(ids)
         self.k1, self.b = k1, b
+        self._pos: dict[str, int] | None = None  # id -> corpus row, for filtered searches
         self._model = bm25s.BM25(k1=k1, b=b, method="lucene")
         if self.ids:
             self._model.index(tokenize(texts), show_progress=False)
@@ -53,17 +55,35 @@ class BM25Index:
         """Top-``k`` (id, score) pairs, best first; documents with score 0 are left out."""
         return self.search_many([query], k)[0]
 
-    def search_many(self, queries: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
+    def search_many(
+        self, queries: Sequence[str], k: int = 10, allowed: Collection[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """Top-``k`` per query; ``allowed``: score only those ids (bm25s' ``weight_mask``: the
+        others score 0 and are left out), with the whole corpus's IDF, so a filtered search
+        ranks its documents exactly as the unfiltered one would."""
         if not self.ids:
             return [[] for _ in queries]
+        mask = None
+        if allowed is not None:
+            mask = np.zeros(len(self.ids), dtype=np.float32)
+            pos = self._positions()
+            mask[[pos[i] for i in allowed if i in pos]] = 1.0
         k = min(k, len(self.ids))
-        docs, scores = self._model.retrieve(tokenize(queries), k=k, show_progress=False)
+        docs, scores = self._model.retrieve(
+            tokenize(queries), k=k, show_progress=False, weight_mask=mask
+        )
         out = []
         for row_docs, row_scores in zip(docs, scores):
             out.append(
                 [(self.ids[int(d)], float(s)) for d, s in zip(row_docs, row_scores) if s > 0]
             )
         return out
+
+    def _positions(self) -> dict[str, int]:
+        """Id -> row in the bm25s corpus (built once)."""
+        if self._pos is None:
+            self._pos = {i: n for n, i in enumerate(self.ids)}
+        return self._pos
 
     def idf(self, words: Iterable[str]) -> dict[str, float]:
         """Lucene IDF, log(1 + (N - df + 0.5) / (df + 0.5)), of each term (from :func:`terms`)

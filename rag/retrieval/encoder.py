@@ -226,15 +226,17 @@ class Encoder:
     ) -> np.ndarray:
         """L2-normalised float32 embeddings, shape (len(texts), dim), in input order.
         ``kind`` selects the model's document or query prompt; ``on_batch(n)`` is called after
-        each batch of ``n`` texts (for progress reporting)."""
+        each batch of ``n`` texts; ``progress`` shows a bar on a terminal, else a line at a
+        steady interval (:mod:`rag.progress`)."""
         import torch
-        from tqdm.auto import tqdm
+
+        from rag.progress import Progress
 
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
         fn = self.model.encode_query if kind == "query" else self.model.encode_document
-        bar = tqdm(total=len(texts), desc="encode", unit="chunk", disable=not progress)
+        bar = Progress(len(texts), "encode", "chunk", enabled=progress)
         with torch.inference_mode():
             for batch in self.batches(texts):
                 vecs = fn(

@@ -13,7 +13,7 @@ the evals measure the code the system searches with. Each stage's time is added 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from indexes import VectorIndex
@@ -53,7 +53,8 @@ class SearchEngine:
     search's defaults. The settings that name and load the reranker are
     :func:`rag.retrieval.rerank.load_reranker`'s; this engine takes the loaded ``reranker``.
     ``keep``: optional filter on ids (a Chroma collection may hold ids of an interrupted ingest
-    that the manifest does not name; those are never returned).
+    that the manifest does not name; those are never returned). A search's document filter is
+    its ``allowed`` ids (:meth:`search_many`), searched inside each stage, not after.
     """
 
     def __init__(
@@ -98,25 +99,32 @@ class SearchEngine:
         words = terms([query], COVERAGE_STOPWORDS)[0]
         return coverage(words, terms(list(texts)), self.bm25.idf(set(words)))
 
-    def _dense(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
+    def _dense(
+        self, queries: list[str], n: int, allowed: frozenset[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
         if self.vectors is None:
             raise ValueError("dense and hybrid search need a vector index")
         t0 = time.perf_counter()
         qv = self.encoder.encode(queries, kind="query")
         t1 = time.perf_counter()
-        extra = 2 if self.keep is not None else 1
-        res = self.vectors.search(qv, n * extra)
+        if allowed is not None:  # the filter inside the vector search: n hits from it
+            res = self.vectors.search(qv, n, ids=allowed)
+        else:
+            extra = 2 if self.keep is not None else 1
+            res = self.vectors.search(qv, n * extra)
+            if self.keep is not None:
+                res = [[(i, s) for i, s in row if self.keep(i)][:n] for row in res]
         self.timings["query_encode_s"] += t1 - t0
         self.timings["dense_search_s"] += time.perf_counter() - t1
-        if self.keep is not None:
-            res = [[(i, s) for i, s in row if self.keep(i)][:n] for row in res]
         return res
 
-    def _bm25(self, queries: list[str], n: int) -> list[list[tuple[str, float]]]:
+    def _bm25(
+        self, queries: list[str], n: int, allowed: frozenset[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
         if self.bm25 is None:
             raise ValueError("bm25 and hybrid search need a BM25 index")
         t0 = time.perf_counter()
-        res = self.bm25.search_many(queries, n)
+        res = self.bm25.search_many(queries, n, allowed=allowed)
         self.timings["bm25_s"] += time.perf_counter() - t0
         return res
 
@@ -129,18 +137,22 @@ class SearchEngine:
         alpha: float | None = None,
         rerank: bool = True,
         rerank_weight: float | None = None,
+        allowed: Collection[str] | None = None,
     ) -> list[list[Scored]]:
         """Top-``k`` results per query, best first (``k``, ``mode``: the settings' when None).
         ``fusion``/``alpha`` override the settings' for this call (hybrid only),
         ``rerank_weight`` the settings' interpolation weight;
         ``rerank=False`` skips the rerank stage, so one engine serves both sides of a
-        with/without-reranker comparison."""
+        with/without-reranker comparison. ``allowed``: the only ids results may have (a
+        document filter, :mod:`rag.retrieval.filters`), pushed into every stage: the vector
+        index and BM25 search only those, so the reranker sees only their candidates and ``k``
+        results come back whenever they hold ``k`` (no post-filter)."""
         weight = self.rerank_weight if rerank_weight is None else rerank_weight
         check_rerank_weight(weight)
         queries = list(queries)
         reranking = rerank and self.reranker is not None
         k = self.settings.k if k is None else k
-        rows = self.first_stage(queries, k, mode, fusion, alpha, reranking)
+        rows = self.first_stage(queries, k, mode, fusion, alpha, reranking, allowed)
         if reranking:
             rows = [
                 self.apply_rerank(row, self.rerank_scores(q, row), weight) if row else row
@@ -156,10 +168,12 @@ class SearchEngine:
         fusion: str | None = None,
         alpha: float | None = None,
         reranking: bool = False,
+        allowed: Collection[str] | None = None,
     ) -> list[list[Scored]]:
         """The candidates :meth:`search_many` ranks before its rerank stage (at least ``k``,
-        and ``rerank_depth`` when ``reranking``), best first. Public so that tuning
-        ``rerank_weight`` (evals.retrieval) reranks exactly what a search would, once."""
+        and ``rerank_depth`` when ``reranking``), best first, from ``allowed`` ids only when
+        given. Public so that tuning ``rerank_weight`` (evals.retrieval) reranks exactly what a
+        search would, once."""
         k = self.settings.k if k is None else k
         mode = mode or self.settings.mode
         if mode not in MODES:
@@ -169,13 +183,18 @@ class SearchEngine:
         check_fusion(fusion, alpha, self.norm)
         queries = list(queries)
         self.timings["queries"] += len(queries)
-        if not queries or k <= 0:
+        only = None
+        if allowed is not None and self.keep is None:
+            only = allowed if isinstance(allowed, frozenset) else frozenset(allowed)
+        elif allowed is not None:
+            only = frozenset(i for i in allowed if self.keep(i))
+        if not queries or k <= 0 or only is not None and not only:
             return [[] for _ in queries]
         n = max(k, self.depth) if mode == "hybrid" else k
         if reranking:
             n = max(n, self.rerank_depth)
-        dense = self._dense(queries, n) if mode in ("dense", "hybrid") else None
-        sparse = self._bm25(queries, n) if mode in ("bm25", "hybrid") else None
+        dense = self._dense(queries, n, only) if mode in ("dense", "hybrid") else None
+        sparse = self._bm25(queries, n, only) if mode in ("bm25", "hybrid") else None
         out = []
         for qi in range(len(queries)):
             d = dict(dense[qi]) if dense else {}

@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from indexes import VectorIndex, load_generation, scratch_index
+from rag.documents import document_type
 from rag.manifest import Manifest, current_generation, open_generation, read_chunks
 from rag.paths import display_source
 from rag.retrieval.bm25 import BM25Index
+from rag.retrieval.embedding_cache import EmbeddingCache
 from rag.retrieval.encoder import Encoder, EncoderMismatchError
 from rag.retrieval.engine import SearchEngine
+from rag.retrieval.filters import Where
 from rag.retrieval.rerank import Reranker, load_reranker
 from rag.retrieval.settings import DEFAULTS, RetrievalSettings
 from rag.types import Chunk, Hit
@@ -58,6 +61,8 @@ class CorpusRetriever:
     ``settings``: as :class:`~rag.retrieval.engine.SearchEngine` (``mode`` decides which indexes
     are built: ``hybrid`` builds both; ``device`` where a named encoder loads); ``reranker``: a
     loaded rerank stage (:func:`rag.retrieval.rerank.load_reranker` builds the settings' one).
+    ``embeddings``: an :class:`~rag.retrieval.embedding_cache.EmbeddingCache` the corpus vectors
+    are read from (or written to, on a miss); None encodes afresh (the benchmarks, which time it).
     ``timings`` records corpus encoding and index building; ``engine.timings`` the searches.
     """
 
@@ -71,6 +76,7 @@ class CorpusRetriever:
         reranker: Reranker | None = None,
         backend: str = "faiss",
         progress: bool = False,
+        embeddings: EmbeddingCache | None = None,
     ):
         if len(ids) != len(texts) or len(set(ids)) != len(ids):
             raise ValueError("ids and texts must have the same length and ids must be unique")
@@ -83,7 +89,12 @@ class CorpusRetriever:
             if enc is None:
                 raise ValueError(f"mode {self.mode!r} needs an encoder")
             t0 = time.perf_counter()
-            vecs = enc.encode(list(texts), kind="document", progress=progress)
+            if embeddings is None:
+                vecs = enc.encode(list(texts), kind="document", progress=progress)
+            else:
+                vecs = embeddings.encode(
+                    enc, texts, encode=lambda xs: enc.encode(xs, progress=progress)
+                )
             t1 = time.perf_counter()
             vectors = scratch_index(backend, enc.dim)  # its storage goes with the retriever
             vectors.add(self.ids, vecs)
@@ -117,6 +128,7 @@ class CorpusRetriever:
         return self.engine.coverage(query, [self._text[i] for i in ids])
 
 
+FILTER_CACHE = 32  # document filters whose allowed ids a snapshot keeps
 RELOAD_TRIES = 5  # reads of CURRENT before a generation that keeps vanishing is an error
 
 
@@ -145,14 +157,40 @@ class Snapshot:
     chunks: dict[str, Chunk]
     engine: SearchEngine
     paths: dict[str, str] = field(default_factory=dict)  # source -> display path (a cache)
+    filtered: dict[Where, frozenset[str]] = field(default_factory=dict)  # a small cache
+
+    def display(self, source: str) -> str:
+        """The path of ``source`` relative to the folder it was ingested from (the manifest's
+        roots), so results and citations never show the machine's absolute path."""
+        path = self.paths.get(source)
+        if path is None:
+            path = self.paths[source] = display_source(source, self.manifest.roots)
+        return path
 
     def shown(self, chunk: Chunk) -> Chunk:
-        """``chunk`` with its display path: relative to the folder it was ingested from (the
-        manifest's roots), so results and citations never show the machine's absolute path."""
-        path = self.paths.get(chunk.source)
-        if path is None:
-            path = self.paths[chunk.source] = display_source(chunk.source, self.manifest.roots)
-        return replace(chunk, path=path)
+        """``chunk`` with its display path (:meth:`display`)."""
+        return replace(chunk, path=self.display(chunk.source))
+
+    def allowed(self, where: Where) -> frozenset[str] | None:
+        """The chunk ids of this generation's documents that ``where`` lets through, matched
+        once per document (its relative path and type, :mod:`rag.retrieval.filters`); None for
+        no filter, or one that lets every document through (searched as unfiltered: no id list
+        to send to a vector store). Cached per filter (at most :data:`FILTER_CACHE` of them)."""
+        if not where:
+            return None
+        ids = self.filtered.get(where)
+        if ids is None:
+            ids = frozenset(
+                i
+                for source, entry in self.manifest.sources.items()
+                if where.matches(self.display(source), document_type(source))
+                for i in entry.chunk_ids
+                if i in self.chunks
+            )
+            if len(self.filtered) >= FILTER_CACHE:  # filters come from requests: stay bounded
+                self.filtered.clear()
+            self.filtered[where] = ids
+        return None if len(ids) == len(self.chunks) else ids
 
 
 class Retriever:
@@ -185,6 +223,7 @@ class Retriever:
         self.index, self.settings, self.reranker = index, settings, reranker
         self.device, self.encoder_backend = settings.device, settings.encoder_backend
         self._given = encoder if encoder is not None else settings.encoder
+        self._where = Where.parse(settings.where)  # the settings' filter, when a search names none
         self._encoder: Encoder | None = None
         self._reload = threading.Lock()  # one thread loads a new generation at a time
         self._state = self._read()
@@ -318,19 +357,35 @@ class Retriever:
         return self._current() is not before
 
     def search(
-        self, query: str, k: int | None = None, mode: str | None = None, **options: Any
+        self,
+        query: str,
+        k: int | None = None,
+        mode: str | None = None,
+        where: Any = None,
+        **options: Any,
     ) -> list[Hit]:
         """Top-``k`` hits for ``query``, best first (``k``, ``mode``: dense, bm25 or hybrid, the
-        settings' when None; ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
+        settings' when None; ``where``: a document filter, :meth:`Where.parse
+        <rag.retrieval.filters.Where.parse>`'s input, None = the settings' own, ``[]`` = none;
+        ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
         :meth:`rag.retrieval.engine.SearchEngine.search_many`)."""
-        return self.search_many([query], k, mode, **options)[0]
+        return self.search_many([query], k, mode, where, **options)[0]
 
     def search_many(
-        self, queries: list[str], k: int | None = None, mode: str | None = None, **options: Any
+        self,
+        queries: list[str],
+        k: int | None = None,
+        mode: str | None = None,
+        where: Any = None,
+        **options: Any,
     ) -> list[list[Hit]]:
-        """Hits per query, all from one generation (the one published when the call began)."""
+        """Hits per query, all from one generation (the one published when the call began);
+        a filter (``where``) is searched inside every stage, so ``k`` hits come from the
+        documents it lets through whenever they hold ``k``."""
         state = self._current()
-        rows = state.engine.search_many(queries, k, mode, **options)
+        filt = self._where if where is None else Where.parse(where)
+        allowed = state.allowed(filt)
+        rows = state.engine.search_many(queries, k, mode, allowed=allowed, **options)
         return [
             [
                 FusedHit(

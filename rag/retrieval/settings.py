@@ -24,6 +24,7 @@ from typing import Any
 from rag.defaults import DEVICES, MODES
 from rag.precision import check_precision
 from rag.retrieval.encoder import ENCODER_BACKENDS
+from rag.retrieval.filters import Where
 from rag.retrieval.fusion import check_fusion, check_rerank_weight
 
 
@@ -47,8 +48,13 @@ class RetrievalSettings:
     encoder: str | None = None  # query encoder alias/folder; None = the one the index records
     encoder_backend: str = "torch"  # query encoder runtime: torch | onnx (rag.retrieval.encoder)
     device: str = "auto"  # where the encoder and reranker run; auto = cuda when visible
+    # document filter of every search that names none (rag.retrieval.filters): KEY=VALUE
+    # clauses, ANDed: path=GLOB (relative path), type=pdf,md (values ORed)
+    where: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        # one spelling (and a checked one) for every caller: lists from TOML, strings, a Where
+        object.__setattr__(self, "where", tuple(Where.parse(self.where).to_list()))
         if self.mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         check_fusion(self.fusion, self.alpha, self.norm)

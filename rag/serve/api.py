@@ -17,7 +17,8 @@ The extensions to the format, all documented in docs/serving.md:
   numbers, and what citation verification found (unsupported and re-attributed citations, the
   injection suspicion and its reasons); each ``sources`` entry says whether its passage is
   ``supported``;
-- request fields ``k`` and ``mode`` (retrieval depth and mode for this request);
+- request fields ``k`` and ``mode`` (retrieval depth and mode for this request), and ``rag``
+  with ``filter``: a document filter for this request (:mod:`rag.retrieval.filters`);
 - ``input_type`` on embedding requests (``document`` or ``query``: the encoder's prompts differ).
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag.defaults import MODES
+from rag.retrieval.filters import FilterError, Where
 from rag.types import Answer
 
 MODEL_PREFIX = "rag:"
@@ -85,6 +87,16 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class RagOptions(BaseModel):
+    """The request extension ``rag``: this server's own options for one question."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt option must not pass unnoticed
+
+    # document filter (rag.retrieval.filters): ["path=library/*", "type=pdf"] or
+    # {"path": "library/*", "type": ["pdf", "md"]}; None = the server's own (--where)
+    filter: list[str] | dict[str, str | list[str]] | None = None
+
+
 class ChatRequest(BaseModel):
     """``POST /v1/chat/completions``; unknown fields are accepted and ignored."""
 
@@ -101,6 +113,7 @@ class ChatRequest(BaseModel):
     tools: list[Any] | None = None
     k: int | None = Field(default=None, ge=1, le=100)  # extension: passages retrieved
     mode: str | None = None  # extension: retrieval mode, one of rag.defaults.MODES
+    rag: RagOptions | None = None  # extension: rag.filter
 
 
 class EmbeddingRequest(BaseModel):
@@ -163,6 +176,21 @@ def check_chat_request(req: ChatRequest) -> None:
         raise ApiError(
             400, f"mode must be one of {', '.join(MODES)}, not {req.mode!r}", param="mode"
         )
+    request_filter(req)
+
+
+def request_filter(req: ChatRequest) -> Where | None:
+    """The request's ``rag.filter``, parsed (None: not given, the server's own applies); a
+    filter that cannot be read is a 400 naming it."""
+    spec = req.rag.filter if req.rag is not None else None
+    if spec is None:
+        return None
+    try:
+        return Where.parse(spec)
+    except FilterError as e:
+        raise ApiError(
+            400, f"rag.filter: {e}".replace("--where ", ""), param="rag.filter"
+        ) from None
 
 
 def max_new_tokens(req: ChatRequest, default: int, limit: int) -> int:

@@ -6,8 +6,9 @@ package, LangChain's ``ChatOpenAI``, curl) can ask the indexes questions.
         [--rerank auto|none|DIR] [--rerank-depth N] [--rerank-weight W]
 
 Endpoints: ``POST /v1/chat/completions`` (``stream`` true or false), ``GET /v1/models``,
-``POST /v1/embeddings``, ``GET /health``. A model name is ``rag:<index>`` for each index under
-``$RAG_HOME/indexes`` (``rag`` alone is ``--index``); every model answers with the server's one
+``POST /v1/embeddings``, ``GET /v1/documents``, ``DELETE /v1/documents/{path}``
+(:mod:`rag.serve.documents`), ``GET /health``. A model name is ``rag:<index>`` for each index
+under ``$RAG_HOME/indexes`` (``rag`` alone is ``--index``); every model answers with the server's one
 decoder, adapter and reranker (``--rerank auto``, the default: the trained ``minilm-rerank`` when
 present; ``/health`` names the one in use). The answer keeps its ``[n]`` markers and the cited
 passages arrive in the extra field ``sources`` (docs/serving.md). Binds 127.0.0.1 unless told
@@ -34,7 +35,13 @@ from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, ResolvedModels, add_config_args, check_models, resolve_models
 from rag.config import config_from_args as rag_config_from_args
 from rag.dataclass_cli import BoolFlag, add_dataclass_args, config_from_args
-from rag.paths import IndexNameError, check_index_name, indexes_dir, list_indexes
+from rag.paths import (
+    IndexNameError,
+    check_existing_index,
+    check_index_name,
+    indexes_dir,
+    list_indexes,
+)
 from rag.pipeline import conversational
 from rag.serve.api import (
     DONE,
@@ -49,15 +56,18 @@ from rag.serve.api import (
     embedding_texts,
     final_chunks,
     max_new_tokens,
+    request_filter,
     split_messages,
     sse,
 )
+from rag.serve.documents import add_document_routes
 from rag.serve.http import (
     ClosingStreamingResponse,
     Guard,
     install_error_handlers,
     server_error,
     stream_error,
+    warn_if_open,
 )
 from rag.serve.state import (
     END,
@@ -138,6 +148,7 @@ class Service:
         run: Run | None = None
         try:
             pipe = await anyio.to_thread.run_sync(self.pipelines.get, index)
+            where = request_filter(req)
             items = pipe.stream(
                 question,
                 history=history,
@@ -145,6 +156,7 @@ class Service:
                 mode=req.mode,
                 temperature=req.temperature,
                 max_new_tokens=max_new,
+                **({} if where is None else {"where": where}),
             )
             run = Run(items, self.slots)
             first = await run.next()
@@ -236,6 +248,8 @@ def create_app(
             )
         return {"object": "list", "data": data}
 
+    add_document_routes(app, service.index_for)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
         run, first, max_new, index = await service.start(body)
@@ -305,7 +319,7 @@ def create_app(
 # ---- command line ----------------------------------------------------------------------------
 
 CLI_FIELDS = (
-    "index", "encoder", "decoder", "adapter", "k", "mode", "rerank", "rerank_depth",
+    "index", "encoder", "decoder", "adapter", "k", "mode", "where", "rerank", "rerank_depth",
     "rerank_weight", "rerank_precision", "temperature", "top_p", "max_new_tokens", "max_context_tokens", "min_score",
     "prefix_cache", "complete_citations", "reader", "reader_threshold", "compose", "device",
     "decoder_precision", "profile", "batching",
@@ -349,12 +363,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
 
 
 def check_index(name: str) -> None:
-    check_index_name(name, hint="the server serves indexes under $RAG_HOME/indexes by name")
-    if name not in list_indexes():
-        raise LookupError(
-            f"index {name!r} does not exist under {indexes_dir()}: "
-            f"create it with python -m rag.ingest FOLDER --index {name}"
-        )
+    check_existing_index(name, hint="the server serves indexes under $RAG_HOME/indexes by name")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -367,13 +376,7 @@ def run(args: argparse.Namespace) -> int:
         app.state.rag.preload()
     import uvicorn
 
-    loopback = options.host in ("127.0.0.1", "localhost", "::1")
-    if not loopback and not options.api_key:
-        print(
-            f"{PROG}: warning: serving on {options.host} without --api-key: "
-            "anyone who can reach this port can query every index",
-            file=sys.stderr,
-        )
+    warn_if_open(PROG, options.host, options.api_key, "every index")
     models = app.state.rag.models
     print(
         f"{PROG}: model rag:{cfg.index} ({models.decoder_line}; "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import sys
 from typing import Any
 
 import anyio
@@ -37,20 +38,37 @@ def readable(exc: BaseException) -> str:
     return f"internal error ({type(exc).__name__}); the details are in the server log"
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def warn_if_open(prog: str, host: str, api_key: str | None, what: str) -> None:
+    """The start-up warning of a server bound beyond loopback without a key (stderr)."""
+    if host not in LOOPBACK and not api_key:
+        print(
+            f"{prog}: warning: serving on {host} without --api-key: "
+            f"anyone who can reach this port can query {what}",
+            file=sys.stderr,
+        )
+
+
 def error_response(err: ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
 class Guard:
-    """Bearer-key check for ``/v1/*`` and a request body limit for every request."""
+    """Bearer-key check for the paths under ``prefix`` (``/v1``: rag.serve's API; ``/mcp``:
+    rag.mcp's streamable HTTP) and a request body limit for every request."""
 
-    def __init__(self, app: ASGIApp, api_key: str | None, max_body: int) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, max_body: int, prefix: str = "/v1"
+    ) -> None:
         self.app = app
         self.api_key = api_key.encode() if api_key else None
         self.max_body = max_body
+        self.prefix = prefix
 
     def _authorised(self, scope: Scope) -> bool:
-        if self.api_key is None or not scope["path"].startswith("/v1"):
+        if self.api_key is None or not scope["path"].startswith(self.prefix):
             return True
         for name, value in scope.get("headers", []):
             if name == b"authorization":

@@ -1,0 +1,268 @@
+"""The documents of an index: list them, and remove one or every one under a folder.
+
+Removal publishes the next generation exactly as an ingest does: under the index's ingest lock,
+the next generation's vectors through :func:`indexes.open_for_generation` (a FAISS copy of the
+live vectors minus the removed ids; Chroma's shared collection left as is until the generation
+is live), then BM25, chunks and manifest written aside and published by
+:func:`rag.ingest.apply._write_generation` (one rename, then the ``CURRENT`` swap), then
+``reconcile``. So a ``kill -9`` at any point leaves the previous generation loadable, the next
+ingest or removal cleans up what the killed run left, and every reader switches at its next
+query. Nothing is embedded, so no model is loaded.
+
+The re-ingest rule: a removal takes a document out of the *index*, not out of the folder. The
+manifest forgets it, so a later ``rag.ingest`` of a folder that still holds the file adds it
+back, and says so (it is counted as ``added``); a file deleted or moved out of the folder stays
+out. To keep a file out of an index, remove it from the folder you ingest (or ingest another
+folder).
+
+Documents are named as people see them: the path relative to the ingested folder that
+:func:`rag.paths.display_source` gives (``library/io.rst.txt``), or a folder of such paths
+(``library`` or ``library/``: every document under it), or the absolute path the manifest keys
+it by. A path that names no document is refused before anything is written, naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from indexes import open_for_generation
+from rag.documents import document_type
+from rag.ingest.apply import _write_generation
+from rag.manifest import (
+    Manifest,
+    clean_stale,
+    ingest_lock,
+    kept_chunk_ids,
+    new_generation,
+    open_generation,
+    read_chunks,
+)
+from rag.paths import display_source
+
+LIST_HINT = "python -m rag.docs list"
+
+
+class DocumentNotFoundError(LookupError):
+    """Paths that name no document of the index (the message names each)."""
+
+    def __init__(self, message: str, paths: list[str]) -> None:
+        super().__init__(message)
+        self.paths = paths
+
+
+@dataclass(frozen=True)
+class DocumentInfo:
+    """One ingested document as listed: what the manifest records about it."""
+
+    path: str  # relative to the ingested folder (what results and citations show)
+    source: str  # the absolute path the manifest keys it by (never sent over the API)
+    type: str  # md, txt, rst, html, pdf, docx (rag.documents.document_type)
+    chunks: int  # chunks it contributes to the index
+    bytes: int  # file size when it was ingested
+    hash: str  # sha256 of the file's bytes when it was ingested
+    ingested: float  # time.time() when its chunks were embedded; 0: not recorded (older index)
+    encoder: str  # the index's encoder, which embedded it
+
+    def to_dict(self, include_source: bool = False) -> dict[str, Any]:
+        """JSON-ready; ``ingested`` as ISO 8601 UTC (null when not recorded). The absolute
+        ``source`` only when asked for (the CLI's ``--json``, never the HTTP API)."""
+        d = asdict(self)
+        d["ingested"] = iso_time(self.ingested)
+        if not include_source:
+            del d["source"]
+        return d
+
+
+@dataclass
+class IndexDocuments:
+    """The documents of an index's live generation, by path."""
+
+    index: str
+    generation: str
+    documents: list[DocumentInfo]
+
+    @property
+    def chunks(self) -> int:
+        return sum(d.chunks for d in self.documents)
+
+    def to_dict(self, include_source: bool = False) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "generation": self.generation,
+            "chunks": self.chunks,
+            "documents": [d.to_dict(include_source) for d in self.documents],
+        }
+
+
+@dataclass
+class RemovalRun:
+    """What ``run.json`` records for a generation a removal wrote (an ingest records its
+    :class:`~rag.ingest.config.IngestConfig`)."""
+
+    index: str  # the index as named (a name, or the folder given as --index-dir)
+    paths: list[str]  # the paths asked to remove
+    removed: list[str]  # the manifest keys (absolute paths) that went
+    operation: str = "remove"  # tells this run.json from an ingest's
+
+
+@dataclass
+class RemovalReport:
+    """What one removal did."""
+
+    index: str
+    removed: list[DocumentInfo] = field(default_factory=list)
+    chunks_removed: int = 0
+    chunks: int = 0  # chunks in the index after the removal
+    generation: str = ""  # the generation published
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (
+            f"{self.index}: removed {len(self.removed)} document(s), {self.chunks_removed} "
+            f"chunks; {self.chunks} chunks left in {self.generation} ({self.seconds:.1f}s)"
+        )
+
+    def to_dict(self, include_source: bool = False) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "removed": [d.to_dict(include_source) for d in self.removed],
+            "chunks_removed": self.chunks_removed,
+            "chunks": self.chunks,
+            "generation": self.generation,
+            "seconds": round(self.seconds, 3),
+            "summary": self.summary(),
+        }
+
+
+def iso_time(t: float) -> str | None:
+    """``t`` (seconds since the epoch) as ``2025-01-31T12:00:00Z``; None for 0 (unknown)."""
+    if not t:
+        return None
+    return datetime.fromtimestamp(t, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _documents(manifest: Manifest) -> dict[str, DocumentInfo]:
+    """Every document of ``manifest`` by its manifest key."""
+    encoder = str(manifest.encoder.get("name", ""))
+    return {
+        key: DocumentInfo(
+            path=display_source(key, manifest.roots),
+            source=key,
+            type=document_type(key),
+            chunks=len(entry.chunk_ids),
+            bytes=entry.size,
+            hash=entry.hash,
+            ingested=entry.ingested,
+            encoder=encoder,
+        )
+        for key, entry in manifest.sources.items()
+    }
+
+
+def list_documents(index: str | Path) -> IndexDocuments:
+    """The documents of ``index`` (a name under ``$RAG_HOME/indexes``, or an index folder as a
+    :class:`~pathlib.Path`), sorted by path; :class:`rag.manifest.IndexNotFoundError` when
+    there is no index."""
+    _, gen, manifest = open_generation(index)
+    docs = sorted(_documents(manifest).values(), key=lambda d: (d.path, d.source))
+    return IndexDocuments(str(index), gen.name, docs)
+
+
+def _clean(path: str) -> str:
+    """A relative path as typed (``./library/``, ``library//io.rst.txt``) in the form
+    :func:`rag.paths.display_source` gives; an absolute path made canonical."""
+    if os.path.isabs(path):
+        return os.path.normpath(path)
+    norm = os.path.normpath(path.replace("\\", "/")).replace(os.sep, "/")
+    return "" if norm == "." else norm
+
+
+def _named_by(asked: str, doc: DocumentInfo) -> bool:
+    """Whether the (cleaned) path ``asked`` names ``doc``: its relative or absolute path, or a
+    folder above either."""
+    own = doc.source if os.path.isabs(asked) else doc.path
+    return own == asked or own.startswith(asked.rstrip("/") + "/")
+
+
+def match_documents(manifest: Manifest, paths: list[str], index: str | Path) -> list[str]:
+    """The manifest keys ``paths`` name (each a document or a folder of documents, see the
+    module docstring), sorted; :class:`DocumentNotFoundError` naming every path that names none
+    (or is empty)."""
+    docs = _documents(manifest)
+    keys: set[str] = set()
+    unknown = []
+    for asked in paths:
+        clean = _clean(str(asked))
+        found = {k for k, d in docs.items() if clean and _named_by(clean, d)}
+        if not found:
+            unknown.append(str(asked))
+        keys |= found
+    if unknown:
+        names = ", ".join(repr(p) for p in unknown)
+        how = f"--index-dir {index}" if isinstance(index, Path) else f"--index {index}"
+        raise DocumentNotFoundError(
+            f"index {str(index)!r} has no document {names} (nor any under it); nothing was "
+            f"removed (`{LIST_HINT} {how}` shows its documents)",
+            unknown,
+        )
+    return sorted(keys)
+
+
+def remove_documents(index: str | Path, paths: list[str]) -> RemovalReport:
+    """Remove the documents ``paths`` name from ``index`` and publish the generation without
+    them (see the module docstring). Every path is checked before anything is written: one
+    that names no document raises :class:`DocumentNotFoundError` and the index is unchanged.
+    RuntimeError when an ingest (or another removal) holds the index's lock."""
+    t0 = time.perf_counter()
+    label = str(index)
+    if not paths:
+        raise ValueError("no document paths given (PATH ...)")
+    root, _, _ = open_generation(index)  # no index: refused before the lock creates a folder
+    with ingest_lock(root):
+        clean_stale(root)  # what a killed ingest or removal left
+        root, gen, manifest = open_generation(index)
+        keys = match_documents(manifest, [str(p) for p in paths], index)
+        docs = _documents(manifest)
+        dropped = {i for k in keys for i in manifest.sources[k].chunk_ids}
+        chunks = {i: c for i, c in read_chunks(gen).items() if i not in dropped}
+        kept = {k: v for k, v in manifest.sources.items() if k not in keys}
+        after = replace(manifest, sources=kept)
+        tmp = new_generation(root)
+        dim = manifest.encoder["dim"]
+        vindex = open_for_generation(
+            manifest.backend,
+            root,
+            gen,
+            tmp,
+            dim,
+            chroma_url=manifest.chroma_url,
+            collection=manifest.collection,
+        )
+        try:
+            run = RemovalRun(label, [str(p) for p in paths], keys)
+            empty = np.zeros((0, dim), dtype=np.float32)
+            name = _write_generation(run, root, tmp, after, chunks, vindex, [], empty, dropped)
+            # as after an ingest: a shared store keeps the previous generation's ids for readers
+            # still on it, and drops them at the next publication
+            vindex.reconcile(set(chunks) | kept_chunk_ids(root) if vindex.shared_store else chunks)
+        finally:
+            vindex.close()
+        report = RemovalReport(
+            label,
+            removed=sorted((docs[k] for k in keys), key=lambda d: (d.path, d.source)),
+            chunks_removed=len(dropped),
+            chunks=len(chunks),
+            generation=name,
+            seconds=time.perf_counter() - t0,
+        )
+        with open(root / "ingest_log.jsonl", "a") as f:  # the index's one log of changes
+            f.write(json.dumps({"time": time.time(), **asdict(run)}) + "\n")
+    return report
