@@ -122,9 +122,12 @@ def test_filtered_search_equals_brute_force_over_the_subset(index, mode):
     assert 5 <= len(allowed) < len(r.chunks)
     for query in ("read a file line by line", "zebra stripes savanna"):
         hits = r.search(query, k=4, mode=mode, where=where)
-        want = brute_force(r, query, allowed, mode, n=max(4, r.settings.depth))[:4]
-        assert [h.chunk.id for h in hits] == [i for i, _ in want], (mode, query)
+        full = brute_force(r, query, allowed, mode, n=max(4, r.settings.depth))
+        want = full[:4]
         assert [h.score for h in hits] == pytest.approx([s for _, s in want], abs=1e-4)
+        for h in hits:  # the same ids, up to the order of equal scores (ties may break either way)
+            tied = {i for i, s in full if abs(s - h.score) <= 1e-4}
+            assert h.chunk.id in tied, (mode, query)
         assert all(h.chunk.path.startswith("library/") for h in hits)
 
 
