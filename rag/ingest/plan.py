@@ -18,7 +18,7 @@ from typing import Any, Protocol
 from tqdm.auto import tqdm
 
 from rag.chunking import chunk_document
-from rag.documents import DocumentError, iter_files, load_document
+from rag.documents import DocumentError, Limits, iter_files, load_document
 from rag.ingest.config import IngestConfig, IngestReport, same_chunking
 from rag.manifest import Manifest, SourceEntry
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
@@ -76,9 +76,10 @@ class ChunkEngine(Protocol):
     def chunk(self, files: list[PendingFile], chunking: dict) -> dict[str, list[Chunk] | str]: ...
 
 
-def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, max_bytes: int) -> list[Chunk]:
-    """Load and chunk one file, as every engine does (raises DocumentError / OSError)."""
-    doc = load_document(path, max_bytes=max_bytes)
+def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, limits: Limits) -> list[Chunk]:
+    """Load and chunk one file within ``limits``, as every engine does (raises DocumentError /
+    OSError)."""
+    doc = load_document(path, limits=limits)
     doc.path = key
     chunks = chunk_document(
         doc, tokenizer, chunking["chunk_tokens"], chunking["overlap"], chunking["max_tokens"]
@@ -159,7 +160,7 @@ def plan_changes(
             if engine is not None:
                 pending.append(todo)
                 continue
-            chunks = chunk_file(path, key, encoder.get().tokenizer, chunking, cfg.max_bytes)
+            chunks = chunk_file(path, key, encoder.get().tokenizer, chunking, cfg.limits())
         except DocumentError as e:
             _record_failure(plan, report, sources, key, e.reason, shown=e.path)
             continue
