@@ -63,7 +63,7 @@ def cli(module, argv: list[str], capsys) -> tuple[int, list[str]]:
 def test_a_bad_pointer_is_refused_and_deletes_nothing(
     tmp_path, tiny_mlm_dir, capsys, pointer, says
 ):
-    name = f"ptr-{tmp_path.name}"
+    name = f"docs-{tmp_path.name}"  # sorts before gen-: the old GC removed generations after it
     root, docs = two_generations(tmp_path, name, tiny_mlm_dir)
     other = index_path(f"other-{tmp_path.name}")
     shutil.copytree(root, other)  # what ../other/gen-000001 would reach
