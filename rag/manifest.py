@@ -346,7 +346,9 @@ def write_chunks(gen: Path, chunks: dict[str, Chunk]) -> None:
 # ---------------------------------------------------------------------------- integrity
 
 
-def _sha256(path: Path) -> str:
+def file_hash(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks (sources in the manifest, and the
+    generation's own files)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -358,7 +360,7 @@ def file_records(gen: Path) -> dict[str, dict[str, Any]]:
     """Size and SHA-256 of every file of ``gen`` but its manifest (which stores them), by path
     relative to ``gen``: what :func:`check_generation` compares against."""
     return {
-        f.relative_to(gen).as_posix(): {"size": f.stat().st_size, "sha256": _sha256(f)}
+        f.relative_to(gen).as_posix(): {"size": f.stat().st_size, "sha256": file_hash(f)}
         for f in sorted(gen.rglob("*"))
         if f.is_file() and f.name != MANIFEST
     }
@@ -382,7 +384,7 @@ def check_generation(root: Path, gen: Path, manifest: Manifest, checksums: bool 
                 f"index {root}: {file}: {size:,} bytes, {rec['size']:,} when published "
                 "(truncated or replaced)"
             )
-        if checksums and _sha256(file) != rec["sha256"]:
+        if checksums and file_hash(file) != rec["sha256"]:
             raise IndexIntegrityError(
                 f"index {root}: {file}: checksum differs from the one recorded at publication"
             )

@@ -8,7 +8,6 @@ run's settings, their checks and its report are :mod:`rag.ingest.config`.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -20,20 +19,12 @@ from tqdm.auto import tqdm
 from rag.chunking import chunk_document
 from rag.documents import DocumentError, Limits, iter_files, load_document
 from rag.ingest.config import IngestConfig, IngestReport, same_chunking
-from rag.manifest import Manifest, SourceEntry
+from rag.manifest import Manifest, SourceEntry, file_hash
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
 from rag.retrieval.encoder import Encoder, weights_fingerprint
 from rag.types import Chunk
 
 log = logging.getLogger("rag.ingest")
-
-
-def file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def os_reason(e: OSError, path: Path) -> str:
