@@ -120,6 +120,10 @@ class VectorIndex(ABC):
         """Release files, clients and memory; the default does nothing."""
         return None
 
+    def location(self) -> str:
+        """Where the vectors live (a file, a collection), for messages that must name it."""
+        return type(self).__name__
+
     def __enter__(self) -> VectorIndex:
         return self
 

@@ -162,7 +162,11 @@ class FaissIndex(VectorIndex):
 
     @classmethod
     def load_generation(cls, root: Path, gen: Path, dim: int, **options: Any) -> FaissIndex:
-        """Searches with the kind and nprobe the generation was written with."""
+        """Searches with the kind and nprobe the generation was written with. Every published
+        generation holds its file (ingest commits even an empty store), so a missing one is an
+        error, not an empty index."""
+        if not (gen / GENERATION_DIR / FILE).is_file():
+            raise VectorIndexError(f"{gen / GENERATION_DIR / FILE}: missing")
         return cls(gen / GENERATION_DIR, dim)
 
     @classmethod
@@ -361,6 +365,10 @@ class FaissIndex(VectorIndex):
         if not ids:
             return np.zeros((0, self.dim), dtype=np.float32)
         return self._vecs[[self._pos[i] for i in ids]]
+
+    def location(self) -> str:
+        """The ``faiss.npz`` file (``in memory`` for a scratch index)."""
+        return str(self.path / FILE) if self.path is not None else "in memory"
 
     def metadata(self, id_: str) -> dict:
         return dict(self._meta.get(id_, {}))

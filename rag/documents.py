@@ -8,24 +8,52 @@ scripts and styles dropped, headings kept as ``#`` lines), .pdf (pypdf), .docx (
 optional extra). Anything that cannot be loaded raises :class:`DocumentError` naming the path
 and the reason; :func:`load_documents` collects those instead of stopping.
 
-Why hand-written: the parsers are libraries (BeautifulSoup, pypdf, python-docx); what is ours is
-the heading extraction for md/rst and the uniform error reporting that ingest needs.
+Every file is loaded within :class:`Limits` (docs/ingestion.md, *Limits*), so one hostile or
+broken file costs bounded time and memory and is reported instead of stalling the run: its size
+on disk (``max_bytes``); for a zip-based format (.docx) the sizes its members declare, their
+compression ratio and the bytes they really expand to, checked before the parser sees them; the
+length of the extracted text (``max_text_chars``: what chunking and embedding cost); and the
+time loading takes (``max_seconds``: checked between the steps of a loader, between pages of a
+PDF, every few thousand tags of an HTML file, so a single library call such as one PDF page is
+not cut short).
+
+Why hand-written: the PDF and Word parsers are libraries (pypdf, python-docx); what is ours is
+the heading extraction for md/rst/html, the limits and the uniform error reporting that ingest
+needs, and the HTML text extraction. HTML is read by a small scanner of our own
+(:func:`_html_events`) that is linear in the text whatever the markup: building BeautifulSoup's
+tree costs time quadratic in the nesting depth (``'<div>' * 100000`` ran past 300 s), and the
+standard library's ``html.parser`` backtracks on malformed tags (``'<a ' * 4000``: 3 s, growing faster than the square) in
+one call no deadline can interrupt. Only text, tag names and where tags end matter here, so the
+scanner keeps a counter of dropped elements and the current heading, not a tree.
 """
 
 from __future__ import annotations
 
+import html
 import logging
 import os
 import re
+import time
 import unicodedata
+import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 TEXT_SUFFIXES = (".md", ".markdown", ".txt", ".rst")
 HTML_SUFFIXES = (".html", ".htm")
-SUPPORTED_SUFFIXES = TEXT_SUFFIXES + HTML_SUFFIXES + (".pdf", ".docx")
+ZIP_SUFFIXES = (".docx",)  # formats that are zip archives (checked by check_zip before parsing)
+SUPPORTED_SUFFIXES = TEXT_SUFFIXES + HTML_SUFFIXES + (".pdf",) + ZIP_SUFFIXES
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
+# The text one file may yield: as much as the largest plain-text file --max-bytes lets in, so a
+# small .docx or .pdf that expands (a 160 KB .docx to 21M characters, an hour of embedding) costs
+# no more than that file would.
+DEFAULT_MAX_TEXT_CHARS = DEFAULT_MAX_BYTES
+DEFAULT_MAX_SECONDS = 120.0  # loading one file (parse + extract text), checked between steps
+ZIP_EXPANSION = 5  # a zip-based file may expand to at most this many times max_bytes in all
+ZIP_MAX_RATIO = 100  # uncompressed / compressed size of one member (text XML: about 5 to 20)
+ZIP_RATIO_FLOOR = 1 << 20  # members expanding to less than 1 MiB are not ratio-checked
 
 
 class DocumentError(Exception):
@@ -35,6 +63,29 @@ class DocumentError(Exception):
         self.path = str(path)
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What loading one file may cost (module docstring); each bound reported when passed."""
+
+    max_bytes: int = DEFAULT_MAX_BYTES  # size on disk
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS  # characters of extracted text
+    max_seconds: float = DEFAULT_MAX_SECONDS  # time to load (parse + extract)
+
+
+class _Deadline:
+    """The time bound of one file, checked between the steps of a loader."""
+
+    def __init__(self, path: Path, seconds: float):
+        self.path, self.seconds = path, seconds
+        self.end = time.monotonic() + seconds
+
+    def check(self) -> None:
+        if time.monotonic() > self.end:
+            raise DocumentError(
+                self.path, f"took longer than {self.seconds:g} s to load (--max-load-seconds)"
+            )
 
 
 @dataclass(frozen=True)
@@ -238,22 +289,123 @@ def _decode(path: Path, data: bytes) -> str:
         ) from None
 
 
-def _load_html(path: Path, data: bytes) -> tuple[str, list[Heading]]:
-    from bs4 import BeautifulSoup
+_HTML_DROPPED = frozenset({"script", "style", "noscript", "template", "svg"})
+_HTML_RAW = ("script", "style")  # raw text: no tag inside counts until the element's end tag
+_HTML_BREAK_AFTER = frozenset({"p", "div", "li", "pre", "tr", "br", "section", "article"})
+_HTML_HEADINGS = {f"h{n}": n for n in range(1, 7)}
+_HTML_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9:_-]*)")
+_HTML_RAW_END = {t: re.compile(rf"</{t}[\s/>]", re.IGNORECASE) for t in _HTML_RAW}
+HTML_CHECK_EVERY = 4096  # tags between two deadline checks
 
-    soup = BeautifulSoup(_decode(path, data), "html.parser")
-    for tag in soup(["script", "style", "noscript", "template", "svg"]):
-        tag.decompose()
-    for tag in soup.find_all(["h1", "h2", "h3", "h4", "h5", "h6"]):
-        title = " ".join(tag.get_text(" ").split())
-        tag.replace_with(f"\n\n{'#' * int(tag.name[1])} {title}\n\n")
-    for tag in soup.find_all(["p", "div", "li", "pre", "tr", "br", "section", "article"]):
-        tag.insert_after("\n")
-    text = clean_text(soup.get_text())
+
+class _Next:
+    """Where the next occurrence of each character is, found once and reused until the scan
+    passes it: the searches of a whole scan together cost one pass over the text, whatever
+    the markup (an unclosed tag or quote is searched for once, not once per ``<``)."""
+
+    def __init__(self, text: str):
+        self.text, self.at = text, {}
+
+    def __call__(self, char: str, start: int) -> int:
+        pos = self.at.get(char)
+        if pos is None or (pos != -1 and pos < start):
+            pos = self.at[char] = self.text.find(char, start)
+        return pos
+
+
+def _tag_end(text: str, start: int, find: _Next) -> int:
+    """Index of the ``>`` that ends the tag whose attributes begin at ``start`` (quoted values
+    may hold ``>``), or -1 when the tag never ends."""
+    pos = start
+    while True:
+        gt = find(">", pos)
+        quotes = [q for q in (find('"', pos), find("'", pos)) if q != -1 and (gt == -1 or q < gt)]
+        if not quotes:
+            return gt
+        q = min(quotes)
+        close = find(text[q], q + 1)
+        if close == -1:  # an unclosed quote: the tag ends at the first '>' (as browsers recover)
+            return gt
+        pos = close + 1
+
+
+def _html_events(text: str, deadline: _Deadline) -> Iterator[tuple[str, str, bool]]:
+    """(kind, value, self-closing) events of an HTML text: ``data`` (entities unescaped),
+    ``start`` and ``end`` (lower-case tag names); comments, declarations and processing
+    instructions are skipped, as are the contents of ``<script>`` and ``<style>``. Linear in
+    the text by construction (module docstring: why not html.parser or BeautifulSoup)."""
+    find, pos, n, count = _Next(text), 0, len(text), 0
+    while pos < n:
+        lt = find("<", pos)
+        if lt == -1:
+            yield "data", html.unescape(text[pos:]), False
+            return
+        if lt > pos:
+            yield "data", html.unescape(text[pos:lt]), False
+        count += 1
+        if count % HTML_CHECK_EVERY == 0:
+            deadline.check()
+        if text.startswith("<!--", lt):
+            end = text.find("-->", lt + 4)
+            pos = n if end == -1 else end + 3
+            continue
+        m = _HTML_TAG.match(text, lt)
+        if m is None:
+            if text.startswith(("<!", "<?"), lt):  # <!DOCTYPE ...>, <?xml ...?>
+                gt = find(">", lt)
+                pos = n if gt == -1 else gt + 1
+            else:  # a '<' that opens no tag is text
+                yield "data", "<", False
+                pos = lt + 1
+            continue
+        gt = _tag_end(text, m.end(), find)
+        if gt == -1:  # a tag that never ends: the rest is not text
+            return
+        tag, closing = m.group(2).lower(), bool(m.group(1))
+        yield ("end" if closing else "start"), tag, text[gt - 1] == "/"
+        pos = gt + 1
+        if not closing and tag in _HTML_RAW and text[gt - 1] != "/":
+            end = _HTML_RAW_END[tag].search(text, pos)
+            pos = n if end is None else end.start()
+
+
+def _html_text(text: str, deadline: _Deadline) -> str:
+    """The text of an HTML document: dropped elements' content skipped (a depth counter, not
+    a tree), a newline after block elements, ``<h1>``–``<h6>`` as ``#`` lines."""
+    parts: list[str] = []
+    dropped = 0  # open elements whose content is dropped
+    heading: tuple[int, list[str]] | None = None  # (level, its text so far)
+    for kind, value, self_closing in _html_events(text, deadline):
+        if kind == "data":
+            if not dropped:
+                (heading[1] if heading is not None else parts).append(value)
+        elif value in _HTML_DROPPED:
+            if kind == "end":
+                dropped = max(0, dropped - 1)
+            elif not self_closing:
+                dropped += 1
+        elif dropped:
+            continue
+        elif value in _HTML_HEADINGS:
+            if kind == "start" and heading is None:
+                heading = (_HTML_HEADINGS[value], [])
+            elif kind == "end" and heading is not None:
+                title = " ".join(" ".join(heading[1]).split())
+                parts.append(f"\n\n{'#' * heading[0]} {title}\n\n")
+                heading = None
+        elif value in _HTML_BREAK_AFTER and (kind == "end" or value == "br"):
+            (heading[1] if heading is not None else parts).append("\n")
+    if heading is not None:  # a heading never closed: its words are text
+        parts.extend(heading[1])
+    return "".join(parts)
+
+
+def _load_html(path: Path, data: bytes, deadline: _Deadline) -> tuple[str, list[Heading]]:
+    text = clean_text(_html_text(_decode(path, data), deadline))
     return text, markdown_headings(text)
 
 
-def _load_pdf(path: Path) -> tuple[str, list[Heading]]:
+def _load_pdf(path: Path, limits: Limits, deadline: _Deadline) -> tuple[str, list[Heading]]:
     # pypdf logs its repairs of damaged files ("Ignoring wrong pointing object ...") as
     # warnings; without a handler Python prints them on stderr between ingest's own one-line
     # failure reports. A file it cannot read still raises and is reported once, by us.
@@ -263,25 +415,82 @@ def _load_pdf(path: Path) -> tuple[str, list[Heading]]:
 
     try:
         reader = PdfReader(str(path))
-        pages = [page.extract_text() or "" for page in reader.pages]
+        pages, chars = [], 0
+        for page in reader.pages:
+            deadline.check()
+            pages.append(page.extract_text() or "")
+            chars += len(pages[-1])
+            if chars > limits.max_text_chars:
+                _too_long(path, limits)
     except (PdfReadError, ValueError, KeyError, TypeError) as e:
         raise DocumentError(path, f"unreadable PDF ({e})") from None
     return clean_text("\n\n".join(pages)), []
 
 
-def _load_docx(path: Path) -> tuple[str, list[Heading]]:
+def check_zip(path: Path, max_bytes: int) -> None:
+    """Refuse a zip-based file (.docx) that would expand beyond what its size justifies, before
+    any parser opens it: the sizes its members declare (in all at most :data:`ZIP_EXPANSION`
+    times ``max_bytes``, each at most :data:`ZIP_MAX_RATIO` times its compressed size), then the
+    bytes each really expands to, read in blocks and counted (a member that expands beyond what
+    it declares fails its CRC check and is refused too). Why: python-docx parses the whole
+    ``word/document.xml`` in memory, about 7 bytes of memory per byte of XML, so a 3.4 MB file
+    that expands to 1.16 GB took 8.6 GB before anything was reported."""
+    limit = ZIP_EXPANSION * max_bytes
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = z.infolist()
+            declared = sum(m.file_size for m in members)
+            if declared > limit:
+                raise DocumentError(
+                    path,
+                    f"zip bomb suspected: members declare {declared:,} bytes uncompressed "
+                    f"(> {ZIP_EXPANSION} x --max-bytes = {limit:,})",
+                )
+            for m in members:
+                ratio = m.file_size / max(m.compress_size, 1)
+                if m.file_size >= ZIP_RATIO_FLOOR and ratio > ZIP_MAX_RATIO:
+                    raise DocumentError(
+                        path,
+                        f"zip bomb suspected: member {m.filename} expands {ratio:,.0f} times "
+                        f"({m.compress_size:,} -> {m.file_size:,} bytes; limit {ZIP_MAX_RATIO})",
+                    )
+            total = 0
+            for m in members:
+                with z.open(m) as f:
+                    while block := f.read(1 << 20):
+                        total += len(block)
+                        if total > limit:
+                            raise DocumentError(
+                                path,
+                                f"zip bomb suspected: members expand beyond {limit:,} bytes",
+                            )
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        NotImplementedError,
+        EOFError,
+        RuntimeError,
+        zlib.error,
+    ) as e:  # a bad CRC, a corrupt stream, an encrypted or unknown member
+        raise DocumentError(path, f"unreadable zip archive ({e})") from None
+
+
+def _load_docx(path: Path, limits: Limits, deadline: _Deadline) -> tuple[str, list[Heading]]:
     try:
         import docx
     except ImportError:
         raise DocumentError(
             path, "reading .docx needs the 'docx' extra (pip install python-docx)"
         ) from None
+    check_zip(path, limits.max_bytes)
+    deadline.check()
     try:
         document = docx.Document(str(path))
     except Exception as e:  # python-docx raises several unrelated types for corrupt files
         raise DocumentError(path, f"unreadable .docx ({e})") from None
     parts, headings, offset = [], [], 0
     for para in document.paragraphs:
+        deadline.check()
         text = para.text.strip()
         if not text:
             continue
@@ -290,29 +499,44 @@ def _load_docx(path: Path) -> tuple[str, list[Heading]]:
             headings.append(Heading(offset, int(style[-1]), text))
         parts.append(text)
         offset += len(text) + 2
+        if offset > limits.max_text_chars:
+            _too_long(path, limits)
     return "\n\n".join(parts), headings
 
 
-def load_document(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Document:
-    """Load one file into a :class:`Document`; raise :class:`DocumentError` saying why not."""
+def _too_long(path: Path, limits: Limits) -> None:
+    raise DocumentError(
+        path,
+        f"extracted text too long (more than {limits.max_text_chars:,} characters; "
+        "--max-text-chars)",
+    )
+
+
+def load_document(
+    path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, limits: Limits | None = None
+) -> Document:
+    """Load one file into a :class:`Document` within ``limits`` (default: :class:`Limits` with
+    ``max_bytes``); raise :class:`DocumentError` saying why not."""
     path = Path(path)
+    limits = limits or Limits(max_bytes=max_bytes)
+    deadline = _Deadline(path, limits.max_seconds)
     try:
         size = path.stat().st_size
         if path.is_dir():
             raise DocumentError(path, "is a directory")
-        if size > max_bytes:
-            raise DocumentError(path, f"too large ({size:,} bytes > limit {max_bytes:,})")
+        if size > limits.max_bytes:
+            raise DocumentError(path, f"too large ({size:,} bytes > limit {limits.max_bytes:,})")
         if size == 0:
             raise DocumentError(path, "empty file")
         suffix = _suffix_of(path)
         if suffix == ".pdf":
-            text, headings = _load_pdf(path)
+            text, headings = _load_pdf(path, limits, deadline)
         elif suffix == ".docx":
-            text, headings = _load_docx(path)
+            text, headings = _load_docx(path, limits, deadline)
         else:
             data = path.read_bytes()
             if suffix in HTML_SUFFIXES:
-                text, headings = _load_html(path, data)
+                text, headings = _load_html(path, data, deadline)
             elif suffix in TEXT_SUFFIXES:
                 text = clean_text(_decode(path, data))
                 headings = rst_headings(text) if suffix == ".rst" else markdown_headings(text)
@@ -325,6 +549,9 @@ def load_document(path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Docum
         raise DocumentError(path, reason) from None
     if not text.strip():
         raise DocumentError(path, "no text (empty after cleaning)")
+    if len(text) > limits.max_text_chars:
+        _too_long(path, limits)
+    deadline.check()
     return Document(path=str(path), text=text, headings=headings)
 
 

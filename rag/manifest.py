@@ -20,16 +20,26 @@ then replaces ``CURRENT``: a crash at any moment leaves the previous generation 
 For Chroma the manifest is the source of truth; ingest reconciles the collection with it.
 
 Garbage collection (the rule readers rely on): after a publication the live generation and the
-one before it stay on disk (:data:`KEEP_GENERATIONS`), and a vector store every generation
-shares keeps every id either one names (:func:`kept_chunk_ids`). So a long-lived reader (a
-``rag.serve`` replica, the UI) still searching the previous generation finds it whole, on disk
-and in the store, until the *next* publication; it switches at its next query
-(:class:`rag.retrieval.retriever.Retriever`).
+one live before it stay on disk, and a vector store every generation shares keeps every id
+either one names (:func:`kept_chunk_ids`). So a long-lived reader (a ``rag.serve`` replica, the
+UI) still searching the previous generation finds it whole, on disk and in the store, until the
+*next* publication; it switches at its next query (:class:`rag.retrieval.retriever.Retriever`).
+The newest complete generation is never removed either, whatever ``CURRENT`` says (after a crash
+between the rename and the pointer, or a hand-edited pointer), and a new generation is numbered
+after every one on disk, so publishing never replaces a folder.
+
+Integrity: ``CURRENT`` must hold one ``gen-NNNNNN`` name of a folder directly inside the index
+(:func:`current_generation`); anything else (empty, ``../other/gen-000001``, a missing folder) is
+an :class:`IndexIntegrityError` naming the index and the file, and nothing is deleted. Each
+generation's manifest records the size and SHA-256 of every other file in it (``files``, written
+at publication); opening checks the sizes (a ``stat`` per file) and the chunk store against the
+manifest, :func:`verify_generation` (``rag.search --verify``) the checksums too.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -45,11 +55,23 @@ from rag.types import Chunk
 
 MANIFEST_VERSION = 1
 CURRENT = "CURRENT"
-KEEP_GENERATIONS = 2  # the live generation and the one before it (readers may still use it)
+MANIFEST = "manifest.json"
+CHUNKS = "chunks.jsonl"
+GENERATION_NAME = re.compile(r"gen-(\d{6,})")  # what CURRENT may hold, and every generation's name
+POINTER_READS = 3  # reads of CURRENT when the generation it names vanished (two publications)
 
 
 class IndexNotFoundError(FileNotFoundError):
     """No ingested index at the given name or path."""
+
+
+class IndexIntegrityError(OSError):
+    """An index whose files are not what was published (a bad ``CURRENT``, a missing, truncated
+    or altered file); the message names the index and the file. An OSError: exit status 2
+    (rag.cli), the command cannot run on this index as it is."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 @dataclass
@@ -74,6 +96,9 @@ class Manifest:
     chunking: dict[str, int] = field(default_factory=dict)  # chunk_tokens, overlap, max_tokens
     sources: dict[str, SourceEntry] = field(default_factory=dict)  # absolute path -> entry
     roots: list[str] = field(default_factory=list)  # folders/files given to ingest so far
+    # every other file of the generation (relative path -> {"size", "sha256"}), recorded at
+    # publication; empty for generations written before it was (nothing to check)
+    files: dict[str, dict[str, Any]] = field(default_factory=dict)
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> str:
@@ -106,14 +131,69 @@ def collection_name(index: str | Path) -> str:
     return f"rag-{name}"[:63].rstrip("._-")
 
 
+def _number(gen: Path) -> int:
+    return int(gen.name.split("-")[1])
+
+
+def generations(root: Path) -> list[Path]:
+    """The generation folders of ``root`` (valid ``gen-NNNNNN`` names), oldest first."""
+    gens = [p for p in root.glob("gen-*") if GENERATION_NAME.fullmatch(p.name) and p.is_dir()]
+    return sorted(gens, key=_number)
+
+
+def is_complete(gen: Path) -> bool:
+    """Whether ``gen`` holds what every published generation holds (its manifest and chunks)."""
+    return (gen / MANIFEST).is_file() and (gen / CHUNKS).is_file()
+
+
+def newest_complete(root: Path) -> Path | None:
+    """The newest complete generation on disk, whatever ``CURRENT`` says."""
+    return next((g for g in reversed(generations(root)) if is_complete(g)), None)
+
+
+def _pointer_error(root: Path, problem: str) -> IndexIntegrityError:
+    newest = newest_complete(root)
+    hint = (
+        f"; the newest complete generation is {newest.name} "
+        f"(echo {newest.name} > {root / CURRENT} restores it)"
+        if newest is not None
+        else ""
+    )
+    return IndexIntegrityError(f"index {root}: {root / CURRENT}: {problem}{hint}")
+
+
 def current_generation(root: Path) -> Path | None:
-    """The live generation folder, or None for an index never committed."""
-    try:
-        name = (root / CURRENT).read_text().strip()
-    except FileNotFoundError:
-        return None
-    gen = root / name
-    return gen if gen.is_dir() else None
+    """The live generation folder, or None for an index never committed (no ``CURRENT``).
+
+    ``CURRENT`` must hold a ``gen-NNNNNN`` name of a folder directly inside ``root``, else
+    :class:`IndexIntegrityError` naming the file: an empty pointer, a path
+    (``../other/gen-000001``: one index serving another's generation) or a name whose folder
+    is missing would otherwise read as "no index yet", and the next ingest would number its
+    generation 1 and garbage-collect the intact ones."""
+    pointer = root / CURRENT
+    for _ in range(POINTER_READS):
+        try:
+            raw = pointer.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise _pointer_error(root, f"unreadable ({e.strerror or e})") from None
+        name = raw.decode("utf-8", "replace").strip()
+        if not GENERATION_NAME.fullmatch(name):
+            shown = repr(name[:80]) if name else "empty"
+            raise _pointer_error(root, f"does not name a generation ({shown}; expected gen-NNNNNN)")
+        gen = root / name
+        if gen.is_symlink() or (gen.exists() and gen.resolve().parent != root.resolve()):
+            raise _pointer_error(root, f"{name} is a link out of the index")
+        if gen.is_dir():
+            return gen
+        try:  # published over twice while we read: read the pointer again
+            if pointer.read_bytes() != raw:
+                continue
+        except FileNotFoundError:
+            return None
+        break
+    raise _pointer_error(root, f"names {name}, which is not a folder of the index")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -125,9 +205,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def new_generation(root: Path) -> Path:
-    """A fresh hidden temporary folder for the next generation."""
+    """A fresh hidden temporary folder for the next generation, numbered after every generation
+    on disk (not only the live one), so its publication never replaces a folder."""
     current = current_generation(root)
-    n = int(current.name.split("-")[1]) + 1 if current else 1
+    numbers = [_number(g) for g in generations(root)] + ([_number(current)] if current else [])
+    n = max(numbers, default=0) + 1
     tmp = root / f".gen-{n:06d}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -135,12 +217,14 @@ def new_generation(root: Path) -> Path:
 
 
 def publish_generation(root: Path, tmp: Path, checkpoint=lambda name: None) -> Path:
-    """Rename ``tmp`` into place and point CURRENT at it (the commit point), then drop all but
-    the previous generation (kept so a reader that has just read CURRENT, or is still searching
-    the generation it loaded, can go on using it)."""
+    """Rename ``tmp`` into place and point CURRENT at it (the commit point), then drop the
+    generations no reader needs (:func:`clean_stale`; the one live until now is kept, so a
+    reader that has just read CURRENT, or is still searching the generation it loaded, can go
+    on using it)."""
     final = root / tmp.name.split(".tmp-")[0].lstrip(".")
-    if final.exists():  # left by a run that crashed before updating CURRENT
-        shutil.rmtree(final)
+    if final.exists():  # new_generation numbers past every folder: something else made it
+        raise IndexIntegrityError(f"index {root}: {final} appeared during the ingest; not replaced")
+    previous = current_generation(root)
     for f in tmp.rglob("*"):  # durable against power loss too, not only process death
         if f.is_file():
             with open(f, "rb") as fh:
@@ -156,34 +240,48 @@ def publish_generation(root: Path, tmp: Path, checkpoint=lambda name: None) -> P
     os.replace(pointer, root / CURRENT)
     _fsync_dir(root)
     checkpoint("after-pointer")
-    clean_stale(root)
+    clean_stale(root, previous=previous)
     return final
 
 
-def clean_stale(root: Path, keep: int = KEEP_GENERATIONS) -> None:
-    """Remove temporary folders of crashed runs and generations older than the last ``keep``."""
+def kept_generations(root: Path, previous: Path | None = None) -> list[Path]:
+    """The generations garbage collection keeps: the live one, the one live before it
+    (``previous``; unknown: the newest older than the live one) and the newest complete one.
+    Empty for an index never committed. Raises :class:`IndexIntegrityError` for a bad
+    ``CURRENT`` (so nothing is collected on its word)."""
     current = current_generation(root)
+    if current is None:
+        return []
+    gens = generations(root)
+    if previous is None:
+        previous = next((g for g in reversed(gens) if _number(g) < _number(current)), None)
+    keep = [current, previous, newest_complete(root)]
+    return [g for g in gens if g in keep]
+
+
+def clean_stale(root: Path, previous: Path | None = None) -> None:
+    """Remove temporary folders of crashed runs and the generations :func:`kept_generations`
+    does not keep (older ones, and newer ones that are incomplete). A bad ``CURRENT`` raises
+    before anything is removed; an index never committed loses its temporary folders only."""
+    kept = kept_generations(root, previous)
     for p in root.glob(".*.tmp-*"):
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
-    gens = sorted(p for p in root.glob("gen-*") if p.is_dir())
-    if current is None:
+    if not kept:
         return
-    older = [g for g in gens if g.name < current.name]
-    for g in older[: max(0, len(older) - (keep - 1))]:
-        shutil.rmtree(g, ignore_errors=True)
-    for g in gens:
-        if g.name > current.name:  # renamed into place but never made current
+    for g in generations(root):
+        if g not in kept:
             shutil.rmtree(g, ignore_errors=True)
 
 
 def kept_chunk_ids(root: Path) -> set[str]:
-    """Chunk ids named by any published generation still on disk (after :func:`clean_stale`:
-    the live one and the one before it). A store all generations share must keep these, so a
+    """Chunk ids named by the published generations still on disk that a reader may search
+    (after :func:`clean_stale`: the live one and the one before it; a newer one kept only as
+    the newest complete was never live). A store all generations share must keep these, so a
     reader still on the previous generation never misses a vector it names."""
     current = current_generation(root)
     ids: set[str] = set()
-    for gen in sorted(root.glob("gen-*")):
-        if current is None or gen.name > current.name or not gen.is_dir():
+    for gen in generations(root):
+        if current is None or _number(gen) > _number(current):
             continue  # never published: its ids are no reader's
         try:
             ids |= read_manifest(gen).chunk_ids()
@@ -205,16 +303,33 @@ def ingest_lock(root: Path) -> Iterator[None]:
         yield
 
 
+def _bad_json(gen: Path, file: Path, e: Exception) -> IndexIntegrityError:
+    return IndexIntegrityError(f"index {gen.parent}: {file}: not what was published ({e})")
+
+
 def read_manifest(gen: Path) -> Manifest:
-    return Manifest.from_json((gen / "manifest.json").read_text())
+    """The manifest of ``gen``; FileNotFoundError when it is gone, IndexIntegrityError naming
+    the file when it is not a manifest (truncated, altered)."""
+    file = gen / MANIFEST
+    text = file.read_text(encoding="utf-8", errors="replace")
+    try:
+        return Manifest.from_json(text)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise _bad_json(gen, file, e) from None
 
 
 def read_chunks(gen: Path) -> dict[str, Chunk]:
+    """The chunk store of ``gen`` by id (IndexIntegrityError naming the file and line for a
+    line that is not a chunk)."""
     chunks = {}
-    with open(gen / "chunks.jsonl", encoding="utf-8") as f:
-        for line in f:
+    file = gen / CHUNKS
+    with open(file, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, start=1):
             if line.strip():
-                c = Chunk.from_dict(json.loads(line))
+                try:
+                    c = Chunk.from_dict(json.loads(line))
+                except (ValueError, TypeError, KeyError, AttributeError) as e:
+                    raise _bad_json(gen, file, f"line {n}: {e}") from None
                 chunks[c.id] = c
     return chunks
 
@@ -224,16 +339,93 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def write_chunks(gen: Path, chunks: dict[str, Chunk]) -> None:
-    with open(gen / "chunks.jsonl", "w", encoding="utf-8") as f:
+    with open(gen / CHUNKS, "w", encoding="utf-8") as f:
         for cid in sorted(chunks):
             f.write(json.dumps(chunks[cid].to_dict(), ensure_ascii=False) + "\n")
 
 
-def open_generation(index: str | Path) -> tuple[Path, Path, Manifest]:
-    """(index root, live generation, manifest) or IndexNotFoundError naming the index."""
+# ---------------------------------------------------------------------------- integrity
+
+
+def file_hash(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks (sources in the manifest, and the
+    generation's own files)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def file_records(gen: Path) -> dict[str, dict[str, Any]]:
+    """Size and SHA-256 of every file of ``gen`` but its manifest (which stores them), by path
+    relative to ``gen``: what :func:`check_generation` compares against."""
+    return {
+        f.relative_to(gen).as_posix(): {"size": f.stat().st_size, "sha256": file_hash(f)}
+        for f in sorted(gen.rglob("*"))
+        if f.is_file() and f.name != MANIFEST
+    }
+
+
+def check_generation(root: Path, gen: Path, manifest: Manifest, checksums: bool = False) -> None:
+    """Raise :class:`IndexIntegrityError` naming the index and the first file of ``gen`` that is
+    missing or differs from what its manifest recorded at publication: by size always (one
+    ``stat`` a file), by SHA-256 too with ``checksums``. A generation whose folder is gone
+    raises FileNotFoundError instead (removed by a publication meanwhile: read CURRENT again)."""
+    for rel, rec in sorted(manifest.files.items()):
+        file = gen / rel
+        try:
+            size = file.stat().st_size
+        except FileNotFoundError:
+            if not gen.is_dir():
+                raise
+            raise IndexIntegrityError(f"index {root}: {file}: missing") from None
+        if size != rec["size"]:
+            raise IndexIntegrityError(
+                f"index {root}: {file}: {size:,} bytes, {rec['size']:,} when published "
+                "(truncated or replaced)"
+            )
+        if checksums and file_hash(file) != rec["sha256"]:
+            raise IndexIntegrityError(
+                f"index {root}: {file}: checksum differs from the one recorded at publication"
+            )
+
+
+def check_chunks(root: Path, gen: Path, manifest: Manifest, chunks: dict[str, Chunk]) -> None:
+    """The chunk store holds exactly the chunks the manifest's sources name (checked on every
+    opening, also for generations that recorded no file sizes)."""
+    named = manifest.chunk_ids()
+    if set(chunks) != named:
+        lost, extra = len(named - set(chunks)), len(set(chunks) - named)
+        raise IndexIntegrityError(
+            f"index {root}: {gen / CHUNKS}: {lost} chunk(s) the manifest names are missing, "
+            f"{extra} it does not name are present"
+        )
+
+
+def verify_generation(index: str | Path) -> tuple[Path, Path, int]:
+    """Check the live generation of ``index`` fully: the pointer, every recorded file's size and
+    SHA-256, the chunk store against the manifest. Returns (root, generation, files checked);
+    raises :class:`IndexIntegrityError` (or IndexNotFoundError) naming the index and file."""
+    root, gen, manifest = open_generation(index, checksums=True)
+    check_chunks(root, gen, manifest, read_chunks(gen))
+    return root, gen, len(manifest.files)
+
+
+def open_generation(index: str | Path, checksums: bool = False) -> tuple[Path, Path, Manifest]:
+    """(index root, live generation, manifest) or IndexNotFoundError naming the index; the
+    generation's files are checked against its manifest (:func:`check_generation`: sizes, and
+    with ``checksums`` their SHA-256)."""
     root = index_dir(index)
     gen = current_generation(root)
     if gen is None:
         how = f"--index-dir {root}" if isinstance(index, Path) else f"--index {index}"
         raise IndexNotFoundError(f"no index at {root} (run: python -m rag.ingest DOCS {how})")
-    return root, gen, read_manifest(gen)
+    try:
+        manifest = read_manifest(gen)
+    except FileNotFoundError:
+        if not gen.is_dir():
+            raise  # removed by a publication meanwhile: the caller reads CURRENT again
+        raise IndexIntegrityError(f"index {root}: {gen / MANIFEST}: missing") from None
+    check_generation(root, gen, manifest, checksums)
+    return root, gen, manifest

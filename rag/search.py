@@ -2,11 +2,14 @@
 
 ``python -m rag.search "query" [--index NAME | --index-dir PATH] [--k 10]
 [--mode dense|bm25|hybrid] [--where path=GLOB|type=T ...] [--rerank auto|none|DIR]
-[--rerank-depth N] [--json]``
+[--rerank-depth N] [--verify] [--json]``
 
 Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview);
 ``--json`` prints the hits as JSON on stdout (logs stay on stderr). Any failure is one line on
-stderr; exit status 2 for a bad flag, name or path (see :mod:`rag.cli`). The retrieval flags are
+stderr; exit status 2 for a bad flag, name or path (see :mod:`rag.cli`) and for a damaged index:
+every opening checks the index's pointer, its files' sizes and its chunk and vector stores, and
+``--verify`` also every file's SHA-256 against the one recorded at publication
+(:func:`rag.manifest.verify_generation`), before searching. The retrieval flags are
 RAGConfig's (same names, help and value sets as ``rag.ask``), with 10 hits by default.
 """
 
@@ -69,6 +72,12 @@ def build_parser() -> OneLineParser:
             "rerank_weight": {"metavar": "W"},
         },
     )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="first check every file of the index against the SHA-256 recorded when it was "
+        "published (a mismatch: one line naming the file, exit 2)",
+    )
     p.add_argument("--json", action="store_true", help="print hits as JSON on stdout")
     return p
 
@@ -79,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     index = Path(args.index_dir) if args.index_dir else args.index
+    if args.verify:
+        from rag.manifest import verify_generation
+
+        _, gen, n = verify_generation(index)
+        print(f"verified {n} files of {str(index)!r} ({gen.name})", file=sys.stderr)
     settings = RetrievalSettings.from_config(args)  # the flags are RAGConfig's retrieval fields
     retriever = Retriever.from_settings(index, settings)
     hits = retriever.search(args.query)

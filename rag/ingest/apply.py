@@ -30,10 +30,15 @@ from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
 from rag.ingest.config import IngestConfig, IngestReport, effective_chunking, validate_config
 from rag.ingest.plan import EncoderHandle, plan_changes
 from rag.manifest import (
+    CURRENT,
+    MANIFEST,
     Manifest,
+    check_chunks,
+    check_generation,
     clean_stale,
     collection_name,
     current_generation,
+    file_records,
     ingest_lock,
     kept_chunk_ids,
     new_generation,
@@ -95,9 +100,9 @@ def ingest_config(cfg: IngestConfig) -> IngestReport:
         try:
             report = _ingest_locked(cfg, root, t0)
         except BaseException:
-            # Only a folder this run created and never published into (current_generation None
-            # also rules out a concurrent first run that got there before us and finished).
-            if created is not None and current_generation(root) is None:
+            # Only a folder this run created and never published into (no CURRENT also rules
+            # out a concurrent first run that got there before us and finished).
+            if created is not None and not (root / CURRENT).exists():
                 _remove_created(root, created)
             raise
     with open(root / "ingest_log.jsonl", "a") as f:
@@ -116,9 +121,11 @@ def ingest_config(cfg: IngestConfig) -> IngestReport:
 def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
     """The run proper, under the index's lock: plan, embed, write, publish."""
     report = IngestReport(index=cfg.label())
-    clean_stale(root)
+    clean_stale(root)  # a bad CURRENT raises here, before anything is removed or written
     gen = current_generation(root)
     old = read_manifest(gen) if gen else None
+    if gen is not None:  # never build on a damaged generation (rag.manifest, *Integrity*)
+        check_generation(root, gen, old)
     _resolve_backend(cfg, old)
     encoder = EncoderHandle(cfg, old, cfg.label())
     if encoder.auto_note:  # printed by rag.ingest: a new index says which encoder auto chose
@@ -151,6 +158,8 @@ def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine) -> Ingest
     plan = plan_changes(cfg, old, chunking, encoder, report, engine=engine)
     report.timings["load_chunk"] = time.perf_counter() - t0
     chunks = read_chunks(gen) if gen else {}
+    if gen is not None:
+        check_chunks(root, gen, old, chunks)
     drop = {i for s in plan.drop_sources for i in old.sources[s].chunk_ids} if old else set()
     new_ids = {c.id for c in plan.new_chunks}
     for cid in drop - new_ids:
@@ -233,8 +242,9 @@ def _write_generation(cfg, root, tmp, manifest, chunks, vindex, todo, vectors, d
     BM25Index(ids, [chunks[i].text for i in ids]).save(tmp / "bm25")
     _checkpoint("after-bm25")
     write_chunks(tmp, chunks)
-    (tmp / "manifest.json").write_text(manifest.to_json())
     write_json(tmp / "run.json", asdict(cfg))
+    manifest.files = file_records(tmp)  # checked at every opening (rag.manifest, *Integrity*)
+    (tmp / MANIFEST).write_text(manifest.to_json())
     _checkpoint("before-publish")
     final = publish_generation(root, tmp, _checkpoint)
     return final.name

@@ -43,7 +43,9 @@ INGEST_HELP = {
     "AMX, and on GPUs); int8 = quantised CPU encoder; auto = bf16 where it runs fast, else fp32",
     "encoder_backend": "encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
     "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
-    "max_bytes": "skip larger files",
+    "max_bytes": "skip larger files (a .docx may expand to 5 times this in all)",
+    "max_text_chars": "skip a file whose extracted text is longer (bounds chunking and embedding)",
+    "max_load_seconds": "skip a file that takes longer to load (checked between a loader's steps)",
     "engine": "local: this process; ray: Ray Data chunks, --workers encoder actors embed "
     "(the `ray` extra)",
     "ray_address": "Ray cluster (default: start a local one)",

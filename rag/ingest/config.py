@@ -19,7 +19,7 @@ from typing import Any
 
 from indexes import BACKENDS, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
-from rag.documents import DEFAULT_MAX_BYTES
+from rag.documents import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, DEFAULT_MAX_TEXT_CHARS, Limits
 from rag.manifest import CURRENT, index_dir
 from rag.models import default_encoder, resolve_model
 from rag.precision import PRECISION_SETTINGS
@@ -101,6 +101,12 @@ class IngestConfig:
     faiss_kind: str | None = None
     faiss_nprobe: int | None = None  # IVF lists searched per query; None: the index's, else 16
     max_bytes: int = DEFAULT_MAX_BYTES  # larger files are reported and skipped
+    # a file whose extracted text is longer is reported and skipped: bounds chunking and
+    # embedding (a 160 KB .docx can expand to 21M characters, an hour of embedding)
+    max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
+    # a file that takes longer to load (parse + extract text) is reported and skipped; checked
+    # between a loader's steps (PDF pages, HTML slices, .docx paragraphs)
+    max_load_seconds: float = DEFAULT_MAX_SECONDS
     follow_links: bool = False  # read links that leave the folder, walk linked folders
     progress: bool = True  # progress on stderr (rag.progress: a bar on a terminal, else lines)
     engine: str = "local"  # local (this process) | ray (Ray Data chunks, encoder actors embed)
@@ -110,6 +116,10 @@ class IngestConfig:
     def root(self) -> Path:
         """The index folder: ``index_dir`` as given, else the checked name under $RAG_HOME."""
         return index_dir(Path(self.index_dir) if self.index_dir else self.index)
+
+    def limits(self) -> Limits:
+        """What loading one file may cost (rag.documents.Limits)."""
+        return Limits(self.max_bytes, self.max_text_chars, self.max_load_seconds)
 
     def label(self) -> str:
         """How reports and messages name the index."""
@@ -180,8 +190,13 @@ def validate_config(cfg: IngestConfig) -> Path:
     if not cfg.paths:
         raise ValueError("no documents given (DOCS ...)")
     check_chunking(cfg.chunk_tokens, cfg.overlap)
-    if cfg.max_bytes < 1:
-        raise ValueError(f"--max-bytes must be positive, not {cfg.max_bytes}")
+    for flag, value in (
+        ("--max-bytes", cfg.max_bytes),
+        ("--max-text-chars", cfg.max_text_chars),
+        ("--max-load-seconds", cfg.max_load_seconds),
+    ):
+        if not value > 0:
+            raise ValueError(f"{flag} must be positive, not {value}")
     for flag, value, allowed in (
         ("--backend", cfg.backend, (None, *BACKENDS)),
         ("--precision", cfg.precision, PRECISION_SETTINGS),

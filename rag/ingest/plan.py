@@ -8,7 +8,6 @@ run's settings, their checks and its report are :mod:`rag.ingest.config`.
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import time
@@ -17,23 +16,15 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rag.chunking import chunk_document
-from rag.documents import DocumentError, iter_files, load_document
+from rag.documents import DocumentError, Limits, iter_files, load_document
 from rag.ingest.config import IngestConfig, IngestReport, same_chunking
-from rag.manifest import Manifest, SourceEntry
+from rag.manifest import Manifest, SourceEntry, file_hash
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
 from rag.progress import track
 from rag.retrieval.encoder import Encoder, weights_fingerprint
 from rag.types import Chunk
 
 log = logging.getLogger("rag.ingest")
-
-
-def file_hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def os_reason(e: OSError, path: Path) -> str:
@@ -76,9 +67,10 @@ class ChunkEngine(Protocol):
     def chunk(self, files: list[PendingFile], chunking: dict) -> dict[str, list[Chunk] | str]: ...
 
 
-def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, max_bytes: int) -> list[Chunk]:
-    """Load and chunk one file, as every engine does (raises DocumentError / OSError)."""
-    doc = load_document(path, max_bytes=max_bytes)
+def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, limits: Limits) -> list[Chunk]:
+    """Load and chunk one file within ``limits``, as every engine does (raises DocumentError /
+    OSError)."""
+    doc = load_document(path, limits=limits)
     doc.path = key
     chunks = chunk_document(
         doc, tokenizer, chunking["chunk_tokens"], chunking["overlap"], chunking["max_tokens"]
@@ -162,7 +154,7 @@ def plan_changes(
             if engine is not None:
                 pending.append(todo)
                 continue
-            chunks = chunk_file(path, key, encoder.get().tokenizer, chunking, cfg.max_bytes)
+            chunks = chunk_file(path, key, encoder.get().tokenizer, chunking, cfg.limits())
         except DocumentError as e:
             _record_failure(plan, report, sources, key, e.reason, shown=e.path)
             continue

@@ -53,13 +53,13 @@ def local_cluster_cpus(workers: int, machine: int) -> int:
     return max(machine, workers + 1)
 
 
-def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, max_bytes: int) -> list[dict]:
+def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, limits: Any) -> list[dict]:
     """Ray Data ``flat_map``: one file in, its chunks out (or one row carrying the failure)."""
     from rag.documents import DocumentError
 
     key = row["key"]
     try:
-        chunks = chunk_file(Path(key), key, tokenizer, chunking, max_bytes)
+        chunks = chunk_file(Path(key), key, tokenizer, chunking, limits)
     except DocumentError as e:
         return [{"key": key, "pos": 0, "error": e.reason, "chunk": "", "text": ""}]
     except OSError as e:
@@ -253,7 +253,7 @@ class RayEngine:
             fn_kwargs={
                 "tokenizer": self.encoder.get().tokenizer,
                 "chunking": dict(chunking),
-                "max_bytes": self.cfg.max_bytes,
+                "limits": self.cfg.limits(),
             },
             num_cpus=1,
             runtime_env={"env_vars": self._env()},

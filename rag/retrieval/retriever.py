@@ -22,7 +22,14 @@ from typing import Any
 
 from indexes import VectorIndex, load_generation, scratch_index
 from rag.documents import document_type
-from rag.manifest import Manifest, current_generation, open_generation, read_chunks
+from rag.manifest import (
+    IndexIntegrityError,
+    Manifest,
+    check_chunks,
+    current_generation,
+    open_generation,
+    read_chunks,
+)
 from rag.paths import display_source
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.embedding_cache import EmbeddingCache
@@ -274,10 +281,29 @@ class Retriever:
         return self._read_once()
 
     def _read_once(self) -> Snapshot:
+        """Load the live generation, checked (:mod:`rag.manifest`, *Integrity*): its files'
+        sizes, its chunk store against the manifest, and a store of its own holding exactly
+        its chunks' vectors, so a lost or foreign vector file is an error naming it rather
+        than a dense search that quietly finds nothing (hybrid silently BM25 only)."""
         root, gen, m = open_generation(self.index)
         chunks: dict[str, Chunk] = read_chunks(gen)
+        check_chunks(root, gen, m, chunks)
         vectors = generation_vectors(root, gen, m)
-        bm25 = BM25Index.load(gen / "bm25")
+        if not vectors.shared_store and set(vectors.ids()) != set(chunks):
+            where, n = vectors.location(), vectors.count()
+            vectors.close()
+            raise IndexIntegrityError(
+                f"index {root}: {where}: its {n} vectors are not those of the generation's "
+                f"{len(chunks)} chunks (lost, or taken from another index)"
+            )
+        try:
+            bm25 = BM25Index.load(gen / "bm25")
+        except FileNotFoundError:
+            if not gen.is_dir():
+                raise
+            raise IndexIntegrityError(f"index {root}: {gen / 'bm25'}: files missing") from None
+        except (ValueError, KeyError, TypeError, OSError) as e:
+            raise IndexIntegrityError(f"index {root}: {gen / 'bm25'}: unreadable ({e})") from None
         # a store every generation shares may hold ids this generation does not name
         keep = chunks.__contains__ if vectors.shared_store else None
         engine = SearchEngine(
