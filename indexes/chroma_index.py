@@ -180,13 +180,34 @@ class ChromaIndex(VectorIndex):
         n = self.count() if wanted is None else len(wanted)
         if n == 0 or k <= 0:
             return [[] for _ in range(len(queries))]
-        res = self._col.query(
-            query_embeddings=queries, n_results=min(k, n), ids=wanted, include=["distances"]
-        )
+        try:
+            res = self._col.query(
+                query_embeddings=queries, n_results=min(k, n), ids=wanted, include=["distances"]
+            )
+        except Exception:  # noqa: BLE001 - Chroma refuses an id filter naming an unknown id
+            if wanted is None:
+                raise
+            wanted = self._known(wanted)
+            if not wanted:
+                return [[] for _ in range(len(queries))]
+            res = self._col.query(
+                query_embeddings=queries,
+                n_results=min(k, len(wanted)),
+                ids=wanted,
+                include=["distances"],
+            )
         return [
             [(i, 1.0 - float(d)) for i, d in zip(row_ids, row_d)]
             for row_ids, row_d in zip(res["ids"], res["distances"])
         ]
+
+    def _known(self, ids: list[str]) -> list[str]:
+        """Which of ``ids`` the collection holds (a manifest may name ids a lost server or a
+        crash took away), fetched in pages of the client's batch size."""
+        found: set[str] = set()
+        for start in range(0, len(ids), self._max_batch):
+            found.update(self._col.get(ids=ids[start : start + self._max_batch], include=[])["ids"])
+        return [i for i in ids if i in found]
 
     def count(self) -> int:
         return int(self._col.count())

@@ -37,7 +37,7 @@ from urllib.parse import quote, unquote
 import anyio
 from pydantic import Field
 
-from rag.cli import OneLineParser, run_cli
+from rag.cli import OneLineParser, one_line, run_cli
 from rag.config import RAGConfig, add_config_args, check_models, config_from_args
 from rag.dataclass_cli import add_dataclass_args
 from rag.dataclass_cli import config_from_args as options_from_args
@@ -109,12 +109,27 @@ def stitched_text(chunks: Iterable[Any]) -> str:
     return "".join(out)
 
 
+def readable_errors(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """``fn`` with the errors written for people (a bad filter, a missing index or model:
+    ValueError, LookupError, OSError) raised as the SDK's ``ToolError``, whose message the
+    client sees; the SDK hides any other exception's text behind a generic line."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    def call() -> Any:
+        try:
+            return fn()
+        except (ValueError, LookupError, OSError) as e:
+            raise ToolError(one_line(str(e))) from e
+
+    return call
+
+
 def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = None) -> Any:
     """The MCP server over ``config.index``; ``pipeline_factory(config)`` builds the pipeline
     (default :class:`rag.pipeline.RAGPipeline`, loaded on the first call that needs it)."""
     from mcp.server.lowlevel.helper_types import ReadResourceContents
     from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceError
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import Resource
 
     if pipeline_factory is None:
@@ -148,11 +163,13 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
         async def read_resource(self, uri: Any, context: Any = None) -> list[Any]:
             text = str(uri)
             if not text.startswith(URI_PREFIX):
-                raise ResourceError(f"unknown resource {text!r}: documents are {URI_PREFIX}<path>")
+                raise ResourceNotFoundError(
+                    f"unknown resource {text!r}: documents are {URI_PREFIX}<path>"
+                )
             path = unquote(text[len(URI_PREFIX) :])
             found = await anyio.to_thread.run_sync(document_text, path)
             if found is None:
-                raise ResourceError(f"index {index!r} has no document {path!r}")
+                raise ResourceNotFoundError(f"index {index!r} has no document {path!r}")
             body, mime = found
             return [ReadResourceContents(content=body, mime_type=mime)]
 
@@ -198,7 +215,7 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
                 "passages": [passage(h) for h in hits],
             }
 
-        return await anyio.to_thread.run_sync(run)
+        return await anyio.to_thread.run_sync(readable_errors(run))
 
     @server.tool()
     async def ask(
@@ -216,7 +233,7 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
             extra = {"where": list(where)} if where else {}
             return answer_dict(pipeline().answer(question, **extra))
 
-        return await anyio.to_thread.run_sync(run)
+        return await anyio.to_thread.run_sync(readable_errors(run))
 
     server.rag_pipeline = pipeline  # for tests and preloading
     return server

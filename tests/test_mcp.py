@@ -83,7 +83,10 @@ async def round_trip(session: ClientSession, docs: Path) -> None:
 
     answer = structured(await session.call_tool("ask", {"question": "Where do zebras live?"}))
     assert set(answer) == {"answer", "refused", "sources", "answer_span", "generation"}
-    assert isinstance(answer["answer"], str) and answer["answer"]
+    # the tiny decoder's words are noise (often none); the pipeline ran and said what it cited
+    assert isinstance(answer["answer"], str) and isinstance(answer["refused"], bool)
+    assert answer["generation"] == "gen-000001" and answer["answer_span"] is None  # no reader
+    assert answer["refused"] or answer["sources"], answer
     for s in answer["sources"]:
         assert not s["path"].startswith("/")
 
