@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 export ANONYMIZED_TELEMETRY=False
 
-.PHONY: install decoders decoders-1.5b mpnet test test-slow test-all lint format models demo eval-answers eval-retrieval browser clean-venv
+.PHONY: install decoders decoders-1.5b mpnet test test-slow test-all lint format models demo eval-answers eval-retrieval gpu-run browser clean-venv
 
 install: $(STAMP)
 
@@ -81,6 +81,11 @@ demo: install decoders
 # The grounded-QA table of docs/answering.md (about 2 h on 2 CPU cores; run it alone).
 eval-answers: install decoders
 	bash evals/answers_table.sh
+
+# Every GPU job in one run, <= 10 min on one H200 (docs/benchmarks.md); GPU_OUT = results folder.
+GPU_OUT ?=
+gpu-run: install decoders
+	PY=$(BIN)/python bash benchmarks/gpu_run.sh $(GPU_OUT)
 
 # The retrieval tables of docs/retrieval.md (~35 min on 2 CPU cores; needs `make models`).
 eval-retrieval: install

@@ -82,6 +82,9 @@ class RetrievalEvalConfig:
     queries: str = "all"  # dev | train | all (fixed splits, see module docstring)
     retriever: str = "bm25"  # bm25 | dense | hybrid (reciprocal rank fusion of the two)
     encoder: str = "minilm"  # alias, folder or SentenceTransformer for dense / hybrid
+    # encoder weights (rag.precision): fp32 | bf16 | int8 | auto (bf16 on CUDA, and on a CPU
+    # only where a cached probe measured it faster); each row records the one that ran
+    precision: str = "fp32"
     rerank: str | None = None  # cross-encoder folder or artefact name (e.g. minilm-rerank)
     k: int = 100  # results per query (Recall@100 / MAP@100 need 100)
     limit: int = 0  # evaluate only the first N queries (0 = all), for quick checks
@@ -111,6 +114,7 @@ class RetrievalEvalConfig:
         "fusion": FUSIONS,
         "norm": NORMS,
         "rerank_precision": PRECISION_SETTINGS,
+        "precision": PRECISION_SETTINGS,
     }
 
 
@@ -149,11 +153,12 @@ def make_retriever(
     """``rag.retrieval.retriever.CorpusRetriever`` over the whole corpus (title + text per document).
 
     ``encoder`` may be an already loaded SentenceTransformer (the experiment passes its fine-tuned
-    models); otherwise ``cfg.encoder`` is loaded by rag for dense and hybrid modes. ``mode``
+    models), run as it is; otherwise ``cfg.encoder`` is loaded by rag for dense and hybrid modes,
+    in ``cfg.precision``. ``mode``
     (default ``cfg.retriever``) decides which indexes are built; ``hybrid`` builds both.
     ``embeddings``: the command's corpus-embedding cache (None: encode afresh).
     """
-    from rag.models import load_embedder
+    from rag.retrieval.encoder import Encoder
     from rag.retrieval.rerank import load_reranker
     from rag.retrieval.retriever import CorpusRetriever
     from rag.retrieval.settings import RetrievalSettings
@@ -162,8 +167,10 @@ def make_retriever(
     ids = list(ds.corpus)
     texts = [ds.doc_text(i) for i in ids]
     enc = None
-    if mode != "bm25":
-        enc = encoder if encoder is not None else load_embedder(cfg.encoder, device=cfg.device)
+    if mode != "bm25":  # a model passed in runs as given; cfg.precision is for cfg.encoder
+        enc = encoder
+        if enc is None:
+            enc = Encoder.load(cfg.encoder, device=cfg.device, precision=cfg.precision)
     # every row passes its own fusion, alpha and rerank weight to the search (evaluate_modes),
     # so those two (strings here: "default", "auto") only need a valid placeholder
     settings = RetrievalSettings.from_config(
@@ -286,6 +293,7 @@ def evaluate_modes(
                 "search_ms_per_query": round(1000 * t_search / len(ds.queries), 2),
                 "latency_ms_p50": round(float(np.percentile(lat, 50)), 1) if lat else None,
                 "latency_ms_p90": round(float(np.percentile(lat, 90)), 1) if lat else None,
+                "encoder_precision": _precision(retriever),
                 "retriever_timings": {
                     k: round(v, 3)
                     for k, v in retriever.timings.items()
@@ -296,6 +304,12 @@ def evaluate_modes(
             }
         )
     return out
+
+
+def _precision(retriever) -> dict | None:
+    """The precision the encoder ran in and, for ``auto``, why (None without an encoder)."""
+    enc = retriever.encoder
+    return None if enc is None else {"ran": enc.precision, "auto_reason": enc.auto_reason or None}
 
 
 def queries_with_train_targets(cfg: RetrievalEvalConfig, ds: RetrievalDataset) -> set[str] | None:
@@ -382,6 +396,8 @@ def _target_note(groups: dict | None) -> str:
 CLI_HELP = {
     "retriever": "one or more modes; several share one index build (one JSON list in --out)",
     "encoder": "encoder alias or folder (dense, hybrid)",
+    "precision": "encoder weights: fp32, bf16, int8 or auto (bf16 on CUDA, and on a CPU only "
+    "where a short probe, cached per machine, measured it faster)",
     "fusion": "hybrid fusion(s): rrf (rank-based; alpha 0.5 = plain RRF) and/or convex "
     "(normalised scores); one row each",
     "alpha": "dense weight in [0, 1], 'auto' (chosen on --tune-queries), or 'default' "

@@ -10,7 +10,10 @@
   prompt (prefill, scoring: compute-bound, where bf16 wins) in its ``auto`` precision and gains
   int8 copies for the one-token decode steps (:mod:`rag.generate.int8_linear`, memory-bound);
 - ``auto``: ``bf16`` where :func:`bf16_is_fast` on the device the model runs on, else ``fp32``
-  (:func:`resolve_precision`); never ``int8``, whose answers differ measurably.
+  (:func:`resolve_precision`); never ``int8``, whose answers differ measurably. The encoder's
+  ``auto`` (ingest, evals) asks more: on a CPU with bf16 units it takes bf16 only where a short
+  probe measured it faster on this machine (:func:`encoder_auto_precision`): AVX512-BF16
+  without AMX (some AMD EPYC) speeds the decoder's prefill but not every encoder shape.
 
 Nothing here imports torch at module level, so the config and every CLI can read the
 vocabulary for free; the conversions import it when they run.
@@ -18,8 +21,17 @@ vocabulary for free; the conversions import it when they run.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from rag.paths import cache_dir
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +75,134 @@ def resolve_precision(precision: str, device: str) -> str:
     if check_precision(precision) != "auto":
         return precision
     return "bf16" if bf16_is_fast(device) else "fp32"
+
+
+# ---------------------------------------------------------------------------- the encoder's auto
+
+MIN_BF16_SPEEDUP = 1.1  # the probe must measure bf16 at least this much faster than fp32
+PROBE_FORMAT = 1  # bump when the probe's workload changes (older results are then re-measured)
+
+
+def time_precisions(
+    run: Callable[[str], Any],
+    precisions: tuple[str, ...] = FLOAT_PRECISIONS,
+    repeats: int = 3,
+    timer: Callable[[], float] = time.perf_counter,
+) -> dict[str, float]:
+    """Median seconds of ``run(precision)`` for each of ``precisions``, after one untimed call
+    each (warm-up: first-call allocations, kernel selection); the timed calls alternate
+    (fp32, bf16, fp32, ...) so a change of machine load hits both alike."""
+    for p in precisions:
+        run(p)
+    seconds: dict[str, list[float]] = {p: [] for p in precisions}
+    for _ in range(repeats):
+        for p in precisions:
+            t0 = timer()
+            run(p)
+            seconds[p].append(timer() - t0)
+    return {p: statistics.median(v) for p, v in seconds.items()}
+
+
+def choose_by_speed(seconds: dict[str, float], min_speedup: float = MIN_BF16_SPEEDUP) -> str:
+    """``bf16`` when it took at most ``1 / min_speedup`` of fp32's time, else ``fp32`` (a tie or
+    a small win is not worth bf16's rounding)."""
+    return "bf16" if seconds["bf16"] * min_speedup <= seconds["fp32"] else "fp32"
+
+
+def encoder_layer_workload(tokens: int = 128, batch: int = 8) -> Callable[[str], None]:
+    """One forward pass of a MiniLM-sized transformer layer (384 wide, 12 heads, 1,536 feed-
+    forward) over ``batch`` x ``tokens``, in fp32 or with bf16 weights: the shape an encoder
+    runs at ingest and in the evals. Built once; each call runs the given precision."""
+    import torch
+
+    torch.manual_seed(0)
+    layers = {"fp32": torch.nn.TransformerEncoderLayer(384, 12, 1536, batch_first=True).eval()}
+    layers["bf16"] = torch.nn.TransformerEncoderLayer(384, 12, 1536, batch_first=True).eval()
+    layers["bf16"].load_state_dict(layers["fp32"].state_dict())
+    layers["bf16"].to(torch.bfloat16)
+    x = torch.randn(batch, tokens, 384)
+    inputs = {"fp32": x, "bf16": x.to(torch.bfloat16)}
+
+    def run(precision: str) -> None:
+        with torch.inference_mode():
+            layers[precision](inputs[precision])
+
+    return run
+
+
+def probe_key() -> dict[str, Any]:
+    """What the probe's answer depends on: the CPU (model, bf16 units), torch, its threads."""
+    import torch
+
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        info = ""
+    model = next(
+        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), ""
+    )
+    flags = next(
+        (ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []
+    )
+    return {
+        "format": PROBE_FORMAT,
+        "cpu": model,
+        "bf16_units": sorted(f for f in flags if f in ("amx_bf16", "avx512_bf16")),
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def bf16_probe(
+    run: Callable[[str], Any] | None = None,
+    timer: Callable[[], float] = time.perf_counter,
+    key: dict[str, Any] | None = None,
+    folder: Path | None = None,
+) -> dict[str, Any]:
+    """Whether bf16 is faster than fp32 for an encoder on this CPU: measured once per machine
+    (:func:`probe_key`) with :func:`encoder_layer_workload` (about a second) and cached as
+    ``$RAG_HOME/cache/bf16-probe-<key>.json``; ``{"seconds", "speedup", "choice", "key",
+    "cached"}``. ``run``, ``timer``, ``key`` and ``folder`` are for tests."""
+    key = probe_key() if key is None else key
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = (cache_dir() if folder is None else folder) / f"bf16-probe-{name}.json"
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key and stored.get("choice") in FLOAT_PRECISIONS:
+            return {**stored, "cached": True}
+    except (OSError, ValueError):
+        pass
+    seconds = time_precisions(run or encoder_layer_workload(), timer=timer)
+    result = {
+        "key": key,
+        "seconds": {p: round(v, 6) for p, v in seconds.items()},
+        "speedup": round(seconds["fp32"] / seconds["bf16"], 3) if seconds["bf16"] > 0 else None,
+        "choice": choose_by_speed(seconds),
+        "min_speedup": MIN_BF16_SPEEDUP,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(result, f, indent=2)
+    os.replace(tmp, path)
+    return {**result, "cached": False}
+
+
+def encoder_auto_precision(
+    device: str, probe: Callable[[], dict[str, Any]] = bf16_probe
+) -> tuple[str, str]:
+    """An encoder's ``auto`` and why: ``bf16`` on CUDA; ``fp32`` on a CPU without bf16 units; on
+    one with them, what :func:`bf16_probe` measured faster on this machine."""
+    if device == "cuda":
+        return "bf16", "CUDA"
+    if not cpu_has_bf16():
+        return "fp32", "no bf16 units on this CPU"
+    r = probe()
+    return r["choice"], (
+        f"probe on this CPU: bf16 {r['speedup']}x fp32's speed, bf16 wanted >= "
+        f"{r.get('min_speedup', MIN_BF16_SPEEDUP)}x"
+    )
 
 
 def float_precision(precision: str, device: str) -> str:

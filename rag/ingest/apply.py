@@ -208,6 +208,8 @@ def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine) -> Ingest
     vindex.reconcile(set(chunks) | kept_chunk_ids(root) if vindex.shared_store else chunks)
     vindex.close()
     report.chunks = len(chunks)
+    if note := encoder.precision_note():  # what --precision auto chose, and why
+        report.notes.append(note)
     report.seconds = time.perf_counter() - t0
     return report
 

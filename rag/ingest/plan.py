@@ -221,6 +221,15 @@ class EncoderHandle:
             self._encoder = enc
         return self._encoder
 
+    def precision_note(self) -> str:
+        """The report's line on what ``--precision auto`` chose ("" when the encoder never
+        loaded, e.g. an unchanged corpus, or the precision was given)."""
+        if self.cfg.precision != "auto" or self._encoder is None:
+            return ""
+        return (
+            f"--precision auto: encoder in {self._encoder.precision} ({self._encoder.auto_reason})"
+        )
+
     @property
     def max_chunk_tokens(self) -> int:
         if self._encoder is None and self.same and "max_tokens" in self.old.chunking:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rag.chunking import count_tokens, special_tokens
-from rag.precision import check_precision, quantize_dynamic_int8, resolve_precision, to_bf16
+from rag.precision import check_precision, encoder_auto_precision, quantize_dynamic_int8, to_bf16
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -73,8 +73,9 @@ def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -
 class Encoder:
     """A SentenceTransformer plus how we batch it and who it is.
 
-    ``precision``: :mod:`rag.precision` (``auto`` is resolved for the model's device, so
-    :attr:`precision` and the index's manifest record what ran). ``batch_tokens`` bounds padded tokens per batch (batch size x longest text), ``max_batch``
+    ``precision``: :mod:`rag.precision` (``auto`` is resolved for the model's device by
+    :func:`rag.precision.encoder_auto_precision`: bf16 on CUDA, and on a CPU only where a cached
+    probe measured it faster; :attr:`precision` and the index's manifest record what ran). ``batch_tokens`` bounds padded tokens per batch (batch size x longest text), ``max_batch``
     bounds texts per batch.
     """
 
@@ -88,9 +89,14 @@ class Encoder:
         max_batch: int = 128,
         backend: str = "torch",
     ):
-        if check_precision(precision) == "auto":  # rag.precision; ONNX has no bf16 kernels
+        self.auto_reason = ""  # why precision auto chose what it did (the ingest report says)
+        if check_precision(precision) == "auto":  # ONNX has no bf16 kernels
             device = getattr(getattr(model, "device", None), "type", "cpu")
-            precision = "fp32" if backend == "onnx" else resolve_precision("auto", device)
+            precision, self.auto_reason = (
+                ("fp32", "the onnx backend")
+                if backend == "onnx"
+                else encoder_auto_precision(device)  # bf16 only where measured faster
+            )
         check_backend(backend, precision=precision)
         self.model = model
         self.name = name or (str(path) if path else type(model).__name__)

@@ -1,0 +1,121 @@
+"""benchmarks/gpu_run.sh and its summary table (benchmarks/gpu_summary.py): the table from a
+results folder with every kind of ending (pure), and the script's --dry-run at tiny sizes on the
+CPU, which must leave one summary row per job."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_summary import GpuSummaryConfig, last_json, main, summarise
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = ["throughput", "throughput-compile", "reader", "lora", "dol"]
+
+
+def _write(folder: Path, name: str, value) -> None:
+    (folder / name).write_text(value if isinstance(value, str) else json.dumps(value, indent=2))
+
+
+def test_summary_has_a_row_per_job_whatever_its_ending(tmp_path):
+    rows = [("throughput", 0, 61, 90), ("reader", 0, 200, 400), ("lora", 124, 400, 400)]
+    rows += [("dol", 124, 400, 400), ("throughput-compile", 1, 3, 180)]
+    _write(tmp_path, "jobs.tsv", "".join(f"{n}\t{rc}\t{s}\t{t}\n" for n, rc, s, t in rows))
+    _write(tmp_path, "hardware.txt", "gpu: NVIDIA H200, 143771 MiB\nbudget_s: 570\n")
+    row = {"objective": "mlm", "preset": "base", "batch": 64, "seq_len": 512, "compile": False}
+    row |= {"ours_tokens_per_s": 1.31e6, "plain_tokens_per_s": 4.59e5, "ratio": 2.85}
+    row |= {"ours_mfu": 0.396, "plain_mfu": 0.139}
+    _write(tmp_path, "throughput.json", {"device": "cuda", "rows": [row]})
+    reader = {"dev": {"em": 71.2, "f1": 80.4, "questions": 1941}, "dev_before_200": {"f1": 9.1}}
+    reader |= {"calibration": {"threshold": 1.5}, "windows": 40000, "steps": 3750}
+    reader |= {"train_seconds": 150.2}
+    # a library printed to stdout before the --json document
+    _write(tmp_path, "reader.json", "{'loss': 1.2}\n" + json.dumps(reader, indent=2))
+    _write(tmp_path, "throughput-compile.log", "compiling\nRuntimeError: no triton\n")
+    cells = tmp_path / "dol" / "cells"
+    cells.mkdir(parents=True)
+    _write(cells, "pretrain__mlm15__s0.json", {"tokens_seen": 98304000, "wall_time_s": 101.5})
+    _write(cells, "retrieval__mlm15-mean__s0.json", {"scifact_dev": 0.5123, "squad_dev": 0.6011})
+
+    out = summarise(GpuSummaryConfig(out=str(tmp_path)))
+    by_job = {r["job"]: r for r in out["jobs"]}
+    assert list(by_job) == ["throughput", "reader", "lora", "dol", "throughput-compile"]
+    assert by_job["throughput"]["status"] == "ok"
+    assert "ours 1,310,000 tok/s" in by_job["throughput"]["result"]
+    assert "MFU 39.6% vs 13.9%" in by_job["throughput"]["result"]
+    assert "dev EM 71.2 / F1 80.4 (1941 questions" in by_job["reader"]["result"]
+    assert by_job["lora"]["status"] == "timeout (400 s)"
+    assert by_job["dol"]["status"] == "timeout (400 s)"  # yet its finished cells are reported
+    assert "2 cells, partial" in by_job["dol"]["result"]
+    assert "SciFact 0.512, SQuAD 0.601" in by_job["dol"]["result"]
+    assert by_job["throughput-compile"]["status"] == "failed (exit 1)"
+    assert by_job["throughput-compile"]["result"] == "RuntimeError: no triton"
+    table = (tmp_path / "summary.md").read_text()
+    assert "- gpu: NVIDIA H200, 143771 MiB" in table
+    assert sum(line.startswith("| ") for line in table.splitlines()) == 1 + len(rows)
+    assert json.loads((tmp_path / "summary.json").read_text())["jobs"] == out["jobs"]
+
+
+def test_summary_cli_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
+    assert main(["--out", str(tmp_path)]) == 2
+    assert "no jobs.tsv" in capsys.readouterr().err
+
+
+def test_last_json_skips_what_is_not_the_document():
+    assert last_json('{"a": 1}') is None  # not an indented --json document
+    assert last_json('noise\n{\n  "a": [\n    1\n  ]\n}\ntrailing') is None
+    assert last_json('{\n  "a": 1\n}\n{\n  "b": 2\n}') == {"b": 2}
+
+
+def test_the_script_refuses_bad_arguments():
+    run = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--bogus"], capture_output=True, text=True
+    )
+    assert run.returncode == 2 and "usage" in run.stderr
+
+
+@pytest.mark.slow  # ~2-3 min on a loaded 2-core CPU: five tiny jobs end to end
+def test_dry_run_on_cpu_writes_every_result_and_the_summary(shared_data, tmp_path):
+    from training_support import save_tiny_decoder, save_tiny_encoder
+
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PY": sys.executable,
+        "DATA": str(shared_data),
+        "WORK": str(tmp_path / "work"),
+        "RAG_HOME": str(tmp_path / "home"),
+        "READER_MODEL": str(save_tiny_encoder(tmp_path / "enc")),
+        "LORA_MODEL": str(save_tiny_decoder(tmp_path / "dec")),
+        "BUDGET_S": "500",
+        "PYTHONPATH": str(REPO),
+    }
+    run = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    jobs = {r["job"]: r for r in summary["jobs"]}
+    assert sorted(jobs) == sorted(JOBS)
+    failed = {j: (r["status"], r["result"]) for j, r in jobs.items() if r["status"] != "ok"}
+    assert not failed
+    table = (out / "summary.md").read_text().splitlines()
+    assert [line.split(" | ")[0].lstrip("| ") for line in table if line.startswith("| ")][1:] == [
+        r["job"] for r in summary["jobs"]
+    ]
+    assert "tok/s" in jobs["throughput"]["result"]
+    assert "dev EM" in jobs["reader"]["result"] and "held-out em" in jobs["lora"]["result"]
+    assert "complete (results.md)" in jobs["dol"]["result"]
+    assert "mode: dry-run" in (out / "hardware.txt").read_text()
+    for f in ("reader/run.json", "lora/run.json", "dol/results.json", "dol/results.md"):
+        assert (out / f).is_file(), f
+    assert not list(out.rglob("*.safetensors"))  # models stay in WORK, not with the results
