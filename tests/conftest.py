@@ -31,6 +31,18 @@ def shared_data() -> Path:
     return path
 
 
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: on a CPU shared with other jobs this is several times
+    faster (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

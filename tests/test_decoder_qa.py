@@ -11,13 +11,7 @@ from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
 from training.decoder_qa import ModernBertDecoderForQuestionAnswering, register
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_clm_folder_loads_as_a_causal_span_model(tiny_clm_dir):

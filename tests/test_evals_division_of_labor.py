@@ -176,7 +176,7 @@ def test_subsample_keeps_relevant_docs():
 
 
 @pytest.mark.data
-@pytest.mark.slow  # ~160 s of CPU (2-core box): over this area's share of the default suite
+@pytest.mark.slow  # ~155 s of CPU (2-core box): over this area's share of the default suite
 def test_tiny_preset_runs_whole_experiment_and_resumes(shared_data, tmp_path):
     out = tmp_path / "dol"
     # every row with code of its own (mlm30 and mlm40 are mlm15 with other mask settings)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from training_support import tiny_pretrain_config
 from transformers import AutoTokenizer
 
 import training.pretrain as pretrain_mod
@@ -32,25 +33,7 @@ def _one_thread():
 
 
 def _cfg(tmp_path: Path, tokenizer_dir: Path, objective: str = "mlm", **kw) -> PretrainConfig:
-    base = dict(
-        objective=objective,
-        preset="tiny",
-        corpus=[str(CORPUS)],
-        out=str(tmp_path / "run"),
-        tokenizer=str(tokenizer_dir),
-        max_steps=12,
-        seq_len=32,
-        batch_size=4,
-        eval_every=6,
-        eval_batches=1,
-        save_every=4,
-        log_every=2,
-        heldout_fraction=0.25,
-        device="cpu",
-        threads=1,
-    )
-    base.update(kw)
-    return PretrainConfig(**base)
+    return tiny_pretrain_config(tmp_path / "run", tokenizer_dir, objective, **kw)
 
 
 def test_fixture_runs_learn_and_write_outputs(tiny_mlm_dir, tiny_clm_dir):

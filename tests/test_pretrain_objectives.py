@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_support import tiny_pretrain_config
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
 from training.config import ConfigError, PretrainConfig
@@ -19,16 +20,7 @@ from training.objectives import antlm_kind, attention_masks, next_token_labels
 from training.pretrain import PretrainError, main, pretrain
 from training.step import Stepper
 
-CORPUS = Path(__file__).parent / "fixtures" / "corpus"
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One torch thread: on a CPU shared with other jobs this is several times faster."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
@@ -185,25 +177,8 @@ def test_stepper_prefixlm_loss_is_on_the_suffix_only(tok):
 
 
 def _cfg(tmp_path: Path, tokenizer_dir: Path, objective: str, **kw) -> PretrainConfig:
-    base = dict(
-        objective=objective,
-        preset="tiny",
-        corpus=[str(CORPUS)],
-        out=str(tmp_path / objective),
-        tokenizer=str(tokenizer_dir),
-        max_steps=6,
-        seq_len=32,
-        batch_size=4,
-        eval_every=0,
-        eval_batches=1,
-        save_every=0,
-        log_every=2,
-        heldout_fraction=0.25,
-        device="cpu",
-        threads=1,
-    )
-    base.update(kw)
-    return PretrainConfig(**base)
+    six_steps = {"max_steps": 6, "eval_every": 0, "save_every": 0, **kw}
+    return tiny_pretrain_config(tmp_path / objective, tokenizer_dir, objective, **six_steps)
 
 
 @pytest.mark.parametrize("objective", ["antlm", "prefixlm"])

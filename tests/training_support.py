@@ -148,6 +148,32 @@ def save_tiny_decoder(path: Path, seed: int = 0) -> Path:
     return path
 
 
+def tiny_pretrain_config(out: Path, tokenizer_dir: Path, objective: str = "mlm", **kw):
+    """A tiny-preset PretrainConfig on tests/fixtures/corpus, CPU, one thread: 12 steps of 4 x 32
+    tokens, held-out loss every 6, checkpoints every 4 (``kw`` overrides any field)."""
+    from training.config import PretrainConfig
+
+    base = dict(
+        objective=objective,
+        preset="tiny",
+        corpus=[str(Path(__file__).parent / "fixtures" / "corpus")],
+        out=str(out),
+        tokenizer=str(tokenizer_dir),
+        max_steps=12,
+        seq_len=32,
+        batch_size=4,
+        eval_every=6,
+        eval_batches=1,
+        save_every=4,
+        log_every=2,
+        heldout_fraction=0.25,
+        device="cpu",
+        threads=1,
+    )
+    base.update(kw)
+    return PretrainConfig(**base)
+
+
 def write_tiny_squad(path: Path) -> Path:
     """Five articles x 3 paragraphs x 2 questions; ``Normans`` is a held-out (dev) article."""
     titles = ["Normans", "Alpha_topic", "Beta_topic", "Gamma_topic", "Delta_topic"]
