@@ -134,6 +134,11 @@ def doc_examples(
     answered with the refusal. ``passage_words`` cuts every passage (0 = whole sections)."""
     if k < 1:
         raise ValueError(f"--k-passages must be at least 1, not {k}")
+    return section_examples(load_sections(paths), n, k, refusal_fraction, seed, passage_words)
+
+
+def load_sections(paths: Sequence[str | Path]) -> list[Section]:
+    """The sections of the documents under ``paths``; raises when there is none."""
     docs, errors = load_documents(paths)
     sections = doc_sections(docs)
     if not sections:
@@ -141,6 +146,19 @@ def doc_examples(
             f"no section of at least {MIN_SECTION_WORDS} words under {', '.join(map(str, paths))}"
             f" ({len(errors)} file(s) unreadable)"
         )
+    return sections
+
+
+def section_examples(
+    sections: Sequence[Section],
+    n: int,
+    k: int = 3,
+    refusal_fraction: float = 0.15,
+    seed: int = 0,
+    passage_words: int = DOC_PASSAGE_WORDS,
+) -> list[QAExample]:
+    """:func:`doc_examples` over sections already loaded (:func:`doc_sections`), for callers
+    that also need the sections' raw text (training.reader_data.doc_questions)."""
     rng = random.Random(seed)
     counts = Counter(plain_heading(s.headings[-1]).lower() for s in sections if s.headings)
     golds = []

@@ -124,13 +124,13 @@ def doc_questions(
     the passage (questions whose sentence cannot be located, or is longer than 40 words, are
     dropped). SQuAD is encyclopaedia prose: these teach the reader, and calibrate its threshold
     on, the reST/markdown passages the product serves. Never the documents you evaluate on."""
-    from rag.documents import load_documents
     from training.doc_markup import lead_sentence_raw
-    from training.doc_qa_data import DOC_PASSAGE_WORDS, doc_examples, doc_sections
+    from training.doc_qa_data import DOC_PASSAGE_WORDS, load_sections, section_examples
 
-    sections = {s.id: s for s in doc_sections(load_documents(paths)[0])}  # raw, untrimmed
+    loaded = load_sections(paths)  # loaded once: for the examples and for the raw leads
+    sections = {s.id: s for s in loaded}
     out = []
-    for ex in doc_examples(paths, n, k=negatives + 1, refusal_fraction=0.0, seed=seed):
+    for ex in section_examples(loaded, n, k=negatives + 1, refusal_fraction=0.0, seed=seed):
         gold = ex.cited[0] - 1
         passage = ex.passages[gold]
         sec = sections[ex.passage_ids[gold]]
