@@ -83,8 +83,8 @@ class RetrievalEvalConfig:
     retriever: str = "bm25"  # bm25 | dense | hybrid (reciprocal rank fusion of the two)
     encoder: str = "minilm"  # alias, folder or SentenceTransformer for dense / hybrid
     # encoder weights (rag.precision): fp32 | bf16 | int8 | auto (bf16 on CUDA, and on a CPU
-    # only where a cached probe measured it faster); each row records the one that ran
-    precision: str = "fp32"
+    # only where a cached probe measured it faster; the default); each row records the one that ran
+    precision: str = "auto"
     rerank: str | None = None  # cross-encoder folder or artefact name (e.g. minilm-rerank)
     k: int = 100  # results per query (Recall@100 / MAP@100 need 100)
     limit: int = 0  # evaluate only the first N queries (0 = all), for quick checks

@@ -95,6 +95,16 @@ def _isolated_rag_home(tmp_path_factory, monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _same_precision_on_every_cpu(monkeypatch):
+    """``auto`` precision (the default of ingest, evals and the decoder) reads as fp32 in every
+    test, so the suite computes the same numbers on a CPU with bf16 units (AMX) as on one without.
+    Tests of ``auto`` itself patch ``cpu_has_bf16`` or the probe again."""
+    import rag.precision
+
+    monkeypatch.setattr(rag.precision, "cpu_has_bf16", lambda: False)
+
+
 # ---------------------------------------------------------------------------- tiny from-scratch models
 # A tokenizer and a tiny MLM encoder / CLM decoder trained in-process on tests/fixtures/corpus
 # (a few seconds on one core). The folders load with AutoTokenizer / AutoModelForMaskedLM /
