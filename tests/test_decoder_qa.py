@@ -61,3 +61,29 @@ def test_reader_trains_and_saves_on_a_clm_folder(tiny_clm_dir, tmp_path):
     assert isinstance(reloaded, ModernBertDecoderForQuestionAnswering)
     (span,) = SpanReader.load(out).read("What is it?", ["It is a b-tree index."])
     assert span.text and span.text in "It is a b-tree index."
+
+
+def test_reader_cli_trains_on_a_clm_folder_in_a_fresh_process(tiny_clm_dir, tmp_path):
+    """`python -m training.reader --model <CLM folder>` as typed: the causal span class is
+    registered by training.reader itself, not only by the experiment (it raised before)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "reader-cli"
+    squad = write_tiny_squad(tmp_path / "squad.json")
+    args = ["--model", str(tiny_clm_dir), "--squad", str(squad), "--out", str(out),
+            "--max-steps", "1", "--batch-size", "4", "--calibration-questions", "4",
+            "--max-length", "64", "--stride", "16", "--bf16", "no", "--device", "cpu"]  # fmt: skip
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    r = subprocess.run(
+        [sys.executable, "-m", "training.reader", *args],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (out / "config.json").exists()
+    register()
+    assert isinstance(
+        AutoModelForQuestionAnswering.from_pretrained(str(out)),
+        ModernBertDecoderForQuestionAnswering,
+    )

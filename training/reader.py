@@ -92,6 +92,9 @@ def build_model(name: str, attention_dropout: float | None = None) -> tuple[Any,
     cfg = AutoConfig.from_pretrained(str(path))
     if lm_objective(cfg) == "clm":
         log.info("%s is a causal LM: its span head reads with the causal mask", name)
+    from training.decoder_qa import register
+
+    register()  # AutoModelForQuestionAnswering opens ModernBERT decoder folders too (CLM rows)
     kw = {}
     if attention_dropout is not None:
         kw = {

@@ -223,10 +223,8 @@ def reader(
     ``max_length`` tokens per window (the pretraining length, the longest the rows have seen),
     stride a quarter of it. A decoder folder reads with its causal backbone
     (training.decoder_qa). Returns the reader's run summary."""
-    from training.decoder_qa import register
     from training.reader import ReaderConfig, train_reader
 
-    register()  # AutoModelForQuestionAnswering learns ModernBERT decoder folders
     cfg = ReaderConfig(
         model=str(model_dir),
         out=str(out),
