@@ -24,7 +24,7 @@ from typing import Any
 
 from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, add_config_args, check_models, config_from_args
-from rag.paths import check_index_name
+from rag.paths import check_index_name, printable
 from rag.types import Answer
 
 PROG = "rag.ask"
@@ -96,12 +96,12 @@ def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
 
 def format_sources(answer: Answer) -> str:
     """Human-readable source list: ``[n] path › heading (score)``, the path relative to the
-    ingested folder."""
+    ingested folder (control characters escaped, :func:`rag.paths.printable`)."""
     lines = []
     for c in answer.citations:
         where = " › ".join(c.heading_path)
         lines.append(
-            f"[{c.number}] {c.display_path}"
+            f"[{c.number}] {printable(c.display_path)}"
             + (f" › {where}" if where else "")
             + f"  ({c.score:.3f})"
         )

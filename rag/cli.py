@@ -11,6 +11,12 @@ One exit-code rule for ``rag.*``, ``training.*``, ``evals.*`` and ``ui.app``:
 - **1**: the command ran and failed: a ``RuntimeError`` (no GPU behind ``--device cuda``, a loss
   that became NaN), anything unexpected, or a partial failure a command reports itself (an
   ingest where some files failed).
+- **130** / **143**: interrupted (Ctrl-C) / terminated (SIGTERM, for the commands that clean up
+  on it: :func:`sigterm_exits`).
+
+An argument that is not valid UTF-8 (a shell's ``$'\\xff'``, a file name in another encoding)
+is refused before parsing, naming it (exit 2): Python would hold its bytes as lone surrogates,
+which every later print, tokenizer or JSON write fails on.
 
 Either way the failure is one line on stderr, ``PROG: error: <reason naming the flag or value>``,
 never argparse's usage block and never a traceback, so scripts and people see the one thing to
@@ -20,11 +26,16 @@ fix (``RAG_DEBUG=1`` re-raises, for developers). ``--help`` shows every flag's d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
+
+from rag.paths import printable
 
 # Errors that say the command as given cannot run (exit 2); their messages are written for the
 # user. RuntimeError is the usual runtime failure (exit 1), also written for the user; anything
@@ -32,6 +43,7 @@ from typing import Any, NoReturn
 USAGE_ERRORS: tuple[type[BaseException], ...] = (ValueError, LookupError, OSError, ImportError)
 RUNTIME_ERRORS: tuple[type[BaseException], ...] = (RuntimeError,)
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_INTERRUPTED, EXIT_TERMINATED = 130, 143  # 128 + SIGINT, 128 + SIGTERM, as shells report
 MAX_MESSAGE = 600  # library messages (transformers' OSError) can be paragraphs long
 
 
@@ -45,8 +57,9 @@ def quiet_libraries() -> None:
 
 
 def one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) collapsed, and capped."""
-    flat = " ".join(str(text).split())
+    """``text`` with every run of whitespace (newlines included) collapsed, other control
+    characters escaped (a file name in a message, :func:`rag.paths.printable`), and capped."""
+    flat = printable(" ".join(str(text).split()))
     return flat if len(flat) <= MAX_MESSAGE else flat[: MAX_MESSAGE - 1] + "…"
 
 
@@ -129,6 +142,50 @@ def fail(prog: str, exc: BaseException) -> int:
     return exit_code(exc)
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread inside :func:`sigterm_exits`. A BaseException, like
+    KeyboardInterrupt, so ``except Exception`` handlers let it through to the clean-ups."""
+
+
+@contextlib.contextmanager
+def sigterm_exits() -> Iterator[None]:
+    """Inside, SIGTERM raises :class:`Terminated` instead of ending the process on the spot
+    (Python's default action runs no ``finally`` and no ``except BaseException``), so the
+    command's clean-ups run: ``rag.ingest`` removes the index folder a first run created, and
+    :func:`run_cli` ends with one line and exit status 143. The previous handler comes back on
+    leaving. Outside the main thread (signals cannot be handled there) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: Any) -> None:
+        raise Terminated(signal.Signals(signum).name)
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def undecodable_argument(argv: Sequence[str]) -> str | None:
+    """What is wrong with the first argument that is not valid UTF-8, naming it (its position,
+    the flag it follows or belongs to, its bytes escaped), or None when every one is."""
+    for i, arg in enumerate(argv, start=1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            flag, eq, _ = arg.partition("=")
+            where = f" (of {flag})" if arg.startswith("-") and eq else ""
+            if not where and i > 1 and argv[i - 2].startswith("-"):
+                where = f" (after {argv[i - 2]})"
+            return (
+                f"argument {i}{where} is not valid UTF-8: '{printable(arg)}'; "
+                "give text, names and paths in UTF-8"
+            )
+    return None
+
+
 def run_cli(
     parser: argparse.ArgumentParser,
     body: Callable[[argparse.Namespace], int | None],
@@ -136,10 +193,17 @@ def run_cli(
     *,
     quiet: bool = False,
 ) -> int:
-    """The one ``main`` of every CLI: parse ``argv`` (a bad flag exits 2 with one line, as
-    argparse does), run ``body(args)`` and return its status (None = 0); an exception becomes
-    the one failure line and exit 2 or 1 by :func:`exit_code`. ``quiet`` keeps model-loading
-    chatter off stderr (:func:`quiet_libraries`) for the commands whose stderr is their report."""
+    """The one ``main`` of every CLI: refuse an argument that is not UTF-8 and parse ``argv``
+    (a bad flag exits 2 with one line, as argparse does), run ``body(args)`` and return its
+    status (None = 0); an exception becomes the one failure line and exit 2 or 1 by
+    :func:`exit_code`, an interrupt 130 and a SIGTERM (:func:`sigterm_exits`) 143. ``quiet``
+    keeps model-loading chatter off stderr (:func:`quiet_libraries`) for the commands whose
+    stderr is their report."""
+    prog = short_prog(parser.prog)
+    bad = undecodable_argument(sys.argv[1:] if argv is None else argv)
+    if bad is not None:
+        print(f"{prog}: error: {bad}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(argv)
     if quiet:
         quiet_libraries()
@@ -147,6 +211,12 @@ def run_cli(
         code = body(args)
     except Exception as e:  # noqa: BLE001 - every failure is one line with its exit status
         return fail(parser.prog, e)
+    except KeyboardInterrupt:
+        print(f"{prog}: error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Terminated:
+        print(f"{prog}: error: terminated (SIGTERM); stopped cleanly", file=sys.stderr)
+        return EXIT_TERMINATED
     return EXIT_OK if code is None else int(code)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from rag.cli import OneLineParser, add_index_args, run_cli
 from rag.ingest.manage import IndexDocuments, iso_time, list_documents, remove_documents
+from rag.paths import printable
 
 PROG = "rag.docs"
 REINGEST_NOTE = (
@@ -50,11 +51,12 @@ def build_parser() -> OneLineParser:
 
 
 def format_table(docs: IndexDocuments) -> str:
-    """One aligned line per document (path first: what `remove` takes)."""
+    """One aligned line per document (path first: what `remove` takes; control characters
+    escaped, :func:`rag.paths.printable`)."""
     rows = [("PATH", "TYPE", "CHUNKS", "BYTES", "INGESTED", "SHA256")]
     rows += [
         (
-            d.path,
+            printable(d.path),
             d.type,
             str(d.chunks),
             str(d.bytes),
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     report = remove_documents(index, args.paths)
     for d in report.removed:
-        print(f"removed: {d.path} ({d.chunks} chunks)", file=sys.stderr)
+        print(f"removed: {printable(d.path)} ({d.chunks} chunks)", file=sys.stderr)
     print(REINGEST_NOTE, file=sys.stderr)
     print(report.summary(), file=sys.stderr)
     if args.json:

@@ -112,14 +112,17 @@ def stitched_text(chunks: Iterable[Any]) -> str:
 def readable_errors(fn: Callable[[], Any]) -> Callable[[], Any]:
     """``fn`` with the errors written for people (a bad filter, a missing index or model:
     ValueError, LookupError, OSError) raised as the SDK's ``ToolError``, whose message the
-    client sees; the SDK hides any other exception's text behind a generic line."""
+    client sees, without the server's paths (:func:`rag.serve.http.hide_paths`, as rag.serve's
+    errors); the SDK hides any other exception's text behind a generic line."""
     from mcp.server.mcpserver.exceptions import ToolError
+
+    from rag.serve.http import hide_paths
 
     def call() -> Any:
         try:
             return fn()
         except (ValueError, LookupError, OSError) as e:
-            raise ToolError(one_line(str(e))) from e
+            raise ToolError(hide_paths(one_line(str(e)))) from e
 
     return call
 

@@ -45,11 +45,21 @@ def cache_dir() -> Path:
 
 
 def list_indexes() -> list[str]:
-    """Index folders under ``$RAG_HOME/indexes`` (the server's models, the UI's dropdown)."""
+    """The indexes under ``$RAG_HOME/indexes`` (the server's models, the UI's dropdown): the
+    folders that hold a ``CURRENT`` pointer, i.e. have published a generation. A folder a first
+    ingest is still writing, or one a killed first ingest left with only its ``.lock``, is no
+    index yet. A damaged pointer is still listed, so using the index reports the damage
+    (:func:`rag.manifest.current_generation`) rather than "does not exist"."""
+    from rag.manifest import CURRENT  # rag.manifest imports this module
+
     root = indexes_dir()
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return sorted(
+        p.name
+        for p in root.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and (p / CURRENT).is_file()
+    )
 
 
 # An index is named, never addressed by a path: a name cannot climb out of $RAG_HOME/indexes
@@ -110,6 +120,29 @@ def display_source(source: str, roots: Iterable[str]) -> str:
         if source.startswith(prefix) and (best is None or len(root) < best_len):
             best, best_len = source[len(prefix) :], len(root)
     return best or os.path.basename(source) or source
+
+
+# What printable() escapes: C0 and C1 controls and DEL (a newline forges a line of a report, an
+# ESC starts a terminal sequence), the Unicode line and paragraph separators, the bidirectional
+# embeddings, overrides and isolates (they reorder how the rest of a line reads), and the lone
+# surrogates that stand for a name's undecodable bytes (printing one would raise).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    ch = match.group()
+    if "\udc80" <= ch <= "\udcff":  # an undecodable byte of a file name (os.fsdecode)
+        return f"\\x{ord(ch) - 0xDC00:02x}"
+    return ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+
+
+def printable(text: str | os.PathLike[str]) -> str:
+    """``text`` (a path, a file name, a line naming one) with control characters escaped as
+    Python writes them (``\\n``, ``\\x1b``, ``\\u202e``; an undecodable byte of a name as
+    ``\\xff``), so whatever a file is called it reads as one name on one line: every path shown
+    to people goes through it (ingest's report, ``rag.search``, ``rag.docs list``, ``rag.ask``'s
+    sources, the CLIs' one failure line). JSON output keeps the real name (JSON escapes it)."""
+    return _UNPRINTABLE.sub(_escape, os.fspath(text))
 
 
 def tokenizer_dir() -> Path:

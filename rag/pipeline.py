@@ -52,6 +52,7 @@ from rag.answer.rewrite import rewrite_query
 from rag.answer.verify import verify_answer
 from rag.config import RAGConfig
 from rag.prompt import REFUSAL, build_messages, build_span_messages, parse_citations
+from rag.retrieval.query import check_query
 from rag.types import Answer, AnswerSpan, Citation, Hit
 
 if TYPE_CHECKING:
@@ -278,8 +279,7 @@ class RAGPipeline:
         The prompt's question is the standalone query, so a follow-up ("and in Python 2?") is
         asked in full: the prompt format has no room for history.
         """
-        if not question or not question.strip():
-            raise ValueError("the question is empty")
+        check_query(question or "", "question")  # empty or punctuation only: nothing to find
         t0 = time.perf_counter()
         mode = mode or self.config.mode
         query = self.standalone_query(question, history)
@@ -393,7 +393,7 @@ class RAGPipeline:
         early, gate = self._refuse_early(prep, t0)
         if early is not None:
             return early
-        stats: dict[str, float] = {}
+        stats: dict[str, Any] = {}
         if prep.span is not None and self.config.compose == "extract":
             raw = extracted_answer(prep)
         else:
@@ -403,6 +403,7 @@ class RAGPipeline:
                 stats=stats,
             )
         answer = self._finish(raw, prep, gate)
+        answer.finish_reason = finish_reason(stats, answer, prep)
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
         return answer
 
@@ -432,7 +433,7 @@ class RAGPipeline:
             yield REFUSAL
             yield early
             return
-        stats: dict[str, float] = {}
+        stats: dict[str, Any] = {}
         parts: list[str] = []
         if prep.span is not None and self.config.compose == "extract":
             deltas: Iterator[str] = iter([extracted_answer(prep)])
@@ -446,6 +447,7 @@ class RAGPipeline:
             parts.append(delta)
             yield delta
         answer = self._finish("".join(parts), prep, gate)
+        answer.finish_reason = finish_reason(stats, answer, prep)
         if answer.citations_completed:
             yield f" [{answer.citations[0].number}]"
         prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
@@ -531,7 +533,19 @@ def span_reply(raw: str, prep: Prepared) -> str:
     return f"{parsed.text} {SPAN_CITATION}"
 
 
-def _gen_timings(stats: dict[str, float]) -> dict[str, float]:
+def finish_reason(stats: dict[str, Any], answer: Answer, prep: Prepared) -> str:
+    """``"length"`` when the decoder stopped at its token limit (``stats["finish_reason"]``,
+    :meth:`rag.generate.generator.Generator.finish_reason`) and its reply is the answer, else
+    ``"stop"``: a reply around a reader span that was replaced by the passage's own sentence
+    was not cut, nor is text nothing decoded."""
+    if stats.get("finish_reason") != "length":
+        return "stop"
+    if prep.span is not None and answer.raw_text == extracted_answer(prep):
+        return "stop"
+    return "length"
+
+
+def _gen_timings(stats: dict[str, Any]) -> dict[str, float]:
     out = {}
     if "prompt_tokens" in stats:
         out["prompt_tokens"] = float(stats["prompt_tokens"])

@@ -4,7 +4,9 @@
 [--mode dense|bm25|hybrid] [--where path=GLOB|type=T ...] [--rerank auto|none|DIR]
 [--rerank-depth N] [--verify] [--json]``
 
-Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview);
+Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview;
+control characters escaped, :func:`rag.paths.printable`); a query without a word (empty,
+punctuation only) is refused, one line and exit status 2, as ``rag.ask`` refuses one;
 ``--json`` prints the hits as JSON on stdout (logs stay on stderr). Any failure is one line on
 stderr; exit status 2 for a bad flag, name or path (see :mod:`rag.cli`) and for a damaged index:
 every opening checks the index's pointer, its files' sizes and its chunk and vector stores, and
@@ -24,6 +26,8 @@ from pathlib import Path
 from rag.cli import OneLineParser, add_index_args, run_cli
 from rag.config import CLI_HELP, FLAG_KWARGS, RAGConfig
 from rag.dataclass_cli import add_dataclass_args
+from rag.paths import printable
+from rag.retrieval.query import check_query
 from rag.types import Hit
 
 PROG = "rag.search"
@@ -31,9 +35,10 @@ PROG = "rag.search"
 
 def format_hit(hit: Hit, width: int = 240) -> str:
     heading = " > ".join(hit.chunk.heading_path) or "-"
-    preview = " ".join(hit.chunk.text.split())
+    preview = printable(" ".join(hit.chunk.text.split()))
     preview = preview if len(preview) <= width else preview[: width - 1] + "…"
-    return f"{hit.rank:>2}. [{hit.score:.4f}] {hit.chunk.display_path}  ({heading})\n    {preview}"
+    path = printable(hit.chunk.display_path)  # a file name cannot forge a line or colour
+    return f"{hit.rank:>2}. [{hit.score:.4f}] {path}  ({printable(heading)})\n    {preview}"
 
 
 def build_parser() -> OneLineParser:
@@ -86,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from rag.retrieval.retriever import Retriever
     from rag.retrieval.settings import RetrievalSettings
 
+    check_query(args.query)  # before anything loads: no word, no meaningful hits
     t0 = time.perf_counter()
     index = Path(args.index_dir) if args.index_dir else args.index
     if args.verify:

@@ -155,6 +155,10 @@ class Answer:
     # the reader's short answer (its passage is the cited one); None = no reader stage, or it
     # found no span it trusts (the decoder then answered over every passage)
     answer_span: AnswerSpan | None = None
+    # why the answer ended, in OpenAI's words (rag.serve's finish_reason): "length" when the
+    # decoder stopped at its token limit, "stop" otherwise, and for text nothing decoded (a
+    # refusal, a reader's extracted sentence)
+    finish_reason: str = "stop"
 
     def __post_init__(self) -> None:
         # Citations are made from a passage's chunk fields (rag.pipeline); the passages carry

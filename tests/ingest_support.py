@@ -38,3 +38,11 @@ def perturbed_copy(model_dir: Path, out: Path) -> Path:
         tensors[name] = tensors[name] + 0.01
         save_file(tensors, f, metadata={"format": "pt"})
     return out
+
+
+def listed_index(root: Path) -> Path:
+    """An index folder that lists as an index (rag.paths.list_indexes: a ``CURRENT`` naming a
+    generation folder), for tests whose pipeline is scripted and never opens it; ``root``."""
+    (root / "gen-000001").mkdir(parents=True, exist_ok=True)
+    (root / "CURRENT").write_text("gen-000001\n", encoding="utf-8")
+    return root

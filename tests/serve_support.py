@@ -4,7 +4,10 @@ pipeline and retriever, and the app served by uvicorn on a free loopback port.
 The pipelines are scripted (no model loads): :class:`ScriptedPipeline` answers "Use open() [1]."
 in pieces with one citation and records what it was asked; index ``real`` runs the real
 :class:`rag.pipeline.RAGPipeline` over a one-passage retriever and the UI tests' scripted
-decoder, so the rewrite hook, citation parsing and the stream protocol are the product's own.
+decoder, so the rewrite hook, citation parsing and the stream protocol are the product's own;
+the ``tiny`` indexes run it with a real :class:`rag.generate.generator.Generator` over a tiny
+random Llama (tests/generate_support.py, built in a second, nothing downloaded), whose token
+counts and stop reasons are the decoder's own.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from typing import Any
 
 import httpx
 import numpy as np
+from generate_support import build_model, build_tokenizer
+from ingest_support import listed_index
 from ui_support import ScriptedGenerator, free_port, module_rag_home
 
 from rag.config import RAGConfig
+from rag.generate.generator import Generator
 from rag.pipeline import RAGPipeline, normalise_history
 from rag.serve.app import ServeOptions, create_app
 from rag.types import Answer, Chunk, Citation, Hit
@@ -36,6 +42,7 @@ CHUNK = Chunk(
     path="files.md",
 )
 LIMIT = 64  # max_tokens limit of the test server
+MAX_BODY = 300_000  # its body limit: room for a question far over max_question_chars
 FOLLOW_UP = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "How do I open a file in Python?"},
@@ -102,6 +109,19 @@ class ScriptedPipeline:
         )
 
 
+TINY = ("tiny", "tiny-batched", "tiny-eos")  # indexes answered by the tiny random decoder
+
+
+def tiny_generator(cfg: RAGConfig) -> Generator:
+    """The real decoder over a tiny random Llama: ``tiny-batched`` with batching on, ``tiny-eos``
+    with every token an eos (its answer ends after one token)."""
+    tok = build_tokenizer()
+    model = build_model("llama", tok)
+    if cfg.index == "tiny-eos":
+        model.generation_config.eos_token_id = list(range(len(tok)))
+    return Generator(model, tok, "cpu", batching=cfg.index == "tiny-batched")
+
+
 class Server:
     def __init__(self, url: str, built: dict[str, Any]) -> None:
         self.url, self.built = url, built
@@ -111,9 +131,11 @@ class Server:
 
         return OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=30, **kw)
 
-    def post(self, path: str, key: str | None = KEY, **kw: Any) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return httpx.post(self.url + path, headers=headers, timeout=30, **kw)
+    def post(
+        self, path: str, key: str | None = KEY, headers: dict[str, str] | None = None, **kw: Any
+    ) -> httpx.Response:
+        sent = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.post(self.url + path, headers={**sent, **(headers or {})}, timeout=30, **kw)
 
 
 @contextlib.contextmanager
@@ -139,21 +161,32 @@ def run_server(app: Any) -> Iterator[str]:
 @contextlib.contextmanager
 def started_server(tmp_path_factory: Any) -> Iterator[Server]:
     """The test server. Indexes: docs and slow (scripted pipelines; slow yields its pieces 0.1 s
-    apart), real and empty (the real RAGPipeline over a one-passage or an empty retriever) and
-    broken (its factory raises); one answer at a time, max_tokens capped at LIMIT. Each test
-    module starts its own, module-scoped."""
+    apart), real and empty (the real RAGPipeline over a one-passage or an empty retriever),
+    broken (its factory raises), TINY (the real pipeline and decoder: a tiny random Llama,
+    unbatched, batched, or one whose every token is eos), damaged (a real index whose
+    ``CURRENT`` names a missing generation) and unpublished (a folder a killed first ingest
+    left, only its ``.lock``: not an index); one answer at a time, max_tokens capped at LIMIT.
+    Each test module starts its own, module-scoped."""
     with module_rag_home(tmp_path_factory) as home:
-        for name in ("docs", "slow", "real", "empty", "broken"):
-            (home / "indexes" / name).mkdir(parents=True, exist_ok=True)
+        for name in ("docs", "slow", "real", "empty", "broken", *TINY):
+            listed_index(home / "indexes" / name)
+        (home / "indexes" / "damaged").mkdir(parents=True, exist_ok=True)
+        (home / "indexes" / "damaged" / "CURRENT").write_text("gen-000009\n")
+        (home / "indexes" / "unpublished").mkdir(parents=True, exist_ok=True)
+        (home / "indexes" / "unpublished" / ".lock").touch()
         built: dict[str, Any] = {}
 
         def factory(cfg: RAGConfig) -> Any:
             if cfg.index == "broken":
                 raise RuntimeError("boom: secret internals")
-            if cfg.index in ("real", "empty"):
+            if cfg.index == "damaged":
+                pipe: Any = RAGPipeline(cfg)  # opens the index by name, as rag.serve does
+            elif cfg.index in TINY:
+                pipe = RAGPipeline(cfg, retriever=FakeRetriever(), generator=tiny_generator(cfg))
+            elif cfg.index in ("real", "empty"):
                 found = FakeRetriever() if cfg.index == "real" else EmptyRetriever()
                 gen = ScriptedGenerator(PIECES, delay=0)
-                pipe: Any = RAGPipeline(cfg, retriever=found, generator=gen)
+                pipe = RAGPipeline(cfg, retriever=found, generator=gen)
             else:
                 slow = cfg.index == "slow"
                 pipe = ScriptedPipeline(cfg, delay=0.1 if slow else 0.0, repeat=100 if slow else 1)
@@ -161,7 +194,7 @@ def started_server(tmp_path_factory: Any) -> Iterator[Server]:
             return pipe
 
         options = ServeOptions(
-            api_key=KEY, max_tokens_limit=LIMIT, max_body_bytes=4096, max_concurrent=1
+            api_key=KEY, max_tokens_limit=LIMIT, max_body_bytes=MAX_BODY, max_concurrent=1
         )
         app = create_app(RAGConfig(index="docs", max_new_tokens=256), factory, options=options)
         with run_server(app) as url:

@@ -10,7 +10,7 @@ import logging
 import shutil
 
 import pytest
-from ingest_support import write_docs
+from ingest_support import listed_index, write_docs
 from test_pipeline import FakeGenerator
 from training_support import save_tiny_cross_encoder
 
@@ -185,7 +185,7 @@ def test_ui_shows_the_active_reranker_and_can_turn_it_off(trained_reranker):
     from ui.handlers import ChatApp
     from ui.state import NO_RERANKER
 
-    (indexes_dir() / "docs").mkdir(parents=True)
+    listed_index(indexes_dir() / "docs")
     built = []
     app = ChatApp(AppConfig.of(index="docs"), lambda cfg: built.append(cfg) or cfg)
     assert app.config.rag.rerank == AUTO_RERANKER and "minilm-rerank (auto)" in app.reranker_line

@@ -106,3 +106,35 @@ def test_real_process_prints_one_line(case, request, tmp_path):
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, lines
     assert lines[0].startswith("rag.search: error: ") and proc.stdout == ""
     assert names in lines[0]
+
+
+@pytest.mark.parametrize(
+    "cli,argv,names",
+    [
+        ("search", ["\udcff"], "argument 1 is not valid UTF-8: '\\xff'"),
+        ("ingest", ["docs", "--index-dir", "caf\udce9"], "argument 3 (after --index-dir)"),
+        ("ask", ["q", "--index=\udcff"], "argument 2 (of --index) is not valid UTF-8"),
+    ],
+)
+def test_non_utf8_argument_is_one_line_exit_2(cli, argv, names, capsys):
+    """Bytes that are not UTF-8 (Python holds them as lone surrogates) are refused before
+    anything runs, naming the argument; they used to end in ``unexpected TypeError``."""
+    line = one_line_failure(cli, argv, capsys)
+    assert names in line and "unexpected" not in line
+
+
+def test_non_utf8_argument_from_a_real_shell(tmp_path):
+    """``python -m rag.search $'\\xff'`` and a folder argument with a Latin-1 byte, as a shell
+    passes them (bytes)."""
+    env = {**os.environ, "RAG_HOME": str(rag_home())}
+    for argv in ([b"rag.search", b"\xff"], [b"rag.ingest", os.fsencode(tmp_path) + b"/caf\xe9"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", *argv],
+            capture_output=True,
+            env=env,
+            cwd=Path(__file__).resolve().parents[1],
+            timeout=300,
+        )
+        lines = proc.stderr.decode("utf-8", "replace").strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, lines
+        assert "is not valid UTF-8" in lines[0] and proc.stdout == b""

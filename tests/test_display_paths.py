@@ -8,7 +8,9 @@ import os
 
 from ingest_support import write_docs
 
+from rag.docs import main as docs_main
 from rag.ingest import ingest
+from rag.ingest import main as ingest_main
 from rag.manifest import open_generation
 from rag.paths import display_source
 from rag.retrieval.retriever import Retriever
@@ -74,3 +76,38 @@ def test_chunk_store_keeps_its_shape():
     chunk = Chunk("id", "text", "/abs/a.md")
     assert "path" not in chunk.to_dict()
     assert Hit(chunk, 1.0).to_dict()["path"] == "/abs/a.md"  # no roots known: as stored
+
+
+def test_control_characters_in_file_names_cannot_forge_lines(tmp_path, tiny_mlm_dir, capsys):
+    """A file literally named with a newline (and an ESC sequence) reads as one escaped name on
+    one line in ingest's report, rag.search, rag.docs list and rag.ask's sources; JSON keeps
+    the real name."""
+    from rag.ask import format_sources
+
+    forged = "a\nfailed: forged.md"
+    docs = write_docs(tmp_path / "docs", {forged: "# Forged\n\nPangolins roll into a ball.\n"})
+    (docs / "b\x1b[2J\nskipped: x.png").write_bytes(b"\x89PNG\r\n")
+    argv = [str(docs), "--index", "ctl", "--encoder", str(tiny_mlm_dir), "--no-progress"]
+    assert ingest_main(argv) == 0
+    err = capsys.readouterr().err
+    assert "\x1b" not in err
+    reported = [line for line in err.splitlines() if line.startswith(("failed:", "skipped:"))]
+    assert len(reported) == 1 and reported[0].startswith("skipped: ")
+    assert "b\\x1b[2J\\nskipped: x.png: unsupported file type '.png'" in reported[0]
+
+    assert search_main(["pangolins", "--index", "ctl", "--mode", "bm25", "--k", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and "a\\nfailed: forged.md  (Forged)" in lines[0]
+    assert search_main(["pangolins", "--index", "ctl", "--k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["hits"][0]["path"] == forged
+
+    assert docs_main(["list", "--index", "ctl"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 2 and rows[1].startswith("a\\nfailed: forged.md  ")
+
+    hit = Retriever.from_settings("ctl").search("pangolins", k=1, mode="bm25")[0]
+    c = hit.chunk
+    answer = Answer(
+        "Roll.", [Citation(1, c.source, c.heading_path, c.text, 1.0, c.id)], passages=[hit]
+    )
+    assert format_sources(answer).splitlines()[0].startswith("[1] a\\nfailed: forged.md")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from ingest_support import DOCS, write_docs
+from ingest_support import DOCS, listed_index, write_docs
 
 from rag.config import ConfigError, RAGConfig, load_config
 from rag.ingest import ingest
@@ -187,7 +187,7 @@ def test_api_request_filter_reaches_the_pipeline():
     from rag.paths import indexes_dir
     from rag.serve.app import create_app
 
-    (indexes_dir() / "filtered-api").mkdir(parents=True, exist_ok=True)
+    listed_index(indexes_dir() / "filtered-api")
     built: list[ScriptedPipeline] = []
 
     def factory(cfg):

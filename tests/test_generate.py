@@ -90,6 +90,29 @@ def test_stream_joins_to_generate(tiny_generator):
     assert stats["ttft_s"] <= stats["total_s"]
 
 
+def test_token_counts_and_finish_reason_stream_or_not(tiny_generator):
+    """Both paths report the decoded tokens and why decoding ended; "length" only when it ran
+    to max_new_tokens and no eos, stop string or loop ended it there."""
+    gen, msgs = tiny_generator, messages()
+    alone: dict[str, float] = {}
+    streamed: dict[str, float] = {}
+    gen.generate(msgs, max_new_tokens=5, stats=alone)
+    list(gen.stream(msgs, max_new_tokens=5, stats=streamed))
+    for stats in (alone, streamed):
+        assert (stats["new_tokens"], stats["finish_reason"]) == (5, "length")
+        assert stats["prompt_tokens"] == len(gen.prompt_ids(msgs)[0])
+    tok = gen.tokenizer
+    words = list(
+        dict.fromkeys(tok("Use open and a for loop", add_special_tokens=False)["input_ids"])
+    )
+    stop = tok(" read\nQuestion:", add_special_tokens=False)["input_ids"]
+    assert gen.finish_reason(words[:4], 4) == "length"
+    assert gen.finish_reason(words[:3], 4) == "stop"  # ended before the limit
+    assert gen.finish_reason([*words[:3], tok.eos_token_id], 4) == "stop"
+    assert gen.finish_reason(stop, len(stop)) == "stop"  # a stop string on the last token
+    assert gen.finish_reason(words[:1] * 16, 16) == "stop"  # the loop guard's
+
+
 def test_stream_closed_early_releases_the_model(tiny_generator):
     it = tiny_generator.stream(messages(), max_new_tokens=200)
     next(it)

@@ -20,6 +20,7 @@ from test_ingest import index_state
 from indexes import open_index
 from rag.ingest import CRASH_ENV, ingest
 from rag.manifest import kept_chunk_ids, open_generation, read_chunks
+from rag.paths import indexes_dir, list_indexes
 from rag.retrieval.retriever import Retriever
 
 FAST = ["mid-encode", "after-bm25", "after-rename"]
@@ -91,6 +92,46 @@ def crash_then_rerun(tmp_path, tiny_mlm_dir, point, backend="faiss"):
 @pytest.mark.parametrize("point", FAST + [pytest.param(p, marks=pytest.mark.slow) for p in SLOW])
 def test_kill9_at_checkpoint(tmp_path, tiny_mlm_dir, point):
     crash_then_rerun(tmp_path, tiny_mlm_dir, point)
+
+
+def test_sigterm_stops_an_ingest_cleanly(tmp_path, tiny_mlm_dir):
+    """SIGTERM (a service manager or container stopping it) ends an ingest through its
+    clean-ups, with one line and exit 143: a first run removes the folder it created, so no
+    folder holding only a ``.lock`` is left to be listed as an index; on an existing index the
+    live generation stays as it was and the lock is free for the next run."""
+    docs = write_docs(tmp_path / "docs")
+    enc, name = str(tiny_mlm_dir), f"term-{tmp_path.name}"
+    for point in ("mid-encode", "before-publish"):
+        code, err = run_cli(docs, name, enc, crash=f"{point}:TERM")
+        assert code == 143, err[-2000:]
+        assert err.strip().splitlines()[-1] == (
+            "rag.ingest: error: terminated (SIGTERM); stopped cleanly"
+        )
+        assert "Traceback" not in err and not (indexes_dir() / name).exists()
+    ingest([docs], index=name, encoder=enc, progress=False)
+    before = index_state(name)
+    change(docs)
+    code, err = run_cli(docs, name, enc, crash="before-publish:TERM")
+    assert code == 143 and "Traceback" not in err, err[-2000:]
+    assert index_state(name) == before and name in list_indexes()
+    ingest([docs], index=name, progress=False)  # not blocked: the lock went with the process
+    assert index_state(name) != before
+
+
+def test_a_killed_first_ingest_is_no_index_and_blocks_nothing(tmp_path, tiny_mlm_dir):
+    """kill -9 runs no clean-up: the first run's folder stays with its ``.lock``. It is not
+    listed (no published generation), and the dead process's lock does not hold the next run
+    back (an flock, released by the kernel with the process; no pid file to go stale)."""
+    docs = write_docs(tmp_path / "docs")
+    enc, name = str(tiny_mlm_dir), f"killed-{tmp_path.name}"
+    code, err = run_cli(docs, name, enc, crash="mid-encode")
+    assert code == -signal.SIGKILL, err[-2000:]
+    root = indexes_dir() / name
+    assert (root / ".lock").exists() and not (root / "CURRENT").exists()
+    assert name not in list_indexes()
+    ingest([docs], index=name, encoder=enc, progress=False)
+    assert name in list_indexes()
+    check_loads(name)
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import json
 
 import pytest
 from generate_support import build_model, build_tokenizer
+from ingest_support import listed_index
 from serve_support import FakeRetriever
 
 from benchmarks.serve_load import ServeLoadConfig, SharedModels, main, markdown, run
@@ -33,7 +34,7 @@ def generator():
 
 @pytest.fixture
 def index():
-    (indexes_dir() / INDEX).mkdir(parents=True, exist_ok=True)  # both front ends list it
+    listed_index(indexes_dir() / INDEX)  # both front ends list it
     return INDEX
 
 

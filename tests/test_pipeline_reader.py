@@ -74,12 +74,12 @@ class FakeGenerator:
         yield self.reply
 
 
-def make(reply: str, answers: dict, **cfg) -> RAGPipeline:
+def make(reply: str, answers: dict, generator: type = FakeGenerator, **cfg) -> RAGPipeline:
     cfg.setdefault("reader_threshold", 1.0)
     return RAGPipeline(
         RAGConfig(k=3, **cfg),
         retriever=FakeRetriever(),
-        generator=FakeGenerator(reply),
+        generator=generator(reply),
         reader=FakeReader(answers),
     )
 
@@ -170,10 +170,38 @@ def test_answer_span_in_json_and_api_without_the_server_path():
     ans = make("The Black Forest [1].", {1: ("Black Forest", 5.0)}).answer("Where?")
     d = ans.to_dict()["answer_span"]
     assert d["text"] == "Black Forest" and d["source"] == "/srv/docs/river1.md"
-    body = completion({"id": "x", "created": 0, "model": "m"}, ans.text, ans, 64)
+    body = completion({"id": "x", "created": 0, "model": "m"}, ans.text, ans)
     api = body["answer_span"]
     assert api["text"] == "Black Forest" and "source" not in api
     assert (api["start"], api["end"], api["number"]) == (d["start"], d["end"], 1)
+
+
+class CutGenerator(FakeGenerator):
+    """Reports what the real decoder reports when max_new_tokens cut its reply."""
+
+    def generate(self, messages, **kw):
+        kw["stats"].update(prompt_tokens=40.0, new_tokens=80.0, finish_reason="length")
+        return super().generate(messages, **kw)
+
+
+def test_finish_reason_and_usage_of_span_answers():
+    """A reply around the span that the limit cut is "length"; one replaced by the passage's
+    sentence, and an extracted sentence (nothing decoded), are "stop" with zero tokens used
+    for the extract (rag.serve's usage, docs/serving.md)."""
+    from rag.serve.api import usage
+
+    def answer(reply: str, **cfg):
+        pipe = make(reply, {1: ("Black Forest", 5.0)}, CutGenerator, **cfg)
+        return pipe.answer("Where does the Danube rise?")
+
+    kept = answer("The Danube rises in the Black Forest and flows")
+    assert kept.finish_reason == "length" and usage(kept)["completion_tokens"] == 80
+    replaced = answer("The Danube is a long")  # lost the span: the passage's sentence instead
+    assert replaced.raw_text.startswith("It rises in the Black Forest")
+    assert replaced.finish_reason == "stop"
+    extract = answer("unused", compose="extract")
+    assert extract.finish_reason == "stop"
+    assert usage(extract) == {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
 def test_ui_shows_the_span_bold_and_highlighted_as_escaped_text():

@@ -90,6 +90,70 @@ def test_stream_sends_pieces_then_sources_and_done(server):
     assert "sources" in json.loads(lines[-2].removeprefix("data: "))
 
 
+def prompt_tokens(server: Server, index: str, question: str) -> int:
+    """The tokens of the prompt the index's pipeline decodes ``question`` from (its decoder's
+    own tokenizer), computed apart from the server's answer."""
+    pipe = server.built[index]
+    ids, _ = pipe.generator.prompt_ids(pipe.prepare(question).messages)
+    return len(ids)
+
+
+@pytest.mark.parametrize("index", ["tiny", "tiny-batched"])
+def test_usage_and_finish_reason_are_the_decoders(server, index):
+    """max_tokens=5 cuts the tiny decoder's answer: finish_reason "length" and 5 completion
+    tokens, streamed or not, batched or not; the usage chunk comes last, only when asked."""
+    client, model, question = server.client(), f"rag:{index}", "How do I open a file?"
+    resp = client.chat.completions.create(model=model, messages=ask(question), max_tokens=5)
+    n = prompt_tokens(server, index, question)
+    want = {"prompt_tokens": n, "completion_tokens": 5, "total_tokens": n + 5}
+    assert resp.choices[0].finish_reason == "length" and resp.choices[0].message.content
+    assert {k: getattr(resp.usage, k) for k in want} == want
+    chunks = list(
+        client.chat.completions.create(
+            model=model,
+            messages=ask(question),
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    (final,) = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert final.choices[0].finish_reason == "length"
+    *rest, last = chunks
+    assert last.choices == [] and {k: getattr(last.usage, k) for k in want} == want
+    assert all(c.choices and c.usage is None for c in rest)
+    plain = list(
+        client.chat.completions.create(
+            model=model, messages=ask(question), max_tokens=5, stream=True
+        )
+    )
+    assert all(c.choices and c.usage is None for c in plain)  # no usage chunk unless asked
+    assert [c.choices[0].finish_reason for c in plain if c.choices[0].finish_reason] == ["length"]
+
+
+def test_an_answer_that_ends_itself_is_stop_with_its_tokens(server):
+    """The decoder ended the answer (eos) before max_tokens: "stop", its one token counted;
+    an answer nothing was decoded for (the refusal) reports "stop" and zero tokens."""
+    client, question = server.client(), "How do I open a file?"
+    resp = client.chat.completions.create(model="rag:tiny-eos", messages=ask(question))
+    n = prompt_tokens(server, "tiny-eos", question)
+    assert resp.choices[0].finish_reason == "stop"
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (n, 1)
+    chunks = list(
+        client.chat.completions.create(
+            model="rag:tiny-eos",
+            messages=ask(question),
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[-1].usage.completion_tokens == 1 and chunks[-1].usage.total_tokens == n + 1
+    resp = client.chat.completions.create(model="rag:empty", messages=ask(), max_tokens=5)
+    assert resp.choices[0].message.content == REFUSAL  # longer than 5 tokens, not decoded
+    assert resp.choices[0].finish_reason == "stop"
+    assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (0, 0)
+
+
 def test_history_is_rewritten_and_parameters_mapped(server):
     client = server.client()
     resp = client.chat.completions.create(
@@ -150,12 +214,12 @@ def test_verification_fields_reach_the_client(server):
         suspected_injection=True,
         injection_reasons=["the answer contains 'PWNED'"],
     )
-    body = json.loads(json.dumps(serve_api.completion({"id": "x"}, "PWNED", answer, 64)))
+    body = json.loads(json.dumps(serve_api.completion({"id": "x"}, "PWNED", answer)))
     assert [(s["number"], s["supported"]) for s in body["sources"]] == [(1, False), (2, True)]
     assert body["rag"]["unsupported_citations"] == [1] and body["rag"]["reattributed"] == [[1, 2]]
     assert body["rag"]["suspected_injection"] is True
     assert body["rag"]["injection_reasons"] == ["the answer contains 'PWNED'"]
-    (final,) = serve_api.final_chunks({"id": "x"}, answer, 64, include_usage=False)
+    (final,) = serve_api.final_chunks({"id": "x"}, answer, include_usage=False)
     assert final["rag"]["reattributed"] == [[1, 2]] and final["sources"][0]["supported"] is False
 
 
@@ -178,7 +242,8 @@ def test_langchain_chat_openai(server):
 
 def test_models_lists_every_index(server):
     ids = {m.id for m in server.client().models.list()}
-    assert {"rag:docs", "rag:slow", "rag:real"} <= ids
+    assert {"rag:docs", "rag:slow", "rag:real", "rag:damaged"} <= ids
+    assert "rag:unpublished" not in ids  # a killed first ingest's folder is no index
 
 
 def test_embeddings_use_the_index_encoder(server):

@@ -24,7 +24,7 @@ def served(tmp_path, tiny_mlm_dir):
     docs = write_docs(tmp_path / "docs", {**DOCS, "guide/setup.md": "# Setup\n\nInstall it.\n"})
     name = f"api-{tmp_path.name}"
     ingest([docs], index=name, encoder=str(tiny_mlm_dir), progress=False)
-    (indexes_dir() / f"empty-{tmp_path.name}").mkdir(parents=True)  # listed, never ingested
+    (indexes_dir() / f"empty-{tmp_path.name}").mkdir(parents=True)  # never ingested: no model
     app = create_app(RAGConfig(index=name), ScriptedPipeline, options=ServeOptions(api_key=KEY))
     with TestClient(app) as client:
         yield client, name, docs
@@ -92,7 +92,7 @@ def test_unknown_path_or_index_is_404_and_changes_nothing(served, tmp_path):
     r = client.get("/v1/documents", params={"model": "rag:no-such"}, headers=AUTH)
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     r = client.get("/v1/documents", params={"model": f"rag:empty-{tmp_path.name}"}, headers=AUTH)
-    assert r.status_code == 404 and r.json()["error"]["code"] == "index_not_found"
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     assert str(indexes_dir()) not in r.text
     r = client.delete("/v1/documents/..%2F..%2Fetc", headers=AUTH)
     assert r.status_code == 404 and index_state(name) == before

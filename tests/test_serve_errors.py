@@ -11,9 +11,22 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from serve_support import ANSWER, LIMIT, Server, ask, in_flight, started_server
+from serve_support import (
+    ANSWER,
+    KEY,
+    LIMIT,
+    MAX_BODY,
+    Server,
+    ask,
+    in_flight,
+    started_server,
+)
+
+from rag.paths import rag_home
+from rag.serve.app import ServeOptions
 
 pytestmark = pytest.mark.server
+JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +90,7 @@ def test_malformed_oversized_and_failing_requests_never_leak_internals(server):
     cases = [
         (server.post("/v1/chat/completions", content=b"{not json"), 400),
         (server.post("/v1/chat/completions", json={"messages": ask()}), 400),
-        (server.post("/v1/chat/completions", content=b"x" * 5000), 413),
+        (server.post("/v1/chat/completions", content=b"x" * (MAX_BODY + 1)), 413),
         (server.post("/v1/nope", json={}), 404),
         (server.post("/v1/chat/completions", json={"model": "rag:broken", "messages": ask()}), 500),
     ]
@@ -87,6 +100,58 @@ def test_malformed_oversized_and_failing_requests_never_leak_internals(server):
         assert "Traceback" not in r.text and "secret" not in r.text
     assert cases[1][0].json()["error"]["param"] == "model"
     assert cases[4][0].json()["error"]["type"] == "server_error"
+
+
+def test_client_errors_are_400_not_500(server):
+    """What the client got wrong is a 400 in the OpenAI shape (openai clients retry a 5xx): a
+    lone surrogate escape, a question over max_question_chars or over the decoder's context,
+    a question without a word."""
+    import openai
+
+    body = b'{"model": "rag:docs", "messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    r = server.post("/v1/chat/completions", content=body, headers=JSON)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == "messages.0.content"
+    assert "surrogate" in err["message"] and err["type"] == "invalid_request_error"
+    body = b'{"model": "rag:docs", "input": ["\\udfff"]}'
+    r = server.post("/v1/embeddings", content=body, headers=JSON)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input.0"
+    client = server.client()
+    limit = ServeOptions().max_question_chars
+    cases = [
+        ("rag:docs", "x" * 200_000, "string_above_max_length", f"limit of {limit}"),
+        ("rag:docs", "x" * (limit + 1), "string_above_max_length", f"{limit + 1} characters"),
+        ("rag:tiny", "open " * 700, "context_length_exceeded", "the question alone takes"),
+        ("rag:docs", "???", None, "no word"),
+        ("rag:docs", " ... !", None, "no word"),
+    ]
+    for model, question, code, says in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=model, messages=ask(question))
+        assert e.value.status_code == 400 and e.value.param == "messages", question[:20]
+        assert e.value.code == code and says in e.value.message, e.value.message
+    assert client.chat.completions.create(model="rag:docs", messages=ask("x" * limit))
+
+
+def test_errors_name_the_index_never_a_server_path(server):
+    """A damaged index fails with a message naming it by name (the server log keeps the path);
+    a folder without a published generation is no model at all."""
+    home = str(rag_home())
+    r = server.post("/v1/chat/completions", json={"model": "rag:damaged", "messages": ask()})
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    message = r.json()["error"]["message"]
+    assert "damaged/CURRENT" in message and "gen-000009" in message, message
+    assert home not in r.text and str(rag_home().resolve()) not in r.text
+    r = httpx.get(
+        server.url + "/v1/documents",
+        params={"model": "rag:damaged"},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    assert r.status_code == 500 and "damaged/CURRENT" in r.text and home not in r.text
+    r = server.post("/v1/chat/completions", json={"model": "rag:unpublished", "messages": ask()})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert home not in r.text
 
 
 # ---- disconnects and slots ---------------------------------------------------------------------

@@ -17,6 +17,10 @@ from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 MIN_TRIMMED_PASSAGE_TOKENS = 32  # a passage cut shorter than this is dropped instead
 
 
+class QuestionTooLongError(ValueError):
+    """The question alone does not fit the decoder's context (rag.serve answers it with a 400)."""
+
+
 def fit_passages(
     generator: Any,
     question: str,
@@ -24,11 +28,11 @@ def fit_passages(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
 ) -> list[str]:
     """The passages (in rank order) that fit ``generator``'s context budget, the last one maybe
-    trimmed; ValueError when the question alone does not fit."""
+    trimmed; :class:`QuestionTooLongError` when the question alone does not fit."""
     budget = generator.max_positions - max_new_tokens
     overhead = len(generator.prompt_ids(generator.messages(question, []))[0])
     if overhead > budget:
-        raise ValueError(
+        raise QuestionTooLongError(
             f"the question alone takes {overhead} tokens, over the budget of {budget} "
             f"({generator.max_positions} positions - {max_new_tokens} new tokens)"
         )

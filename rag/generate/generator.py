@@ -26,9 +26,9 @@ import torch
 
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 from rag.generate import context_budget, scoring
-from rag.generate.batching import BatchedDecoder
+from rag.generate.batching import BatchedDecoder, eos_ids
 from rag.generate.speed import DecodeSpeed
-from rag.generate.stopping import DecodingRules, trim_repetition
+from rag.generate.stopping import DecodingRules, loop_cut, trim_repetition
 from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
 from rag.prompt import build_messages
 
@@ -256,14 +256,15 @@ class Generator:
         use_cache: bool = True,
         use_prefix_cache: bool | None = None,
         min_new_tokens: int = 0,
-        stats: dict[str, float] | None = None,
+        stats: dict[str, Any] | None = None,
         prompt_cache: Any = None,
         ban: Sequence[Sequence[int]] | None = None,
     ) -> list[int]:
         """New token ids for a prompt given as ids (the benchmark's entry point), as decoded:
         a loop the guard stopped is not trimmed here but in :meth:`generate`.
 
-        ``stats``, when given, is filled with prompt_tokens, new_tokens, ttft_s and total_s.
+        ``stats``, when given, is filled with prompt_tokens, new_tokens, ttft_s, total_s and
+        finish_reason (:meth:`finish_reason`).
         ``prompt_cache`` is a KV cache of a prefix of ``ids`` to start from (instead of the
         system-prefix cache); ``ban`` lists id sequences never to decode (``bad_words_ids``).
         """
@@ -292,8 +293,23 @@ class Generator:
                 new_tokens=len(new),
                 ttft_s=(clock.first - t0) if clock.first else total,
                 total_s=total,
+                finish_reason=self.finish_reason(new, max_new_tokens, stop),
             )
         return new
+
+    def finish_reason(
+        self, new: Sequence[int], max_new_tokens: int, stop: Sequence[str] | None = None
+    ) -> str:
+        """Why decoding the new ids ``new`` ended, in OpenAI's words: ``"length"`` when it ran to
+        ``max_new_tokens`` and nothing else ended it there (eos, a stop string of ``stop`` or of
+        :attr:`rules`, the loop guard), else ``"stop"``. Read from the ids, because
+        ``model.generate`` and the batched decoder both return ids only, so both report alike."""
+        if len(new) < max_new_tokens or (new and int(new[-1]) in eos_ids(self.model)):
+            return "stop"
+        if loop_cut(list(new), self.rules) is not None:
+            return "stop"
+        text = self.tokenizer.decode(list(new), skip_special_tokens=False)
+        return "stop" if cut_at_stop(text, self.rules.stops(stop))[1] else "length"
 
     def generate(
         self,
@@ -304,7 +320,7 @@ class Generator:
         stop: Sequence[str] | None = DEFAULT_STOP,
         *,
         use_prefix_cache: bool | None = None,
-        stats: dict[str, float] | None = None,
+        stats: dict[str, Any] | None = None,
         prompt_cache: Any = None,
         ban: Sequence[Sequence[int]] | None = None,
     ) -> str:
@@ -347,11 +363,12 @@ class Generator:
         stop: Sequence[str] | None = DEFAULT_STOP,
         *,
         use_prefix_cache: bool | None = None,
-        stats: dict[str, float] | None = None,
+        stats: dict[str, Any] | None = None,
         prompt_cache: Any = None,
         ban: Sequence[Sequence[int]] | None = None,
     ) -> Iterator[str]:
         """Text deltas of the reply as they are decoded; joined they equal :meth:`generate`.
+        ``stats`` as for :meth:`generate_ids`, filled once the reply is complete.
 
         Closing the iterator early (e.g. a UI "stop" button) cancels decoding.
         """
@@ -398,4 +415,10 @@ class Generator:
         if errors:
             raise errors[0]
         if stats is not None:
-            stats.update(prompt_tokens=len(ids), total_s=time.perf_counter() - t0)
+            new = streamer.ids  # every id decoded: a stop string's and a trimmed loop's too
+            stats.update(
+                prompt_tokens=len(ids),
+                new_tokens=len(new),
+                total_s=time.perf_counter() - t0,
+                finish_reason=self.finish_reason(new, max_new_tokens, stop),
+            )

@@ -55,18 +55,22 @@ class TokenQueue:
     """A ``generate`` streamer that hands each step's new token ids to the consuming thread.
 
     ``generate`` first pushes the prompt, which is skipped; :meth:`end` closes the iteration.
-    Batch size 1 only, like ``TextIteratorStreamer``.
+    Batch size 1 only, like ``TextIteratorStreamer``. ``ids`` keeps every new id put (the
+    decoder's side: read it once decoding has ended).
     """
 
     def __init__(self) -> None:
         self._queue: queue.Queue[list[int] | None] = queue.Queue()
         self._prompt_seen = False
+        self.ids: list[int] = []
 
     def put(self, value: torch.Tensor) -> None:
         if not self._prompt_seen:
             self._prompt_seen = True
             return
-        self._queue.put(value.reshape(-1).tolist())
+        ids = value.reshape(-1).tolist()
+        self.ids.extend(ids)
+        self._queue.put(ids)
 
     def end(self) -> None:
         self._queue.put(None)

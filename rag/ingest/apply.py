@@ -51,13 +51,16 @@ from rag.manifest import (
 from rag.retrieval.bm25 import BM25Index
 from rag.types import Chunk
 
-CRASH_ENV = "RAG_INGEST_CRASH_AT"  # test hook: SIGKILL ourselves at the named checkpoint
+# test hook: SIGKILL ourselves at the named checkpoint ("mid-encode"), or SIGTERM
+# ("mid-encode:TERM")
+CRASH_ENV = "RAG_INGEST_CRASH_AT"
 
 
 def _checkpoint(name: str) -> None:
-    """Crash here when the test hook asks to (used by the kill -9 tests)."""
-    if os.environ.get(CRASH_ENV) == name:
-        os.kill(os.getpid(), signal.SIGKILL)
+    """Crash here when the test hook asks to (used by the kill -9 and SIGTERM tests)."""
+    point, _, sig = os.environ.get(CRASH_ENV, "").partition(":")
+    if point == name:
+        os.kill(os.getpid(), signal.SIGTERM if sig == "TERM" else signal.SIGKILL)
 
 
 def _resolve_backend(cfg: IngestConfig, old: Manifest | None) -> None:

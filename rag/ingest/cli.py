@@ -16,11 +16,12 @@ import json
 import sys
 
 from indexes import BACKENDS
-from rag.cli import OneLineParser, add_index_args, run_cli
+from rag.cli import OneLineParser, add_index_args, run_cli, sigterm_exits
 from rag.dataclass_cli import add_dataclass_args, config_from_args
 from rag.defaults import DEFAULT_CHUNK_TOKENS
 from rag.ingest.apply import ingest_config
 from rag.ingest.config import ENGINES, FAISS_KINDS, IngestConfig, IngestReport
+from rag.paths import printable
 from rag.precision import PRECISION_SETTINGS
 from rag.retrieval.encoder import ENCODER_BACKENDS
 
@@ -81,13 +82,15 @@ MAX_SKIPPED_LINES = 20  # a folder of images should not bury the summary; --json
 
 
 def print_report(report: IngestReport) -> None:
-    """The per-file lines and the summary on stderr (stdout stays for --json)."""
+    """The per-file lines and the summary on stderr (stdout stays for --json); control
+    characters in names and reasons escaped (:func:`rag.paths.printable`), so a file named
+    ``"x\\nfailed: y"`` is one line."""
     for note in report.notes:
-        print(f"note: {note}", file=sys.stderr)
+        print(f"note: {printable(note)}", file=sys.stderr)
     for path, reason in report.failures:
-        print(f"failed: {path}: {reason}", file=sys.stderr)
+        print(f"failed: {printable(path)}: {printable(reason)}", file=sys.stderr)
     for path, reason in report.skipped[:MAX_SKIPPED_LINES]:
-        print(f"skipped: {path}: {reason}", file=sys.stderr)
+        print(f"skipped: {printable(path)}: {printable(reason)}", file=sys.stderr)
     if len(report.skipped) > MAX_SKIPPED_LINES:
         more = len(report.skipped) - MAX_SKIPPED_LINES
         print(f"skipped: ... and {more} more (--json lists them all)", file=sys.stderr)
@@ -95,8 +98,11 @@ def print_report(report: IngestReport) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit 0 when every file was ingested, 1 when some failed (the rest is published)."""
-    report = ingest_config(config_from_args(IngestConfig, args))
+    """Exit 0 when every file was ingested, 1 when some failed (the rest is published); a
+    SIGTERM stops the run cleanly (:func:`rag.cli.sigterm_exits`: a first run's folder is
+    removed, the lock released, exit 143)."""
+    with sigterm_exits():
+        report = ingest_config(config_from_args(IngestConfig, args))
     print_report(report)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))

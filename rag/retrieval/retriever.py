@@ -36,6 +36,7 @@ from rag.retrieval.embedding_cache import EmbeddingCache
 from rag.retrieval.encoder import Encoder, EncoderMismatchError
 from rag.retrieval.engine import SearchEngine
 from rag.retrieval.filters import Where
+from rag.retrieval.query import check_query
 from rag.retrieval.rerank import Reranker, load_reranker
 from rag.retrieval.settings import DEFAULTS, RetrievalSettings
 from rag.types import Chunk, Hit
@@ -394,8 +395,9 @@ class Retriever:
         settings' when None; ``where``: a document filter, :meth:`Where.parse
         <rag.retrieval.filters.Where.parse>`'s input, None = the settings' own, ``[]`` = none;
         ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
-        :meth:`rag.retrieval.engine.SearchEngine.search_many`)."""
-        return self.search_many([query], k, mode, where, **options)[0]
+        :meth:`rag.retrieval.engine.SearchEngine.search_many`). A query without a word is
+        refused (:func:`rag.retrieval.query.check_query`): its hits would be arbitrary."""
+        return self.search_many([check_query(query)], k, mode, where, **options)[0]
 
     def search_many(
         self,

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag.defaults import MODES
 from rag.retrieval.filters import FilterError, Where
+from rag.retrieval.query import check_query
 from rag.types import Answer
 
 MODEL_PREFIX = "rag:"
@@ -166,6 +167,47 @@ def split_messages(messages: list[ChatMessage]) -> tuple[str, list[dict[str, str
     return question, history
 
 
+def check_text(value: Any, param: str = "") -> None:
+    """Refuse a request whose parsed JSON holds a lone surrogate (``"\\ud800"``): JSON allows the
+    escape and Python parses it, but it is no text, and the tokenizers and UTF-8 encoders behind
+    the pipeline fail on it (a 500, which OpenAI clients retry). ``param`` names the field."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            where = param or "the request"
+            raise ApiError(
+                400,
+                f"{where} holds a lone surrogate ({ascii(value[e.start])}), which is not text",
+                param=param or None,
+                code="invalid_value",
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            check_text(key, param)
+            check_text(item, f"{param}.{key}" if param else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            check_text(item, f"{param}.{i}" if param else str(i))
+
+
+def check_question(question: str, limit: int) -> None:
+    """A question over ``limit`` characters is refused (400, OpenAI's code for a string over
+    its maximum length), and so is one without a word (:func:`rag.retrieval.query.check_query`),
+    before anything is retrieved."""
+    if len(question) > limit:
+        raise ApiError(
+            400,
+            f"the question is {len(question)} characters, over this server's limit of {limit}",
+            param="messages",
+            code="string_above_max_length",
+        )
+    try:
+        check_query(question, "question")
+    except ValueError as e:
+        raise ApiError(400, str(e), param="messages") from None
+
+
 def check_chat_request(req: ChatRequest) -> None:
     """Refuse what this server would otherwise quietly answer differently from OpenAI."""
     if req.n is not None and req.n > 1:
@@ -280,7 +322,9 @@ def rag_info(answer: Answer) -> dict[str, Any]:
 
 
 def usage(answer: Answer) -> dict[str, int]:
-    """Token counts from the pipeline's timings (0 where it did not report them)."""
+    """The decoder's token counts, in its tokenizer's tokens (the pipeline's timings): the
+    prompt it decoded from and the tokens it decoded. An answer nothing was decoded for (a
+    refusal, a reader's extracted sentence) counts 0 and 0 (docs/serving.md, *Usage*)."""
     prompt = int(answer.timings.get("prompt_tokens", 0))
     completion = int(answer.timings.get("new_tokens", 0))
     return {
@@ -290,16 +334,13 @@ def usage(answer: Answer) -> dict[str, int]:
     }
 
 
-def finish_reason(answer: Answer, max_new: int) -> str:
-    return "length" if answer.timings.get("new_tokens", 0) >= max_new else "stop"
-
-
-def completion(meta: dict[str, Any], text: str, answer: Answer, max_new: int) -> dict[str, Any]:
-    """A ``chat.completion`` object; ``meta`` holds id, created and model."""
+def completion(meta: dict[str, Any], text: str, answer: Answer) -> dict[str, Any]:
+    """A ``chat.completion`` object; ``meta`` holds id, created and model. ``finish_reason`` is
+    the answer's own: ``length`` when the decoder stopped at max_tokens, else ``stop``."""
     choice = {
         "index": 0,
         "message": {"role": "assistant", "content": text},
-        "finish_reason": finish_reason(answer, max_new),
+        "finish_reason": answer.finish_reason,
         "logprobs": None,
     }
     return {
@@ -321,16 +362,15 @@ def chunk(
     return {**meta, "object": "chat.completion.chunk", "choices": [choice], **extra}
 
 
-def final_chunks(
-    meta: dict[str, Any], answer: Answer, max_new: int, include_usage: bool
-) -> list[dict[str, Any]]:
+def final_chunks(meta: dict[str, Any], answer: Answer, include_usage: bool) -> list[dict[str, Any]]:
     """The chunk with ``finish_reason`` (carrying ``sources`` and ``rag``), then the usage chunk
-    when the client asked for it (``stream_options.include_usage``, empty ``choices``)."""
+    when the client asked for it (``stream_options.include_usage``: as OpenAI sends it, one
+    last chunk with empty ``choices`` and ``usage``; without it no chunk carries usage)."""
     out = [
         chunk(
             meta,
             {},
-            finish_reason(answer, max_new),
+            answer.finish_reason,
             sources=sources(answer),
             answer_span=answer_span(answer),
             rag=rag_info(answer),

@@ -35,6 +35,8 @@ from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, ResolvedModels, add_config_args, check_models, resolve_models
 from rag.config import config_from_args as rag_config_from_args
 from rag.dataclass_cli import BoolFlag, add_dataclass_args, config_from_args
+from rag.generate.context_budget import QuestionTooLongError
+from rag.manifest import IndexNotFoundError
 from rag.paths import (
     IndexNameError,
     check_existing_index,
@@ -50,6 +52,8 @@ from rag.serve.api import (
     ChatRequest,
     EmbeddingRequest,
     check_chat_request,
+    check_question,
+    check_text,
     chunk,
     completion,
     embedding_data,
@@ -60,7 +64,7 @@ from rag.serve.api import (
     split_messages,
     sse,
 )
-from rag.serve.documents import add_document_routes
+from rag.serve.documents import add_document_routes, not_ingested
 from rag.serve.http import (
     ClosingStreamingResponse,
     Guard,
@@ -91,6 +95,10 @@ class ServeOptions:
     port: int = 8000  # TCP port
     api_key: str | None = None  # None: no key asked (fine on loopback only)
     max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
+    # longest question (the last user message) in characters; longer is a 400. 4,000 are
+    # 1,100-1,300 SmolLM2 tokens (of docs/*.md): room for a pasted error message, while the
+    # system prompt, some passages and the answer still fit the decoder's 2,048-token context
+    max_question_chars: int = 4000
     max_body_bytes: int = 1 << 20  # request bodies over this are refused (413)
     max_concurrent: int = 4  # chat completions in flight; more get 429 (clients retry)
     max_embedding_inputs: int = 256  # texts per embeddings request
@@ -135,13 +143,15 @@ class Service:
         if shared is not None:
             shared.load()
 
-    async def start(self, req: ChatRequest) -> tuple[Run, Any, int, str]:
+    async def start(self, req: ChatRequest) -> tuple[Run, Any, str]:
         """Validate, take a slot, and run the pipeline to its first item, so failures before
         any text (a broken index) still get a proper status code. Returns (run, first item,
-        max_new_tokens, index)."""
+        index)."""
+        check_text(req.model_dump())  # first: every later step, and an error naming it, needs text
         index = self.index_for(req.model)
         check_chat_request(req)
         question, history = split_messages(req.messages)
+        check_question(question, self.options.max_question_chars)
         limit = self.options.max_tokens_limit
         max_new = max_new_tokens(req, self.config.max_new_tokens, limit)
         self.slots.take()
@@ -165,10 +175,16 @@ class Service:
                 await run.close()
             else:
                 self.slots.give()
+            if isinstance(e, QuestionTooLongError):  # the request's fault, not the server's
+                raise ApiError(
+                    400, str(e), param="messages", code="context_length_exceeded"
+                ) from None
+            if isinstance(e, IndexNotFoundError):  # its last generation went meanwhile
+                raise not_ingested(index) from None
             if isinstance(e, Exception) and not isinstance(e, ApiError):
                 raise server_error(e) from None
             raise
-        return run, first, max_new, index
+        return run, first, index
 
 
 def _meta(model: str) -> dict[str, Any]:
@@ -176,7 +192,7 @@ def _meta(model: str) -> dict[str, Any]:
 
 
 async def _events(
-    run: Run, first: Any, meta: dict[str, Any], max_new: int, include_usage: bool
+    run: Run, first: Any, meta: dict[str, Any], include_usage: bool
 ) -> AsyncIterator[str]:
     """The SSE stream: a role chunk, one chunk per text delta, the finish chunk with
     ``sources``, the usage chunk when asked, ``[DONE]``. Closing it closes the pipeline's stream."""
@@ -190,7 +206,7 @@ async def _events(
                 yield sse(chunk(meta, {"content": str(item)}))
             item = await run.next()
         await run.close()  # the slot is free before [DONE]: a client's next request fits
-        for obj in final_chunks(meta, item, max_new, include_usage):
+        for obj in final_chunks(meta, item, include_usage):
             yield sse(obj)
         yield DONE
     except Exception as e:  # noqa: BLE001 - the headers are sent: report in-band
@@ -252,12 +268,12 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        run, first, max_new, index = await service.start(body)
+        run, first, index = await service.start(body)
         meta = _meta(MODEL_PREFIX + index)
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             return ClosingStreamingResponse(
-                _events(run, first, meta, max_new, usage),
+                _events(run, first, meta, usage),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
             )
@@ -276,10 +292,11 @@ def create_app(
             raise server_error(e) from None
         finally:
             await run.close()
-        return JSONResponse(completion(meta, "".join(parts), item, max_new))
+        return JSONResponse(completion(meta, "".join(parts), item))
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> dict[str, Any]:
+        check_text(body.model_dump())
         index = service.index_for(body.model)
         texts = embedding_texts(body, options.max_embedding_inputs)
 
@@ -334,7 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_args(
         p,
         ServeOptions,
-        only=("host", "port", "api_key", "max_tokens_limit", "max_body_bytes", "max_concurrent"),
+        only=(
+            "host",
+            "port",
+            "api_key",
+            "max_tokens_limit",
+            "max_question_chars",
+            "max_body_bytes",
+            "max_concurrent",
+        ),
         help={
             "host": "address to bind",
             "port": "TCP port",
@@ -354,7 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    for flag in ("port", "max_tokens_limit", "max_body_bytes", "max_concurrent"):
+    for flag in (
+        "port",
+        "max_tokens_limit",
+        "max_question_chars",
+        "max_body_bytes",
+        "max_concurrent",
+    ):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be >= 1, not {getattr(args, flag)}")
     options = config_from_args(ServeOptions, args)

@@ -22,7 +22,8 @@ from rag.manifest import IndexNotFoundError
 from rag.serve.api import MODEL_PREFIX, ApiError
 
 
-def _not_ingested(index: str) -> ApiError:
+def not_ingested(index: str) -> ApiError:
+    """The 404 for an index with no published generation (listed, then emptied meanwhile)."""
     return ApiError(
         404,
         f"index {index!r} has no published generation yet (ingest documents into it first)",
@@ -41,7 +42,7 @@ def add_document_routes(app: FastAPI, index_for: Callable[[str], str]) -> None:
         try:
             docs = await anyio.to_thread.run_sync(list_documents, index)
         except IndexNotFoundError:
-            raise _not_ingested(index) from None
+            raise not_ingested(index) from None
         return {
             "object": "list",
             "model": MODEL_PREFIX + index,
@@ -64,7 +65,7 @@ def add_document_routes(app: FastAPI, index_for: Callable[[str], str]) -> None:
         try:
             report = await anyio.to_thread.run_sync(remove_documents, index, [path])
         except IndexNotFoundError:
-            raise _not_ingested(index) from None
+            raise not_ingested(index) from None
         except DocumentNotFoundError:
             raise unknown from None
         except RuntimeError as e:  # the index's lock: an ingest or removal is running

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
+import re
 import sys
 from typing import Any
 
@@ -23,6 +25,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag.cli import one_line
+from rag.paths import indexes_dir, rag_home
 from rag.serve.api import ApiError, error_body
 
 log = logging.getLogger("rag.serve")
@@ -33,9 +36,32 @@ READABLE = (ValueError, LookupError, OSError)
 
 
 def readable(exc: BaseException) -> str:
+    """The message a client gets for ``exc``: its own text for the errors written for people,
+    with the server's paths taken out (:func:`hide_paths`), else a generic line."""
     if isinstance(exc, READABLE) and str(exc):
-        return one_line(str(exc))
+        return hide_paths(one_line(str(exc)))
     return f"internal error ({type(exc).__name__}); the details are in the server log"
+
+
+# An absolute path in a message: "/" at the start or after a space, quote, bracket or "=", up
+# to the next space, quote, bracket, comma, colon or semicolon (a message's own punctuation).
+_ABSOLUTE_PATH = re.compile(r"(?<![^\s'\"(\[=])/[^\s'\"()\[\],:;]+")
+
+
+def hide_paths(text: str) -> str:
+    """``text`` without the server's absolute paths (docs/security.md: what the API sends never
+    shows the machine's layout; the server log keeps them). A path under
+    ``$RAG_HOME/indexes`` becomes the index's name and the path inside it (``docs/CURRENT``),
+    one elsewhere under ``$RAG_HOME`` reads ``$RAG_HOME/...``, any other keeps its last part
+    (``…/model.safetensors``)."""
+    for folder, inside, itself in (
+        (indexes_dir(), "", "$RAG_HOME/indexes"),
+        (rag_home(), "$RAG_HOME/", "$RAG_HOME"),
+    ):
+        for root in dict.fromkeys((str(folder), str(folder.resolve()))):
+            if os.path.isabs(root) and root != os.sep:
+                text = text.replace(root + os.sep, inside).replace(root, itself)
+    return _ABSOLUTE_PATH.sub(lambda m: "…/" + m.group().rstrip("/").rsplit("/", 1)[-1], text)
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
