@@ -19,7 +19,7 @@ import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages, model_config
 
-from rag.generate.batching import BatchedDecoder
+from rag.generate.batching import CPU_FORWARD_COST_TOKENS, BatchedDecoder, plan_prefill
 from rag.generate.generator import Generator
 from rag.generate.stopping import DecodingRules
 from rag.generate.streaming import Cancel
@@ -39,10 +39,18 @@ def tok():
     return build_tokenizer()
 
 
+# A prefill forward's fixed cost above any padding: all requests admitted together share one
+# forward (as on an accelerator), the hardest case for exactness. The CPU default splits
+# requests of very different lengths (test_default_cpu_plan_...).
+ONE_FORWARD = 10**6
+
+
 def pair(model: Any, tok: Any, **kw: Any) -> tuple[Generator, Generator]:
     """An unbatched and a batched generator over the same model."""
     max_batch = kw.pop("max_batch", 8)
+    forward_cost = kw.pop("forward_cost", ONE_FORWARD)
     batched = Generator(model, tok, "cpu", batching=True, max_batch=max_batch, **kw)
+    batched.batcher.prefill_forward_cost = forward_cost
     return Generator(model, tok, "cpu", **kw), batched
 
 
@@ -376,29 +384,62 @@ def test_requests_waiting_together_share_one_prefill(gens, prefix):
     assert prefill_shapes(shapes) == [(len(reqs), longest)]  # one forward, suffixes padded
 
 
+class Gate:
+    """A stopping criterion that holds the worker at its row's ``at``-th new token until
+    :attr:`open` is set (never stops the row): requests queued meanwhile join together."""
+
+    def __init__(self, prompt_len: int, at: int) -> None:
+        self.prompt_len, self.at = prompt_len, at
+        self.reached, self.open = threading.Event(), threading.Event()
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        if input_ids.shape[1] - self.prompt_len == self.at:
+            self.reached.set()
+            self.open.wait(timeout=60)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
 def test_group_joining_a_running_batch_in_one_prefill(gens):
     """Requests that arrive together while others decode are prefilled in one forward and
     merged into the running batch; nobody's answer changes."""
     alone, batched = gens
     reqs = prompts(alone)
     expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    assert min(len(e) for e in expected[3:]) > 4  # the first two still decode when the rest join
     warm(batched, reqs)
-    first = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs[3:]]
-    later = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs[:3]]
-    box: list[Any] = []
+    gate = Gate(len(reqs[3][0]), at=3)
+    first = []
     with forwards(batched.model) as shapes:
-        t = threading.Thread(target=lambda: box.extend(together(batched, first)))
-        steps = batched.batcher.steps
-        t.start()
+        with batched._decode_lock:  # the first two are admitted together
+            for i, (ids, p, n) in enumerate(reqs[3:]):
+                kw = batched._generate_kwargs(
+                    ids, p, max_new_tokens=n, temperature=0.0, top_p=1.0, stop=None,
+                    use_cache=True, use_prefix_cache=None, min_new_tokens=0,
+                )  # fmt: skip
+                if i == 0:
+                    kw["stopping_criteria"].append(gate)
+                first.append(batched.batcher.submit(kw))
+        assert gate.reached.wait(timeout=60)  # the worker is held mid-step, lock taken
+        target, joined = batched.batcher.requests + 3, [None] * 3
+
+        def later(i: int) -> None:
+            ids, p, n = reqs[i]
+            joined[i] = batched.generate_ids(ids, p, max_new_tokens=n)
+
+        threads = [threading.Thread(target=later, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
         t0 = time.monotonic()
-        while batched.batcher.steps < steps + 3 and time.monotonic() - t0 < 30:
-            time.sleep(0.001)
-        joined = together(batched, later)
-        t.join(timeout=120)
-    assert box + joined == expected[3:] + expected[:3]
+        while batched.batcher.requests < target and time.monotonic() - t0 < 30:
+            time.sleep(0.002)
+        gate.open.set()
+        for t in threads:
+            t.join(timeout=120)
+        assert all(r.done.wait(timeout=120) and r.error is None for r in first)
+    assert [r.ids[0, r.prompt_len :].tolist() for r in first] == expected[3:]
+    assert joined == expected[:3]
     assert [s[0] for s in prefill_shapes(shapes)] == [2, 3]
-    rows_at_step = [s[0] for s in shapes if s[1] == 1]
-    assert max(rows_at_step) == 5  # the three joined the two decoding
+    assert max(s[0] for s in shapes if s[1] == 1) == 5  # the three joined the two decoding
 
 
 def test_prefill_token_budget_splits_a_group(tok):
@@ -410,7 +451,7 @@ def test_prefill_token_budget_splits_a_group(tok):
     budget = 2 * suffixes[1]  # the two shortest fit a forward; the longest alone is over it
     assert suffixes[-1] > budget
     batched = Generator(model, tok, "cpu", batching=True)
-    batched.batcher.max_prefill_tokens = budget
+    batched.batcher.max_prefill_tokens, batched.batcher.prefill_forward_cost = budget, ONE_FORWARD
     expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
     warm(batched, reqs)
     calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
@@ -423,6 +464,41 @@ def test_prefill_token_budget_splits_a_group(tok):
     assert (1, suffixes[-1]) in groups  # over the budget alone: still prefilled
     with pytest.raises(ValueError, match="max_prefill_tokens"):
         BatchedDecoder(model, tok, max_prefill_tokens=0)
+    with pytest.raises(ValueError, match="prefill_forward_cost"):
+        BatchedDecoder(model, tok, prefill_forward_cost=-1)
+
+
+def test_plan_prefill_weighs_padding_against_a_forward():
+    """Forward cost 32 tokens (the CPU default): rows of like lengths share a forward, a row
+    that would add more padding than a forward costs does not; a cost above any padding puts
+    all that fit the budget in one forward; a single prompt over the budget goes alone. (Cost
+    of the plans: forwards x cost + rows x longest, in tokens.)"""
+    assert plan_prefill([100, 100, 100], 4096, 32) == [3]
+    assert plan_prefill([100, 300], 4096, 32) == [1, 1]  # 200 pads > one forward
+    assert plan_prefill([100, 110, 120, 300, 310], 4096, 32) == [3, 2]
+    assert plan_prefill([100, 300], 4096, 4096) == [2]
+    assert plan_prefill([50, 50], 4096, 0) == [2]  # a tie: fewer forwards
+    sizes = plan_prefill([100] * 5, 250, ONE_FORWARD)  # two rows of 100 fit 250
+    assert sum(sizes) == 5 and max(sizes) == 2 and len(sizes) == 3
+    assert plan_prefill([5000], 4096, 32) == [1] and plan_prefill([], 4096, 32) == []
+
+
+def test_default_cpu_plan_shares_a_forward_between_like_lengths(tok):
+    model = sharp_model("qwen2", tok)
+    alone = Generator(model, tok, "cpu")
+    batched = Generator(model, tok, "cpu", batching=True)
+    assert batched.batcher.prefill_forward_cost == CPU_FORWARD_COST_TOKENS
+    reqs = prompts(alone)
+    short, long = reqs[0], reqs[-1]
+    assert (len(long[0]) - long[1]) - (len(short[0]) - short[1]) > CPU_FORWARD_COST_TOKENS
+    reqs = [short, short, long]
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    warm(batched, reqs)
+    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
+    with forwards(model) as shapes:
+        assert together(batched, calls) == expected
+    batched.batcher.close()
+    assert prefill_shapes(shapes) == [(2, len(short[0]) - short[1]), (1, len(long[0]) - long[1])]
 
 
 def test_a_failing_request_fails_alone_in_a_batched_prefill(gens):

@@ -1,15 +1,15 @@
 """Batched decoding: one forward step decodes every request in flight (continuous batching).
 
-Without it, :class:`rag.generate.generator.Generator` serves one ``model.generate`` at a time under its
-decode lock, so N concurrent users wait for each other's whole answers (16 UI sessions: p50
+Without it, :class:`rag.generate.generator.Generator` serves one ``model.generate`` at a time under
+its decode lock, so N concurrent users wait for each other's whole answers (16 UI sessions: p50
 56-64 s, 0.22 req/s, docs/benchmarks.md). A decode step of a small model reads every weight once
 whatever the batch, so B sequences per step cost far less than B steps. :class:`BatchedDecoder`
 owns a worker thread that, per iteration, admits the requests waiting (all of them, up to
-``max_batch`` rows in all: prefilled *together*, one forward per group of at most
-``max_prefill_tokens`` padded tokens, each from the generator's prefix cache when it has one,
-then merged into the batch in one go), runs one step for all rows, and lets rows leave on eos, a
-stop string, the loop guard, ``max_new_tokens`` or cancellation (a closed stream) — the slot is
-free for the next iteration.
+``max_batch`` rows in all: prefilled *together*, one padded forward per group of at most
+``max_prefill_tokens`` tokens, each row from the generator's prefix cache when it has one, each
+group then merged into the batch in one go), runs one step for all rows, and lets rows leave on
+eos, a stop string, the loop guard, ``max_new_tokens`` or cancellation (a closed stream) — the slot
+is free for the next iteration.
 
 Why not a library. ``model.generate`` decodes a fixed batch handed over at once; nothing joins
 or leaves mid-way. transformers 5.24 does ship continuous batching (``model.generate_batch``,
@@ -33,24 +33,28 @@ token ids batched or alone (float32; tests/test_batching.py checks Llama and Qwe
 whose layers are all full-attention ``DynamicLayer`` are supported (not sliding-window layers such
 as ModernBERT-decoder's local attention): :meth:`BatchedDecoder.supports`.
 
-Batched prefill. Requests admitted together are prefilled by one forward: each row's cache (the
-prefix cache the generator handed it, or nothing) is left-padded to the longest, and each row's
-*suffix* (the prompt ids its cache does not hold) is left-padded to the longest suffix. So the
-pads sit in the middle, between a row's cached prefix and its suffix; the 2D mask hides them,
-``position_ids`` give the suffix tokens their real positions (after the row's own prefix), and
-causality keeps the leading pads out of every real token's view. Left padding of the suffix
-(rather than right) puts every row's last real token in the last column, so ``logits_to_keep=1``
-gives each row its next-token logits; right padding would need the logits of every position (or
-the model's hidden states) to find them. Pads that see no real column at all (a row without a
-cache, shorter than the longest suffix) are fully masked rows, which torch's SDPA returns as zeros
-and eager attention as a finite average; their outputs are never read. After the forward each
-row's columns are moved right-aligned (one gather per layer; pad columns zeroed), which is the
-decode batch's own layout, and the group joins the batch by one concatenation. Why not keep the
-middle padding while decoding: with every row right-aligned, a step's mask and positions follow
-from the row lengths alone, and rows leaving trim the padding all rows share with a slice. The
-token budget bounds a prefill forward's activations (rows x longest suffix); requests are grouped
-shortest suffix first, which keeps the padding small. If a group's forward raises, its requests
-are prefilled again one at a time, so an error reaches only the request that causes it.
+Batched prefill. Requests admitted together are prefilled together, one forward per group (which
+ones share a forward: below): each row's cache (the prefix cache the generator handed it, or
+nothing) is left-padded to the longest, and each row's *suffix* (the prompt ids its cache does not
+hold) is left-padded to the longest suffix. So the pads sit in the middle, between a row's cached
+prefix and its suffix; the 2D mask hides them, ``position_ids`` give the suffix tokens their real
+positions (after the row's own prefix), and causality keeps the leading pads out of every real
+token's view. Left padding of the suffix (rather than right) puts every row's last real token in
+the last column, so ``logits_to_keep=1`` gives each row its next-token logits; right padding would
+need the logits of every position (or the model's hidden states) to find them. Pads that see no
+real column at all (a row without a cache, shorter than the longest suffix) are fully masked rows,
+which torch's SDPA returns as zeros and eager attention as a finite average; their outputs are
+never read. After the forward each row's columns are moved right-aligned (one gather per layer; pad
+columns zeroed), which is the decode batch's own layout, and the group joins the batch by one
+concatenation. Why not keep the middle padding while decoding: with every row right-aligned, a
+step's mask and positions follow from the row lengths alone, and rows leaving trim the padding all
+rows share with a slice. The token budget bounds a prefill forward's activations (rows x longest
+suffix). Which requests share a forward is a cost estimate (:func:`plan_prefill`): on CPU prefill
+is compute-bound, a pad token costs as much as a real one, and batching saves only each forward's
+fixed cost (reading every weight once, ~33 tokens' worth for SmolLM2 in float32), so requests of
+like lengths share a forward and very different ones do not; on an accelerator all that fit the
+budget share one. If a group's forward raises, its requests are prefilled again one at a time, so
+an error reaches only the request that causes it.
 """
 
 from __future__ import annotations
@@ -185,10 +189,44 @@ class BatchRequest:
 # ---- the batch: requests joining and leaving one decode loop --------------------------------
 
 # Padded prompt tokens (rows x longest suffix) one batched prefill forward may compute; requests
-# beyond it wait for the next forward of the same admission. Bounds the prefill's activations
+# beyond it go to another forward of the same admission. Bounds the prefill's activations
 # (SmolLM2: 576 wide, so a few hundred MB in float32 at this size); a single longer prompt is
 # still prefilled, alone.
 DEFAULT_MAX_PREFILL_TOKENS = 4096
+# A forward's fixed cost on CPU in prompt tokens' worth: every forward streams all the weights
+# from memory whatever its size. Measured on the 2-core dev VM (SmolLM2-135M, float32, 2
+# threads, one prefill forward of k = 1, 4, 16 rows x L = 1-256 suffix tokens after the cached
+# system prefix): about 80 ms + 2.4 ms x k x L, so a row joining a forward saves ~33 tokens of
+# time and each pad token costs one. On an accelerator the fixed cost (kernel launches) dwarfs a
+# token's; there the whole budget is used: every request that fits shares the forward.
+CPU_FORWARD_COST_TOKENS = 32
+
+
+def plan_prefill(lengths: Sequence[int], budget: int, forward_cost: int) -> list[int]:
+    """Split requests of suffix ``lengths`` (sorted ascending) into consecutive groups, one
+    prefill forward each, minimising the estimated time ``forward_cost`` + rows x longest per
+    forward, with rows x longest <= ``budget`` unless a group is one request. Returns the group
+    sizes. Sorted lengths make consecutive groups optimal (a group's cost is set by its
+    longest), so a dynamic programme over the split points finds the best plan."""
+    n = len(lengths)
+    best: list[tuple[int, int]] = [(0, 0)] + [(0, 0)] * n  # (cost, forwards) of the first j
+    first = [0] * (n + 1)  # where the last group of the best plan for the first j starts
+    for j in range(1, n + 1):
+        longest, options = lengths[j - 1], []
+        for i in range(j - 1, -1, -1):  # the last group is i..j-1
+            rows = j - i
+            if rows > 1 and rows * longest > budget:
+                break  # more rows only grow it
+            cost, forwards = best[i]
+            options.append((cost + forward_cost + rows * longest, forwards + 1, i))
+        cost, forwards, first[j] = min(options)  # ties: fewer forwards, then longer last group
+        best[j] = (cost, forwards)
+    sizes = []
+    j = n
+    while j:
+        sizes.append(j - first[j])
+        j = first[j]
+    return sizes[::-1]
 
 
 def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -207,8 +245,11 @@ class BatchedDecoder:
     so unbatched calls such as ``score_continuations`` interleave between steps.
 
     ``max_batch`` bounds the rows decoded per step; ``max_prefill_tokens`` the padded tokens (rows
-    x longest uncached suffix) of one prefill forward: requests admitted together are prefilled
-    in as few forwards as fit it, shortest first (:data:`DEFAULT_MAX_PREFILL_TOKENS`).
+    x longest uncached suffix) of one prefill forward (:data:`DEFAULT_MAX_PREFILL_TOKENS`).
+    Requests admitted together are split, shortest suffix first, into the prefill forwards that
+    :func:`plan_prefill` estimates fastest, a forward's fixed cost being ``prefill_forward_cost``
+    tokens (None: :data:`CPU_FORWARD_COST_TOKENS` on CPU, elsewhere the whole budget, so all
+    that fit share one forward).
     """
 
     def __init__(
@@ -220,6 +261,7 @@ class BatchedDecoder:
         lock: threading.Lock | None = None,
         max_batch: int = 8,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        prefill_forward_cost: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -229,6 +271,12 @@ class BatchedDecoder:
         self.lock = lock or threading.Lock()
         self.max_batch = max_batch
         self.max_prefill_tokens = max_prefill_tokens
+        if prefill_forward_cost is None:
+            cpu = torch.device(device).type == "cpu"
+            prefill_forward_cost = CPU_FORWARD_COST_TOKENS if cpu else max_prefill_tokens
+        if prefill_forward_cost < 0:
+            raise ValueError(f"prefill_forward_cost must be >= 0, got {prefill_forward_cost}")
+        self.prefill_forward_cost = prefill_forward_cost
         self.eos = eos_ids(model)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
@@ -259,6 +307,7 @@ class BatchedDecoder:
         generator: Any,
         max_batch: int = 8,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        prefill_forward_cost: int | None = None,
     ) -> BatchedDecoder | None:
         """A decoder for ``generator``'s model under its decode lock, or None (with a warning)
         when the model's cache is not supported, so the generator stays unbatched."""
@@ -272,6 +321,7 @@ class BatchedDecoder:
             lock=generator._decode_lock,
             max_batch=max_batch,
             max_prefill_tokens=max_prefill_tokens,
+            prefill_forward_cost=prefill_forward_cost,
         )
 
     # ---- callers' side -------------------------------------------------------------------------
@@ -353,19 +403,16 @@ class BatchedDecoder:
         return joining
 
     def _admit(self, joining: Sequence[BatchRequest]) -> None:
-        """Prefill ``joining`` in groups of at most ``max_prefill_tokens`` padded tokens, shortest
-        suffix first (so rows of like lengths share a forward), and merge each into the batch."""
-        ready = [req for req in joining if self._prepare(req)]
-        ready.sort(key=lambda r: r.prompt_len - r.start)
-        group: list[BatchRequest] = []
-        for req in ready:
-            longest = req.prompt_len - req.start  # sorted: the group's longest suffix
-            if group and (len(group) + 1) * longest > self.max_prefill_tokens:
-                self._prefill(group)
-                group = []
-            group.append(req)
-        if group:
-            self._prefill(group)
+        """Prefill ``joining`` in the groups :func:`plan_prefill` picks (shortest suffix first,
+        at most ``max_prefill_tokens`` padded tokens each) and merge each into the batch."""
+        ready = sorted(
+            (req for req in joining if self._prepare(req)), key=lambda r: r.prompt_len - r.start
+        )
+        lengths = [r.prompt_len - r.start for r in ready]
+        done = 0
+        for size in plan_prefill(lengths, self.max_prefill_tokens, self.prefill_forward_cost):
+            self._prefill(ready[done : done + size])
+            done += size
 
     def _prepare(self, req: BatchRequest) -> bool:
         """Check ``req`` before its prefill and stream its prompt; False when it is finished
