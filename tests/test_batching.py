@@ -12,13 +12,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages, model_config
 
-from rag.generate.batching import BatchedDecoder
+from rag.generate.batching import CPU_FORWARD_COST_TOKENS, BatchedDecoder, plan_prefill
 from rag.generate.generator import Generator
 from rag.generate.stopping import DecodingRules
 from rag.generate.streaming import Cancel
@@ -38,10 +39,18 @@ def tok():
     return build_tokenizer()
 
 
+# A prefill forward's fixed cost above any padding: all requests admitted together share one
+# forward (as on an accelerator), the hardest case for exactness. The CPU default splits
+# requests of very different lengths (test_default_cpu_plan_...).
+ONE_FORWARD = 10**6
+
+
 def pair(model: Any, tok: Any, **kw: Any) -> tuple[Generator, Generator]:
     """An unbatched and a batched generator over the same model."""
     max_batch = kw.pop("max_batch", 8)
+    forward_cost = kw.pop("forward_cost", ONE_FORWARD)
     batched = Generator(model, tok, "cpu", batching=True, max_batch=max_batch, **kw)
+    batched.batcher.prefill_forward_cost = forward_cost
     return Generator(model, tok, "cpu", **kw), batched
 
 
@@ -307,6 +316,282 @@ def test_waiting_request_cancelled_without_prefill(tok):
     assert rec.puts == 0 and rec.ended and req.error is None  # never prefilled
     long.close()
     gen.batcher.close()
+
+
+# ---- batched prefill: requests admitted together share one forward ----------------------------
+
+
+@contextmanager
+def forwards(model: Any) -> Iterator[list[tuple[int, int]]]:
+    """Records the ``input_ids`` shape [rows, tokens] of every forward of ``model``; a prefill
+    has more than one token per row (warm the prefix cache first: its own forward is one too)."""
+    shapes: list[tuple[int, int]] = []
+    forward = model.forward
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        shapes.append(tuple(kwargs["input_ids"].shape))
+        return forward(*args, **kwargs)
+
+    model.forward = spy
+    try:
+        yield shapes
+    finally:
+        del model.forward
+
+
+def prefill_shapes(shapes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    return [s for s in shapes if s[1] > 1]
+
+
+def warm(gen: Generator, reqs: list[tuple[list[int], int, int]]) -> None:
+    """Compute the prefix caches ``reqs`` use, outside the forwards a test counts."""
+    for ids, p, _ in reqs:
+        gen._prefix_cache_for(ids[:p])
+
+
+def outcome(call: Callable[[], Any]) -> Callable[[], Any]:
+    """``call`` returning its exception instead of raising it."""
+
+    def run() -> Any:
+        try:
+            return call()
+        except Exception as e:
+            return e
+
+    return run
+
+
+@pytest.mark.parametrize("prefix", [True, False, "mixed"])
+def test_requests_waiting_together_share_one_prefill(gens, prefix):
+    """Prompts of different lengths (and, mixed, cached prefixes of different lengths: 0 or the
+    system turn) admitted at once: one forward prefills them all, and each answer is the ids it
+    gets unbatched."""
+    alone, batched = gens
+    reqs = prompts(alone)
+    uses = [prefix if prefix != "mixed" else bool(i % 2) for i in range(len(reqs))]
+    expected = [
+        alone.generate_ids(ids, p, max_new_tokens=n, use_prefix_cache=u)
+        for (ids, p, n), u in zip(reqs, uses, strict=True)
+    ]
+    warm(batched, reqs)
+    calls = [
+        lambda r=r, u=u: batched.generate_ids(r[0], r[1], max_new_tokens=r[2], use_prefix_cache=u)
+        for r, u in zip(reqs, uses, strict=True)
+    ]
+    with forwards(batched.model) as shapes:
+        assert together(batched, calls) == expected
+    longest = max(len(ids) - p * u for (ids, p, _), u in zip(reqs, uses, strict=True))
+    assert prefill_shapes(shapes) == [(len(reqs), longest)]  # one forward, suffixes padded
+
+
+class Gate:
+    """A stopping criterion that holds the worker at its row's ``at``-th new token until
+    :attr:`open` is set (never stops the row): requests queued meanwhile join together."""
+
+    def __init__(self, prompt_len: int, at: int) -> None:
+        self.prompt_len, self.at = prompt_len, at
+        self.reached, self.open = threading.Event(), threading.Event()
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        if input_ids.shape[1] - self.prompt_len == self.at:
+            self.reached.set()
+            self.open.wait(timeout=60)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_group_joining_a_running_batch_in_one_prefill(gens):
+    """Requests that arrive together while others decode are prefilled in one forward and
+    merged into the running batch; nobody's answer changes."""
+    alone, batched = gens
+    reqs = prompts(alone)
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    assert min(len(e) for e in expected[3:]) > 4  # the first two still decode when the rest join
+    warm(batched, reqs)
+    gate = Gate(len(reqs[3][0]), at=3)
+    first = []
+    with forwards(batched.model) as shapes:
+        with batched._decode_lock:  # the first two are admitted together
+            for i, (ids, p, n) in enumerate(reqs[3:]):
+                kw = batched._generate_kwargs(
+                    ids, p, max_new_tokens=n, temperature=0.0, top_p=1.0, stop=None,
+                    use_cache=True, use_prefix_cache=None, min_new_tokens=0,
+                )  # fmt: skip
+                if i == 0:
+                    kw["stopping_criteria"].append(gate)
+                first.append(batched.batcher.submit(kw))
+        assert gate.reached.wait(timeout=60)  # the worker is held mid-step, lock taken
+        target, joined = batched.batcher.requests + 3, [None] * 3
+
+        def later(i: int) -> None:
+            ids, p, n = reqs[i]
+            joined[i] = batched.generate_ids(ids, p, max_new_tokens=n)
+
+        threads = [threading.Thread(target=later, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        t0 = time.monotonic()
+        while batched.batcher.requests < target and time.monotonic() - t0 < 30:
+            time.sleep(0.002)
+        gate.open.set()
+        for t in threads:
+            t.join(timeout=120)
+        assert all(r.done.wait(timeout=120) and r.error is None for r in first)
+    assert [r.ids[0, r.prompt_len :].tolist() for r in first] == expected[3:]
+    assert joined == expected[:3]
+    assert [s[0] for s in prefill_shapes(shapes)] == [2, 3]
+    assert max(s[0] for s in shapes if s[1] == 1) == 5  # the three joined the two decoding
+
+
+def test_prefill_token_budget_splits_a_group(tok):
+    model = sharp_model("llama", tok)
+    alone = Generator(model, tok, "cpu")
+    long = alone.prompt_ids(build_messages(QUESTIONS[0], ["Use open() and iterate."] * 12))
+    reqs = [*prompts(alone), (*long, 10)]
+    suffixes = sorted(len(ids) - p for ids, p, _ in reqs)
+    budget = 2 * suffixes[1]  # the two shortest fit a forward; the longest alone is over it
+    assert suffixes[-1] > budget
+    batched = Generator(model, tok, "cpu", batching=True)
+    batched.batcher.max_prefill_tokens, batched.batcher.prefill_forward_cost = budget, ONE_FORWARD
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    warm(batched, reqs)
+    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
+    with forwards(model) as shapes:
+        assert together(batched, calls) == expected
+    batched.batcher.close()
+    groups = prefill_shapes(shapes)
+    assert sum(k for k, _ in groups) == len(reqs) and groups[0] == (2, suffixes[1])
+    assert all(k * n <= budget or k == 1 for k, n in groups)
+    assert (1, suffixes[-1]) in groups  # over the budget alone: still prefilled
+    with pytest.raises(ValueError, match="max_prefill_tokens"):
+        BatchedDecoder(model, tok, max_prefill_tokens=0)
+    with pytest.raises(ValueError, match="prefill_forward_cost"):
+        BatchedDecoder(model, tok, prefill_forward_cost=-1)
+
+
+def test_plan_prefill_weighs_padding_against_a_forward():
+    """Forward cost 32 tokens (the CPU default): rows of like lengths share a forward, a row
+    that would add more padding than a forward costs does not; a cost above any padding puts
+    all that fit the budget in one forward; a single prompt over the budget goes alone. (Cost
+    of the plans: forwards x cost + rows x longest, in tokens.)"""
+    assert plan_prefill([100, 100, 100], 4096, 32) == [3]
+    assert plan_prefill([100, 300], 4096, 32) == [1, 1]  # 200 pads > one forward
+    assert plan_prefill([100, 110, 120, 300, 310], 4096, 32) == [3, 2]
+    assert plan_prefill([100, 300], 4096, 4096) == [2]
+    assert plan_prefill([50, 50], 4096, 0) == [2]  # a tie: fewer forwards
+    sizes = plan_prefill([100] * 5, 250, ONE_FORWARD)  # two rows of 100 fit 250
+    assert sum(sizes) == 5 and max(sizes) == 2 and len(sizes) == 3
+    assert plan_prefill([5000], 4096, 32) == [1] and plan_prefill([], 4096, 32) == []
+
+
+def test_default_cpu_plan_shares_a_forward_between_like_lengths(tok):
+    model = sharp_model("qwen2", tok)
+    alone = Generator(model, tok, "cpu")
+    batched = Generator(model, tok, "cpu", batching=True)
+    assert batched.batcher.prefill_forward_cost == CPU_FORWARD_COST_TOKENS
+    reqs = prompts(alone)
+    short, long = reqs[0], reqs[-1]
+    assert (len(long[0]) - long[1]) - (len(short[0]) - short[1]) > CPU_FORWARD_COST_TOKENS
+    reqs = [short, short, long]
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    warm(batched, reqs)
+    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
+    with forwards(model) as shapes:
+        assert together(batched, calls) == expected
+    batched.batcher.close()
+    assert prefill_shapes(shapes) == [(2, len(short[0]) - short[1]), (1, len(long[0]) - long[1])]
+
+
+def test_a_failing_request_fails_alone_in_a_batched_prefill(gens):
+    """An id outside the vocabulary makes the group's forward raise: the group is prefilled
+    again one request at a time, and only the bad request gets the error. A streamer that
+    raises on its first token fails its own request only."""
+    alone, batched = gens
+    reqs = prompts(alone)[:3]
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    warm(batched, reqs)
+    bad = reqs[1][0][:-3] + [len(alone.tokenizer) + 1000] + reqs[1][0][-2:]
+
+    class Broken:
+        def put(self, value: torch.Tensor) -> None:
+            if value.dim() == 1:  # a new token, not the prompt
+                raise OSError("client went away")
+
+        def end(self) -> None:
+            pass
+
+    kw = alone._generate_kwargs(
+        reqs[2][0], reqs[2][1], max_new_tokens=5, temperature=0.0, top_p=1.0, stop=None,
+        use_cache=True, use_prefix_cache=None, min_new_tokens=0,
+    )  # fmt: skip
+    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs] + [
+        outcome(lambda: batched.generate_ids(bad, reqs[1][1], max_new_tokens=8)),
+        outcome(lambda: batched.batcher.generate(**kw, streamer=Broken())),
+    ]
+    with forwards(batched.model) as shapes:
+        box = together(batched, calls)
+    assert box[:3] == expected
+    assert isinstance(box[3], IndexError)
+    assert isinstance(box[4], OSError) and "went away" in str(box[4])
+    groups = prefill_shapes(shapes)
+    assert groups[0][0] == 5 and [k for k, _ in groups[1:]] == [1] * 5  # failed, then alone
+
+
+def test_cancelled_requests_in_a_batched_prefill(tok):
+    """Of four requests admitted together, one cancelled while waiting is never prefilled; one
+    whose stream closes at its third token stops there; the other two, prefilled in the same
+    forward as that one, are unchanged."""
+    model = scripted_model(tok, " Paris has the Louvre and a river called the Seine [1].")
+    alone, batched = pair(model, tok, rules=DecodingRules.off())
+    msgs = messages()
+    ids, prefix = alone.prompt_ids(msgs)
+    expected = alone.generate_ids(ids, prefix, max_new_tokens=12)
+    warm(batched, [(ids, prefix, 0)])
+
+    class Recorder:
+        def __init__(self, cancel: Cancel | None = None) -> None:
+            self.puts, self.ended, self.cancel = 0, False, cancel
+
+        def put(self, value: torch.Tensor) -> None:
+            self.puts += 1  # the prompt, then each new token
+            if self.cancel is not None and self.puts == 4:
+                self.cancel.event.set()  # closes its stream at its third token
+
+        def end(self) -> None:
+            self.ended = True
+
+    def request(streamer: Recorder, cancel: Cancel) -> Any:
+        kw = alone._generate_kwargs(
+            ids, prefix, max_new_tokens=200, temperature=0.0, top_p=1.0, stop=None,
+            use_cache=True, use_prefix_cache=None, min_new_tokens=0,
+        )  # fmt: skip
+        kw["stopping_criteria"].append(cancel)
+        return batched.batcher.submit(kw | {"streamer": streamer})
+
+    waiting, closing = Cancel(), Cancel()
+    rec_waiting, rec_closing = Recorder(), Recorder(closing)
+    box: list[Any] = []
+
+    def other() -> None:
+        box.append(batched.generate_ids(ids, prefix, max_new_tokens=12))
+
+    others = [threading.Thread(target=other) for _ in range(2)]
+    with forwards(model) as shapes:
+        with batched._decode_lock:  # the worker takes the queue once all four are in it
+            reqs = [request(rec_waiting, waiting), request(rec_closing, closing)]
+            waiting.event.set()
+            for t in others:
+                t.start()
+            while batched.batcher.requests < 4:
+                time.sleep(0.002)
+        for t in others:
+            t.join(timeout=120)
+        assert all(r.done.wait(timeout=30) for r in reqs)
+    assert box == [expected, expected]
+    assert rec_waiting.puts == 0 and rec_waiting.ended and reqs[0].error is None
+    assert rec_closing.ended and reqs[1].error is None
+    assert reqs[1].size - reqs[1].prompt_len == 3  # left at its third token, not its 200th
+    assert prefill_shapes(shapes) == [(3, len(ids) - prefix)]
+    batched.batcher.close()
 
 
 # ---- setup -----------------------------------------------------------------------------------

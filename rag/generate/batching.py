@@ -1,13 +1,15 @@
 """Batched decoding: one forward step decodes every request in flight (continuous batching).
 
-Without it, :class:`rag.generate.generator.Generator` serves one ``model.generate`` at a time under its
-decode lock, so N concurrent users wait for each other's whole answers (16 UI sessions: p50
+Without it, :class:`rag.generate.generator.Generator` serves one ``model.generate`` at a time under
+its decode lock, so N concurrent users wait for each other's whole answers (16 UI sessions: p50
 56-64 s, 0.22 req/s, docs/benchmarks.md). A decode step of a small model reads every weight once
 whatever the batch, so B sequences per step cost far less than B steps. :class:`BatchedDecoder`
-owns a worker thread that, per iteration, lets waiting requests join (each prompt is prefilled
-alone, from the generator's prefix cache when it has one, then merged into the batch), runs one
-step for all rows, and lets rows leave on eos, a stop string, the loop guard, ``max_new_tokens``
-or cancellation (a closed stream) — the slot is free for the next iteration.
+owns a worker thread that, per iteration, admits the requests waiting (all of them, up to
+``max_batch`` rows in all: prefilled *together*, one padded forward per group of at most
+``max_prefill_tokens`` tokens, each row from the generator's prefix cache when it has one, each
+group then merged into the batch in one go), runs one step for all rows, and lets rows leave on
+eos, a stop string, the loop guard, ``max_new_tokens`` or cancellation (a closed stream) — the slot
+is free for the next iteration.
 
 Why not a library. ``model.generate`` decodes a fixed batch handed over at once; nothing joins
 or leaves mid-way. transformers 5.24 does ship continuous batching (``model.generate_batch``,
@@ -30,6 +32,29 @@ classes applied per row, with the same options ``generate`` gets, so a greedy an
 token ids batched or alone (float32; tests/test_batching.py checks Llama and Qwen2). Only caches
 whose layers are all full-attention ``DynamicLayer`` are supported (not sliding-window layers such
 as ModernBERT-decoder's local attention): :meth:`BatchedDecoder.supports`.
+
+Batched prefill. Requests admitted together are prefilled together, one forward per group (which
+ones share a forward: below): each row's cache (the prefix cache the generator handed it, or
+nothing) is left-padded to the longest, and each row's *suffix* (the prompt ids its cache does not
+hold) is left-padded to the longest suffix. So the pads sit in the middle, between a row's cached
+prefix and its suffix; the 2D mask hides them, ``position_ids`` give the suffix tokens their real
+positions (after the row's own prefix), and causality keeps the leading pads out of every real
+token's view. Left padding of the suffix (rather than right) puts every row's last real token in
+the last column, so ``logits_to_keep=1`` gives each row its next-token logits; right padding would
+need the logits of every position (or the model's hidden states) to find them. Pads that see no
+real column at all (a row without a cache, shorter than the longest suffix) are fully masked rows,
+which torch's SDPA returns as zeros and eager attention as a finite average; their outputs are
+never read. After the forward each row's columns are moved right-aligned (one gather per layer; pad
+columns zeroed), which is the decode batch's own layout, and the group joins the batch by one
+concatenation. Why not keep the middle padding while decoding: with every row right-aligned, a
+step's mask and positions follow from the row lengths alone, and rows leaving trim the padding all
+rows share with a slice. The token budget bounds a prefill forward's activations (rows x longest
+suffix). Which requests share a forward is a cost estimate (:func:`plan_prefill`): on CPU prefill
+is compute-bound, a pad token costs as much as a real one, and batching saves only each forward's
+fixed cost (reading every weight once, ~33 tokens' worth for SmolLM2 in float32), so requests of
+like lengths share a forward and very different ones do not; on an accelerator all that fit the
+budget share one. If a group's forward raises, its requests are prefilled again one at a time, so
+an error reaches only the request that causes it.
 """
 
 from __future__ import annotations
@@ -104,6 +129,7 @@ class BatchRequest:
         self.buf = torch.zeros(1, n + self.max_new, dtype=torch.long)
         self.buf[:, :n] = input_ids.cpu()
         self.size = n  # ids in buf; all but the last are in the KV cache once decoding started
+        self.start = 0  # prompt ids the handed-in cache holds (set at admission)
         self.cache = kw.get("cache")
         self.streamer = kw.get("streamer")
         self.sample = bool(kw.get("do_sample"))
@@ -162,6 +188,46 @@ class BatchRequest:
 
 # ---- the batch: requests joining and leaving one decode loop --------------------------------
 
+# Padded prompt tokens (rows x longest suffix) one batched prefill forward may compute; requests
+# beyond it go to another forward of the same admission. Bounds the prefill's activations
+# (SmolLM2: 576 wide, so a few hundred MB in float32 at this size); a single longer prompt is
+# still prefilled, alone.
+DEFAULT_MAX_PREFILL_TOKENS = 4096
+# A forward's fixed cost on CPU in prompt tokens' worth: every forward streams all the weights
+# from memory whatever its size. Measured on the 2-core dev VM (SmolLM2-135M, float32, 2
+# threads, one prefill forward of k = 1, 4, 16 rows x L = 1-256 suffix tokens after the cached
+# system prefix): about 80 ms + 2.4 ms x k x L, so a row joining a forward saves ~33 tokens of
+# time and each pad token costs one. On an accelerator the fixed cost (kernel launches) dwarfs a
+# token's; there the whole budget is used: every request that fits shares the forward.
+CPU_FORWARD_COST_TOKENS = 32
+
+
+def plan_prefill(lengths: Sequence[int], budget: int, forward_cost: int) -> list[int]:
+    """Split requests of suffix ``lengths`` (sorted ascending) into consecutive groups, one
+    prefill forward each, minimising the estimated time ``forward_cost`` + rows x longest per
+    forward, with rows x longest <= ``budget`` unless a group is one request. Returns the group
+    sizes. Sorted lengths make consecutive groups optimal (a group's cost is set by its
+    longest), so a dynamic programme over the split points finds the best plan."""
+    n = len(lengths)
+    best: list[tuple[int, int]] = [(0, 0)] + [(0, 0)] * n  # (cost, forwards) of the first j
+    first = [0] * (n + 1)  # where the last group of the best plan for the first j starts
+    for j in range(1, n + 1):
+        longest, options = lengths[j - 1], []
+        for i in range(j - 1, -1, -1):  # the last group is i..j-1
+            rows = j - i
+            if rows > 1 and rows * longest > budget:
+                break  # more rows only grow it
+            cost, forwards = best[i]
+            options.append((cost + forward_cost + rows * longest, forwards + 1, i))
+        cost, forwards, first[j] = min(options)  # ties: fewer forwards, then longer last group
+        best[j] = (cost, forwards)
+    sizes = []
+    j = n
+    while j:
+        sizes.append(j - first[j])
+        j = first[j]
+    return sizes[::-1]
+
 
 def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
     """``t`` [B, H, S, D] with ``n`` zero columns in front: [B, H, n + S, D]."""
@@ -177,6 +243,13 @@ class BatchedDecoder:
     and returns the same ids [1, n + new]; the streamer gets the prompt, then each new id, then
     ``end()``, as from ``generate``. Each step runs under ``lock`` (the generator's decode lock),
     so unbatched calls such as ``score_continuations`` interleave between steps.
+
+    ``max_batch`` bounds the rows decoded per step; ``max_prefill_tokens`` the padded tokens (rows
+    x longest uncached suffix) of one prefill forward (:data:`DEFAULT_MAX_PREFILL_TOKENS`).
+    Requests admitted together are split, shortest suffix first, into the prefill forwards that
+    :func:`plan_prefill` estimates fastest, a forward's fixed cost being ``prefill_forward_cost``
+    tokens (None: :data:`CPU_FORWARD_COST_TOKENS` on CPU, elsewhere the whole budget, so all
+    that fit share one forward).
     """
 
     def __init__(
@@ -187,12 +260,23 @@ class BatchedDecoder:
         device: str = "cpu",
         lock: threading.Lock | None = None,
         max_batch: int = 8,
+        max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        prefill_forward_cost: int | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if max_prefill_tokens < 1:
+            raise ValueError(f"max_prefill_tokens must be at least 1, got {max_prefill_tokens}")
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.lock = lock or threading.Lock()
         self.max_batch = max_batch
+        self.max_prefill_tokens = max_prefill_tokens
+        if prefill_forward_cost is None:
+            cpu = torch.device(device).type == "cpu"
+            prefill_forward_cost = CPU_FORWARD_COST_TOKENS if cpu else max_prefill_tokens
+        if prefill_forward_cost < 0:
+            raise ValueError(f"prefill_forward_cost must be >= 0, got {prefill_forward_cost}")
+        self.prefill_forward_cost = prefill_forward_cost
         self.eos = eos_ids(model)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
@@ -208,6 +292,8 @@ class BatchedDecoder:
         self.steps = 0  # batch steps run
         self.row_steps = 0  # sum of rows over steps: row_steps / steps = mean batch size
         self.max_rows = 0  # largest batch seen
+        self.prefills = 0  # prefill forwards run (batched or alone)
+        self.prefill_rows = 0  # requests over them: prefill_rows / prefills = mean prefill batch
 
     @staticmethod
     def supports(model: Any) -> bool:
@@ -216,7 +302,13 @@ class BatchedDecoder:
         return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
 
     @classmethod
-    def attach(cls, generator: Any, max_batch: int = 8) -> BatchedDecoder | None:
+    def attach(
+        cls,
+        generator: Any,
+        max_batch: int = 8,
+        max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
+        prefill_forward_cost: int | None = None,
+    ) -> BatchedDecoder | None:
         """A decoder for ``generator``'s model under its decode lock, or None (with a warning)
         when the model's cache is not supported, so the generator stays unbatched."""
         if not cls.supports(generator.model):
@@ -228,6 +320,8 @@ class BatchedDecoder:
             device=generator.device,
             lock=generator._decode_lock,
             max_batch=max_batch,
+            max_prefill_tokens=max_prefill_tokens,
+            prefill_forward_cost=prefill_forward_cost,
         )
 
     # ---- callers' side -------------------------------------------------------------------------
@@ -277,78 +371,219 @@ class BatchedDecoder:
                     self._cv.wait()
                 if self._closed:
                     break
-                for req in [r for r in self._waiting if r.cancelled]:
-                    self._waiting.remove(req)
-                    self._finish(req)
-                joining = []
-                while self._waiting and len(self._rows) + len(joining) < self.max_batch:
-                    joining.append(self._waiting.popleft())
+            joining: list[BatchRequest] = []
             try:
+                # the waiting requests are taken once the lock is held, so all that queued while
+                # an unbatched call (or a test) held it are admitted, and prefilled, together
                 with self.lock, torch.inference_mode():
-                    for req in joining:
-                        self._admit(req)
+                    joining = self._take()
+                    self._admit(joining)
                     self._leave([i for i, r in enumerate(self._rows) if not r.cancelled])
                     if self._rows:
                         self._step()
             except BaseException as e:  # a failed step fails every row in the batch
                 log.exception("batched decoding step failed")
-                for req in self._rows:
-                    self._finish(req, e)
+                for req in [*self._rows, *joining]:
+                    if not req.done.is_set():
+                        self._finish(req, e)
                 self._rows, self._cache, self._width = [], None, 0
         error = RuntimeError("the batched decoder was closed")
         for req in [*self._waiting, *self._rows]:
             self._finish(req, error)
 
-    def _admit(self, req: BatchRequest) -> None:
-        """Prefill ``req`` alone, take its first token and merge it into the batch."""
+    def _take(self) -> list[BatchRequest]:
+        """The waiting requests that fit the batch (cancelled ones finish without a prefill)."""
+        with self._cv:
+            for req in [r for r in self._waiting if r.cancelled]:
+                self._waiting.remove(req)
+                self._finish(req)
+            joining = []
+            while self._waiting and len(self._rows) + len(joining) < self.max_batch:
+                joining.append(self._waiting.popleft())
+        return joining
+
+    def _admit(self, joining: Sequence[BatchRequest]) -> None:
+        """Prefill ``joining`` in the groups :func:`plan_prefill` picks (shortest suffix first,
+        at most ``max_prefill_tokens`` padded tokens each) and merge each into the batch."""
+        ready = sorted(
+            (req for req in joining if self._prepare(req)), key=lambda r: r.prompt_len - r.start
+        )
+        lengths = [r.prompt_len - r.start for r in ready]
+        done = 0
+        for size in plan_prefill(lengths, self.max_prefill_tokens, self.prefill_forward_cost):
+            self._prefill(ready[done : done + size])
+            done += size
+
+    def _prepare(self, req: BatchRequest) -> bool:
+        """Check ``req`` before its prefill and stream its prompt; False when it is finished
+        already (cancelled, nothing to decode, or an error delivered to it)."""
         try:
             if req.cancelled or req.max_new <= 0:
                 self._finish(req)
-                return
+                return False
+            req.start = req.cache.get_seq_length() if req.cache is not None else 0
+            if req.start >= req.prompt_len:
+                raise ValueError("the cached prefix covers the whole prompt")
             if req.streamer is not None:
                 req.streamer.put(req.input_ids.cpu())
-            cache = req.cache if req.cache is not None else DynamicCache(config=self.model.config)
-            start, n = cache.get_seq_length(), req.prompt_len
-            if start >= n:
-                raise ValueError("the cached prefix covers the whole prompt")
-            kw: dict[str, Any] = {
-                "input_ids": req.input_ids[:, start:].to(self.device),  # [1, n - start]
-                "attention_mask": torch.ones(1, n, dtype=torch.long, device=self.device),
-                "position_ids": torch.arange(start, n, device=self.device)[None, :],
-                "cache": cache,
-                "use_cache": True,
-            }
-            if self._keep_logits:
-                kw["logits_to_keep"] = 1
-            out = self.model(**kw)
-            req.cache = None
-            cache = out["cache"] if "cache" in out else out["past_key_values"]
-            logits = out["logits"][:, -1, :].float()  # [1, V]
-            if self._advance(req, req.choose(logits, int(logits.argmax(dim=-1)[0]))):
-                self._finish(req)
-            else:
-                self._merge(req, cache)
+            return True
         except Exception as e:
             self._finish(req, e)
+            return False
 
-    def _merge(self, req: BatchRequest, cache: Any) -> None:
-        """Add ``req``'s prefilled cache [1, H, n, D] as a row, left-padding the shorter side."""
-        n = req.size - 1
-        if not self._rows:
-            self._cache, self._width = cache, n
+    def _prefill(self, group: list[BatchRequest]) -> None:
+        """One forward for ``group``, its first tokens, and the rows that go on merged into the
+        batch. A failed forward of several requests is retried one request at a time."""
+        try:
+            cache, logits = self._forward(group)
+        except Exception as e:
+            if len(group) == 1:
+                self._finish(group[0], e)
+                return
+            log.warning("batched prefill of %d requests failed (%s): one at a time", len(group), e)
+            for req in group:
+                self._prefill([req])
+            return
+        self.prefills += 1
+        self.prefill_rows += len(group)
+        greedy = logits.argmax(dim=-1).tolist()
+        keep = []
+        for b, req in enumerate(group):
+            req.cache = None
+            try:
+                done = self._advance(req, req.choose(logits[b : b + 1], greedy[b]))
+            except Exception as e:  # this row's processors, criteria or streamer
+                self._finish(req, e)
+                continue
+            if done:
+                self._finish(req)
+            else:
+                keep.append(b)
+        if keep:
+            self._merge([group[b] for b in keep], *self._right_align(group, cache, keep))
+
+    def _forward(self, group: Sequence[BatchRequest]) -> tuple[Any, torch.Tensor]:
+        """Prefill ``group`` in one forward: each row's cache (its prefix, or nothing) left-padded
+        to the longest, each row's suffix left-padded to the longest suffix, so the pads sit
+        before the cache and between cache and suffix (the mask hides them). Returns the cache
+        [k, H, width + longest, D] and each row's next-token logits [k, V] (float32)."""
+        k = len(group)
+        starts = torch.tensor([r.start for r in group])  # [k] cached ids per row
+        lens = torch.tensor([r.prompt_len - r.start for r in group])  # [k] suffix ids per row
+        width, longest = int(starts.max()), int(lens.max())
+        if k == 1:  # alone: the request's own cache, no padding
+            req = group[0]
+            cache = req.cache if req.cache is not None else DynamicCache(config=self.model.config)
         else:
-            width = max(self._width, n)
-            grow = width - self._width
+            cache = self._stack(group, width)
+        ids = torch.zeros(k, longest, dtype=torch.long)  # pad id 0: any valid id, masked
+        for b, req in enumerate(group):
+            ids[b, longest - int(lens[b]) :] = req.input_ids[0, req.start :].cpu()
+        cols = torch.arange(width + longest)
+        mask = ((cols >= width - starts[:, None]) & (cols < width)) | (
+            cols >= width + longest - lens[:, None]
+        )  # [k, width + longest]: the row's cached columns and its suffix
+        # suffix tokens at their real positions (after the row's prefix); pads at 0..
+        pos = (torch.arange(longest) - (longest - lens)[:, None] + starts[:, None]).clamp(min=0)
+        kw: dict[str, Any] = {
+            "input_ids": ids.to(self.device),
+            "attention_mask": mask.long().to(self.device),
+            "position_ids": pos.to(self.device),
+            "cache": cache,
+            "use_cache": True,
+        }
+        if self._keep_logits:
+            kw["logits_to_keep"] = 1
+        out = self.model(**kw)
+        cache = out["cache"] if "cache" in out else out["past_key_values"]
+        return cache, out["logits"][:, -1, :].float()
+
+    def _stack(self, group: Sequence[BatchRequest], width: int) -> Any:
+        """A new cache holding each request's cache as a row, left-padded to ``width`` columns
+        (zeros for a request without one). The requests' own caches are not changed."""
+        stacked = DynamicCache(config=self.model.config)
+        if width == 0:
+            return stacked
+        first = next(r.cache for r in group if r.start)
+        for i, layer in enumerate(stacked.layers):
+            keys, values = [], []
+            for req in group:
+                if req.start:
+                    theirs = req.cache.layers[i]  # [1, H, start, D]
+                    keys.append(_pad_left(theirs.keys, width - req.start))
+                    values.append(_pad_left(theirs.values, width - req.start))
+                else:
+                    k, v = first.layers[i].keys, first.layers[i].values
+                    keys.append(k.new_zeros(1, k.shape[1], width, k.shape[3]))
+                    values.append(v.new_zeros(1, v.shape[1], width, v.shape[3]))
+            layer.update(torch.cat(keys), torch.cat(values))
+        return stacked
+
+    def _right_align(
+        self, group: Sequence[BatchRequest], cache: Any, keep: Sequence[int]
+    ) -> tuple[Any, int]:
+        """Rows ``keep`` of a prefilled ``cache`` in the batch's layout: each row's prompt in its
+        last columns, zero padding before it (the middle pads moved to the front). Returns the
+        cache and its width (the longest prompt kept)."""
+        # the forward's columns: the longest cache (width) + the longest suffix, of all the group
+        width = max(r.start for r in group)
+        total = width + max(r.prompt_len - r.start for r in group)
+        if len(keep) < len(group):
+            cache.batch_select_indices(torch.tensor(list(keep), device=self.device))
+        rows = [group[b] for b in keep]
+        starts = torch.tensor([r.start for r in rows])[:, None]  # [k, 1]
+        lens = torch.tensor([r.prompt_len - r.start for r in rows])[:, None]
+        prompts = starts + lens  # [k, 1] prompt lengths
+        new = int(prompts.max())
+        t = torch.arange(new)[None, :]  # target column
+        pad = new - prompts  # [k, 1] leading pads in the target
+        src = torch.where(
+            t < pad + starts,
+            width - starts + (t - pad),  # the row's cached prefix
+            total - lens + (t - pad - starts),  # the row's suffix
+        )  # [k, new] source column of each target column
+        real = t >= pad
+        if torch.equal(src[real], (t + total - new).expand_as(src)[real]):
+            trim = total - new  # right-aligned already (no caches, or one suffix length)
+            for layer in cache.layers if trim else ():
+                layer.keys = layer.keys[:, :, trim:, :]
+                layer.values = layer.values[:, :, trim:, :]
+        else:
+            src = torch.where(real, src, 0)[:, None, :, None].to(self.device)  # [k, 1, new, 1]
+            for layer in cache.layers:
+                layer.keys = layer.keys.gather(
+                    2, src.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+                )
+                layer.values = layer.values.gather(
+                    2, src.expand(-1, layer.values.shape[1], -1, layer.values.shape[3])
+                )
+        if not bool(real.all()):  # the pads' keys and values (of pad ids) as zeros, as in a merge
+            hide = (~real)[:, None, :, None].to(self.device)
+            for layer in cache.layers:
+                layer.keys = layer.keys.masked_fill(hide, 0)
+                layer.values = layer.values.masked_fill(hide, 0)
+        return cache, new
+
+    def _merge(self, reqs: Sequence[BatchRequest], cache: Any, width: int) -> None:
+        """Add ``reqs``' prefilled cache [k, H, width, D] (rows right-aligned) to the batch,
+        left-padding the narrower side."""
+        if not self._rows:
+            self._cache, self._width = cache, width
+        else:
+            new = max(self._width, width)
             for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):
-                # [B, H, width, D] + [1, H, width, D] -> [B + 1, H, width, D]
+                # [B, H, new, D] + [k, H, new, D] -> [B + k, H, new, D]
                 mine.keys = torch.cat(
-                    [_pad_left(mine.keys, grow), _pad_left(theirs.keys, width - n)]
+                    [_pad_left(mine.keys, new - self._width), _pad_left(theirs.keys, new - width)]
                 )
                 mine.values = torch.cat(
-                    [_pad_left(mine.values, grow), _pad_left(theirs.values, width - n)]
+                    [
+                        _pad_left(mine.values, new - self._width),
+                        _pad_left(theirs.values, new - width),
+                    ]
                 )
-            self._width = width
-        self._rows.append(req)
+            self._width = new
+        self._rows.extend(reqs)
 
     def _step(self) -> None:
         """One token for every row: input [B, 1], mask [B, width + 1], positions [B, 1]."""
