@@ -50,11 +50,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.paths import index_path
+from rag.paths import CURRENT, index_path
 from rag.types import Chunk
 
 MANIFEST_VERSION = 1
-CURRENT = "CURRENT"
 MANIFEST = "manifest.json"
 CHUNKS = "chunks.jsonl"
 GENERATION_NAME = re.compile(r"gen-(\d{6,})")  # what CURRENT may hold, and every generation's name

@@ -44,14 +44,16 @@ def cache_dir() -> Path:
     return rag_home() / "cache"
 
 
+# The file in an index folder that names its published generation (rag.manifest re-exports it).
+CURRENT = "CURRENT"
+
+
 def list_indexes() -> list[str]:
     """The indexes under ``$RAG_HOME/indexes`` (the server's models, the UI's dropdown): the
     folders that hold a ``CURRENT`` pointer, i.e. have published a generation. A folder a first
     ingest is still writing, or one a killed first ingest left with only its ``.lock``, is no
     index yet. A damaged pointer is still listed, so using the index reports the damage
     (:func:`rag.manifest.current_generation`) rather than "does not exist"."""
-    from rag.manifest import CURRENT  # rag.manifest imports this module
-
     root = indexes_dir()
     if not root.is_dir():
         return []
