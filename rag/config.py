@@ -109,6 +109,9 @@ class RAGConfig:
         True  # decode concurrent requests together (rag.generate.batching; 3.2x req/s measured)
     )
     max_batch: int = 16  # rows per decode step when batching is on
+    # requests that arrive together are prefilled in padded forwards of at most this many tokens
+    # (rows x longest suffix; rag.generate.batching.plan_prefill): bounds the memory of one forward
+    max_prefill_tokens: int = 4096
     # check each cited sentence against the passage it names; re-attribute or flag (rag.answer.verify)
     verify_citations: bool = True
     # when the answer cites nothing (and is no refusal), append the passage marker [i] the decoder
@@ -187,7 +190,7 @@ def validate(cfg: RAGConfig) -> None:
             raise ConfigError(
                 f"{name} must be one of {', '.join(values)}, not {getattr(cfg, name)!r}"
             )
-    for name in ("k", "max_new_tokens", "max_batch", "rerank_depth"):
+    for name in ("k", "max_new_tokens", "max_batch", "max_prefill_tokens", "rerank_depth"):
         if int(getattr(cfg, name)) < 1:
             raise ConfigError(f"{name} must be >= 1, not {getattr(cfg, name)!r}")
     if not 0 <= cfg.alpha <= 1:

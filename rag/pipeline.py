@@ -215,6 +215,7 @@ class RAGPipeline:
                         profile=cfg.profile,
                         batching=cfg.batching,
                         max_batch=cfg.max_batch,
+                        max_prefill_tokens=cfg.max_prefill_tokens,
                         speed=DecodeSpeed.from_config(cfg),
                     )
         return self._generator

@@ -621,3 +621,14 @@ def test_bad_requests_are_refused(tok):
     dec.close()
     with pytest.raises(RuntimeError, match="closed"):
         dec.submit({"input_ids": ids, "max_new_tokens": 2})
+
+
+def test_max_prefill_tokens_reaches_the_batched_decoder_from_the_config(tok):
+    """rag.toml's ``max_prefill_tokens`` is the batched decoder's prefill budget; 0 is refused."""
+    from rag.config import ConfigError, RAGConfig, validate
+
+    gen = Generator(build_model("llama", tok), tok, "cpu", batching=True, max_prefill_tokens=123)
+    assert gen.batcher is not None and gen.batcher.max_prefill_tokens == 123
+    gen.batcher.close()
+    with pytest.raises(ConfigError, match="max_prefill_tokens"):
+        validate(RAGConfig(max_prefill_tokens=0))

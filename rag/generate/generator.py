@@ -26,7 +26,7 @@ import torch
 
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 from rag.generate import context_budget, scoring
-from rag.generate.batching import BatchedDecoder, eos_ids
+from rag.generate.batching import DEFAULT_MAX_PREFILL_TOKENS, BatchedDecoder, eos_ids
 from rag.generate.speed import DecodeSpeed
 from rag.generate.stopping import DecodingRules, loop_cut, trim_repetition
 from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
@@ -62,6 +62,7 @@ class Generator:
         rules: DecodingRules | None = None,
         batching: bool = False,
         max_batch: int = 8,
+        max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         refusal_threshold: float | None = None,
         speed: DecodeSpeed | None = None,
     ) -> None:
@@ -82,7 +83,9 @@ class Generator:
         self._prefixes: dict[tuple[int, ...], Any] = {}
         self._prefix_lock = threading.Lock()
         self._decode_lock = threading.Lock()
-        self.batcher = BatchedDecoder.attach(self, max_batch) if batching else None
+        self.batcher = (
+            BatchedDecoder.attach(self, max_batch, max_prefill_tokens) if batching else None
+        )
 
     @classmethod
     def load(
