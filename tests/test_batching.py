@@ -349,6 +349,21 @@ def warm(gen: Generator, reqs: list[tuple[list[int], int, int]]) -> None:
         gen._prefix_cache_for(ids[:p])
 
 
+def prefill_together(
+    alone: Generator, batched: Generator, reqs: list[tuple[list[int], int, int]]
+) -> list[tuple[int, int]]:
+    """Decode ``reqs`` alone, then batched and admitted together (prefix caches warmed first):
+    the ids must be equal. Returns the batched prefill forwards' [rows, tokens]; the batched
+    decoder is closed."""
+    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
+    warm(batched, reqs)
+    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
+    with forwards(batched.model) as shapes:
+        assert together(batched, calls) == expected
+    batched.batcher.close()
+    return prefill_shapes(shapes)
+
+
 def outcome(call: Callable[[], Any]) -> Callable[[], Any]:
     """``call`` returning its exception instead of raising it."""
 
@@ -452,13 +467,7 @@ def test_prefill_token_budget_splits_a_group(tok):
     assert suffixes[-1] > budget
     batched = Generator(model, tok, "cpu", batching=True)
     batched.batcher.max_prefill_tokens, batched.batcher.prefill_forward_cost = budget, ONE_FORWARD
-    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
-    warm(batched, reqs)
-    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
-    with forwards(model) as shapes:
-        assert together(batched, calls) == expected
-    batched.batcher.close()
-    groups = prefill_shapes(shapes)
+    groups = prefill_together(alone, batched, reqs)
     assert sum(k for k, _ in groups) == len(reqs) and groups[0] == (2, suffixes[1])
     assert all(k * n <= budget or k == 1 for k, n in groups)
     assert (1, suffixes[-1]) in groups  # over the budget alone: still prefilled
@@ -492,13 +501,10 @@ def test_default_cpu_plan_shares_a_forward_between_like_lengths(tok):
     short, long = reqs[0], reqs[-1]
     assert (len(long[0]) - long[1]) - (len(short[0]) - short[1]) > CPU_FORWARD_COST_TOKENS
     reqs = [short, short, long]
-    expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
-    warm(batched, reqs)
-    calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs]
-    with forwards(model) as shapes:
-        assert together(batched, calls) == expected
-    batched.batcher.close()
-    assert prefill_shapes(shapes) == [(2, len(short[0]) - short[1]), (1, len(long[0]) - long[1])]
+    assert prefill_together(alone, batched, reqs) == [
+        (2, len(short[0]) - short[1]),
+        (1, len(long[0]) - long[1]),
+    ]
 
 
 def test_a_failing_request_fails_alone_in_a_batched_prefill(gens):
