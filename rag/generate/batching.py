@@ -194,9 +194,10 @@ class BatchRequest:
 # still prefilled, alone.
 DEFAULT_MAX_PREFILL_TOKENS = 4096
 # A forward's fixed cost on CPU in prompt tokens' worth: every forward streams all the weights
-# from memory whatever its size. Measured on the 2-core dev VM (SmolLM2-135M, float32, 2
-# threads, one prefill forward of k = 1, 4, 16 rows x L = 1-256 suffix tokens after the cached
-# system prefix): about 80 ms + 2.4 ms x k x L, so a row joining a forward saves ~33 tokens of
+# from memory whatever its size. Measured on the 2-core AVX2-only AMD EPYC VM, beside a running
+# chat UI that used about half a core, so a rough figure (SmolLM2-135M, float32, 2 threads, one
+# prefill forward of k = 1, 4, 16 rows x L = 1-256 suffix tokens after the cached system
+# prefix): about 80 ms + 2.4 ms x k x L, so a row joining a forward saves ~33 tokens of
 # time and each pad token costs one. On an accelerator the fixed cost (kernel launches) dwarfs a
 # token's; there the whole budget is used: every request that fits shares the forward.
 CPU_FORWARD_COST_TOKENS = 32
