@@ -147,6 +147,28 @@ def test_cli_list_and_remove(tmp_path, tiny_mlm_dir, capsys):
     assert main(["remove", "--index", "../up", "x.md"]) == 2
 
 
+def test_remove_takes_the_escaped_name_list_shows(tmp_path, tiny_mlm_dir, capsys):
+    """A file whose name holds a newline is listed escaped (one line per document); that shown
+    form, typed back, removes it and only it. While a file literally named so (a backslash)
+    sits beside it, the shown form names neither and nothing is removed."""
+    odd = {"odd\nname.md": "# Odd\n\nA newline in a name.\n", "odd\\nname.md": "# Slash\n\nA b.\n"}
+    docs = write_docs(tmp_path / "docs", {**odd, **DOCS})
+    name = f"faiss-{tmp_path.name}"
+    ingest([docs], index=name, encoder=str(tiny_mlm_dir), backend="faiss", progress=False)
+    capsys.readouterr()
+    assert main(["list", "--index", name]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("odd")]
+    assert len(shown) == 2 and all(line.startswith("odd\\nname.md  ") for line in shown)
+    before = index_state(name)
+    assert main(["remove", "--index", name, "odd\\nname.md"]) == 2  # two documents show so
+    assert "no document" in capsys.readouterr().err and index_state(name) == before
+
+    remove_documents(name, [str(docs / "odd\\nname.md")])  # the literal one, by its key
+    assert main(["remove", "--index", name, "odd\\nname.md"]) == 0
+    assert "removed: odd\\nname.md" in capsys.readouterr().err
+    assert [d.path for d in list_documents(name).documents] == sorted(DOCS)
+
+
 def test_reingest_brings_back_only_what_is_still_in_the_folder(tmp_path, tiny_mlm_dir):
     """The rule (docs/ingestion.md): removing takes a document out of the index, not out of
     the folder; the next ingest of the folder adds back a removed file still there (as

@@ -171,3 +171,30 @@ def test_bad_command_lines_are_one_line(served, capsys):
     with pytest.raises(SystemExit) as refused:
         main(["--transport", "carrier-pigeon"])
     assert refused.value.code == 2 and "--transport" in capsys.readouterr().err
+
+
+def test_tool_errors_hide_the_servers_paths(tmp_path, monkeypatch):
+    """What an MCP client reads of a failed tool call names the index and the file inside it,
+    never where the server keeps them (as rag.serve's errors; docs/security.md)."""
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from rag.mcp import readable_errors
+    from rag.paths import indexes_dir
+
+    monkeypatch.setenv("RAG_HOME", str(tmp_path / "home"))
+    current = indexes_dir() / "docs" / "CURRENT"
+    outside = tmp_path / "models" / "model.safetensors"
+
+    def fail(exc: Exception):
+        return readable_errors(lambda: (_ for _ in ()).throw(exc))
+
+    with pytest.raises(ToolError) as err:
+        fail(OSError(f"cannot read {current}: permission denied"))()
+    said = str(err.value)
+    assert "docs/CURRENT" in said and str(tmp_path) not in said, said
+    with pytest.raises(ToolError) as err:
+        fail(LookupError(f"no model at '{outside}'\nsee the docs"))()
+    said = str(err.value)
+    assert "model.safetensors" in said and str(tmp_path) not in said and "\n" not in said, said
+    with pytest.raises(ZeroDivisionError):  # other errors pass as they are (the SDK hides them)
+        fail(ZeroDivisionError(str(current)))()

@@ -45,7 +45,7 @@ from rag.manifest import (
     open_generation,
     read_chunks,
 )
-from rag.paths import display_source
+from rag.paths import display_source, printable
 
 LIST_HINT = "python -m rag.docs list"
 
@@ -192,16 +192,29 @@ def _named_by(asked: str, doc: DocumentInfo) -> bool:
     return own == asked or own.startswith(asked.rstrip("/") + "/")
 
 
+def _shown_as(asked: str, doc: DocumentInfo) -> bool:
+    """Whether ``asked`` is ``doc``'s path (or a folder above it) as ``list`` shows it, control
+    characters escaped (:func:`rag.paths.printable`): a name holding a newline is typed back as
+    the ``\\n`` it was shown with. Compared unnormalised, since the escapes hold backslashes."""
+    asked = asked.removeprefix("./")
+    own = printable(doc.source if os.path.isabs(asked) else doc.path)
+    return bool(asked) and (own == asked or own.startswith(asked.rstrip("/") + "/"))
+
+
 def match_documents(manifest: Manifest, paths: list[str], index: str | Path) -> list[str]:
     """The manifest keys ``paths`` name (each a document or a folder of documents, see the
-    module docstring), sorted; :class:`DocumentNotFoundError` naming every path that names none
-    (or is empty)."""
+    module docstring; a name may be given as ``list`` shows it, escaped), sorted;
+    :class:`DocumentNotFoundError` naming every path that names none (or is empty)."""
     docs = _documents(manifest)
     keys: set[str] = set()
     unknown = []
     for asked in paths:
         clean = _clean(str(asked))
         found = {k for k, d in docs.items() if clean and _named_by(clean, d)}
+        if not found:  # the escaped form `list` shows; refused when it shows two documents
+            shown = {k for k, d in docs.items() if _shown_as(str(asked), d)}
+            same = [k for k in shown if printable(docs[k].path) == str(asked).removeprefix("./")]
+            found = shown if len(same) <= 1 else set()
         if not found:
             unknown.append(str(asked))
         keys |= found
