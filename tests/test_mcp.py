@@ -186,7 +186,10 @@ def test_tool_errors_hide_the_servers_paths(tmp_path, monkeypatch):
     outside = tmp_path / "models" / "model.safetensors"
 
     def fail(exc: Exception):
-        return readable_errors(lambda: (_ for _ in ()).throw(exc))
+        def call():
+            raise exc
+
+        return readable_errors(call)
 
     with pytest.raises(ToolError) as err:
         fail(OSError(f"cannot read {current}: permission denied"))()

@@ -185,20 +185,14 @@ def _clean(path: str) -> str:
     return "" if norm == "." else norm
 
 
-def _named_by(asked: str, doc: DocumentInfo) -> bool:
-    """Whether the (cleaned) path ``asked`` names ``doc``: its relative or absolute path, or a
-    folder above either."""
+def _named_by(asked: str, doc: DocumentInfo, shown: bool = False) -> bool:
+    """Whether the path ``asked`` (cleaned; with ``shown``, as typed) names ``doc``: its relative
+    or absolute path, or a folder above either; with ``shown``, that path as ``list`` shows it,
+    control characters escaped (:func:`rag.paths.printable`), so a name holding a newline is
+    typed back as ``\\n``."""
     own = doc.source if os.path.isabs(asked) else doc.path
+    own = printable(own) if shown else own
     return own == asked or own.startswith(asked.rstrip("/") + "/")
-
-
-def _shown_as(asked: str, doc: DocumentInfo) -> bool:
-    """Whether ``asked`` is ``doc``'s path (or a folder above it) as ``list`` shows it, control
-    characters escaped (:func:`rag.paths.printable`): a name holding a newline is typed back as
-    the ``\\n`` it was shown with. Compared unnormalised, since the escapes hold backslashes."""
-    asked = asked.removeprefix("./")
-    own = printable(doc.source if os.path.isabs(asked) else doc.path)
-    return bool(asked) and (own == asked or own.startswith(asked.rstrip("/") + "/"))
 
 
 def match_documents(manifest: Manifest, paths: list[str], index: str | Path) -> list[str]:
@@ -208,15 +202,16 @@ def match_documents(manifest: Manifest, paths: list[str], index: str | Path) -> 
     docs = _documents(manifest)
     keys: set[str] = set()
     unknown = []
-    for asked in paths:
-        clean = _clean(str(asked))
+    for asked in map(str, paths):
+        clean = _clean(asked)
         found = {k for k, d in docs.items() if clean and _named_by(clean, d)}
-        if not found:  # the escaped form `list` shows; refused when it shows two documents
-            shown = {k for k, d in docs.items() if _shown_as(str(asked), d)}
-            same = [k for k in shown if printable(docs[k].path) == str(asked).removeprefix("./")]
-            found = shown if len(same) <= 1 else set()
+        # else the escaped form `list` shows (not normalised: the escapes hold backslashes)
+        if not found and (typed := asked.removeprefix("./")):
+            found = {k for k, d in docs.items() if _named_by(typed, d, shown=True)}
+            if sum(printable(docs[k].path) == typed for k in found) > 1:
+                found = set()  # the shown form of two documents names neither
         if not found:
-            unknown.append(str(asked))
+            unknown.append(asked)
         keys |= found
     if unknown:
         names = ", ".join(repr(p) for p in unknown)
