@@ -80,5 +80,14 @@ $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader-docs --compose extract --out $O/docqa-reader-docs-extract.json
 $PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose extract --out $O/qa-reader-docs-extract.json
 $PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose decoder --out $O/qa-reader-docs-qwen05.json
+stamp "the reader-first LoRA (make models' recipe, training.lora.span_preset_config small), then the default rows"
+[ -f artifacts/models/$Q-span-lora/adapter_config.json ] || $PY -m training.lora --model $Q \
+  --out artifacts/models/$Q-span-lora --prompt-format span --span-targets distill --data $S \
+  --docs $DATA/corpus/linux-doc --doc-fraction 0.2 --max-examples 240 --top-layers 12 --r 16 \
+  --alpha 32 --target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj \
+  --eval-examples 40 --batch-size 1 --grad-accum 4 --lr 5e-4 --max-new-tokens 80 --merge --threads 2
+# the reader: make models' minilm-reader is the SQuAD + linux-doc recipe, minilm-reader-docs here
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-span-lora --reader artifacts/models/minilm-reader-docs --compose decoder --out $O/docqa-reader-docs-qwen05-spanlora.json
+$PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-span-lora --compose decoder --out $O/qa-reader-docs-qwen05-spanlora.json
 stamp done
 $PY -m evals.answers_report "$O"

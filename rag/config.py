@@ -69,9 +69,9 @@ class RAGConfig:
     # query encoder alias/folder; None = the one the index was built with
     encoder: str | None = RETRIEVAL.encoder
     decoder: str = DEFAULT_DECODER  # causal LM alias or folder that writes the answer
-    # peft LoRA adapter for the decoder: none = the base model alone (the measured default: the
-    # current LoRA recipe over-refuses on documentation questions, docs/answering.md); auto =
-    # <decoder>-lora under $RAG_HOME/models when `make models` trained it; or a folder/name
+    # peft LoRA adapter for the decoder: auto = <decoder>-span-lora under $RAG_HOME/models, the
+    # reader-first adapter `make models` trains (the base model alone when absent); none = the
+    # base model alone; or a folder/name (docs/answering.md)
     adapter: str | None = DEFAULT_ADAPTER
     k: int = RETRIEVAL.k  # passages retrieved and given to the decoder
     # cross-encoder reranking the first stage's best (rag.retrieval.rerank.resolve_reranker):

@@ -249,23 +249,30 @@ DECODER_PROFILES = {
     "qwen2.5-coder-0.5b": "fewshot",
     "qwen2.5-coder-1.5b": "fewshot",  # same family and template; not measured yet
 }
-# The product's decoder and adapter policy, chosen by the grounded-QA table in docs/answering.md:
-# Qwen2.5-Coder-0.5B zero-shot (few-shot prompt) answers the Python-docs questions best; the LoRA
-# adapter trained here wins SQuAD EM but refuses 57% of the docs questions, so it is opt-in
-# (--adapter auto or a folder) until a recipe beats the base model on both.
+# The product's decoder and adapter policy, chosen by the grounded-QA tables in docs/answering.md:
+# Qwen2.5-Coder-0.5B (few-shot prompt over k passages) with the reader-first LoRA adapter that
+# `make models` trains (training.lora.span_preset_config: one passage + the reader's span -> the
+# sentence around it). The older k-passage adapter (<decoder>-lora) won SQuAD EM but refused 57%
+# of the docs questions; it stays opt-in (--adapter <decoder>-lora or a folder).
 DEFAULT_DECODER = "qwen2.5-coder-0.5b"
-DEFAULT_ADAPTER = "none"
+DEFAULT_ADAPTER = "auto"
+
+
+def auto_adapter_name(decoder: str | Path) -> str:
+    """The artefact ``--adapter auto`` looks for: ``<decoder>-span-lora``, what ``make models``
+    trains (a distinct name, so a k-passage ``<decoder>-lora`` from before is never picked)."""
+    return f"{Path(str(decoder)).name}-span-lora"
 
 
 def resolve_adapter(decoder: str | Path, adapter: str | Path | None) -> str | None:
-    """``auto`` → the adapter trained here for ``decoder`` (``$RAG_HOME/models/<decoder>-lora``,
+    """``auto`` → the adapter trained here for ``decoder`` (``$RAG_HOME/models/<decoder>-span-lora``,
     what ``make models`` writes) when it exists, else None: the base model answers zero-shot.
     ``none`` or empty → None; anything else is returned as given."""
     if adapter is None or str(adapter) in ("", "none"):
         return None
     if str(adapter) != "auto":
         return str(adapter)
-    name = f"{Path(str(decoder)).name}-lora"
+    name = auto_adapter_name(decoder)
     return name if (models_dir() / name / "adapter_config.json").exists() else None
 
 

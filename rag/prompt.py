@@ -115,6 +115,12 @@ def build_span_messages(question: str, passage: str, span: str) -> list[dict[str
     ]
 
 
+def format_span_target(sentence: str) -> str:
+    """Training target of the reader-first prompt: the sentence(s) answering the question,
+    whitespace folded, ending with the one citation ``[1]`` (where decoding stops)."""
+    return " ".join(sentence.split()) + " [1]"
+
+
 def build_messages(
     question: str, passages: Sequence[str], profile: str = "plain"
 ) -> list[dict[str, str]]:

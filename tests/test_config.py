@@ -21,7 +21,7 @@ def test_defaults():
 
     cfg = RAGConfig()
     assert (cfg.decoder, cfg.k, cfg.mode, cfg.encoder) == (DEFAULT_DECODER, 5, "hybrid", None)
-    assert (cfg.adapter, cfg.decoder_precision, cfg.profile) == ("none", "auto", "auto")
+    assert (cfg.adapter, cfg.decoder_precision, cfg.profile) == ("auto", "auto", "auto")
     assert (cfg.reader, cfg.reader_threshold, cfg.compose) == ("auto", None, "decoder")
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from rag.models import (
     DECODER_ALIASES,
+    DEFAULT_ADAPTER,
     DEFAULT_DECODER,
     describe_decoder,
     pick_profile,
@@ -37,9 +38,15 @@ def test_auto_adapter_is_the_one_trained_for_the_decoder_else_none(home):
     assert resolve_adapter("qwen2.5-coder-0.5b", "auto") is None
     assert "zero-shot" in describe_decoder("qwen2.5-coder-0.5b", "auto")
     assert "make models" in describe_decoder("qwen2.5-coder-0.5b", "auto")
+    # a k-passage adapter from before the reader is never what auto picks
     _adapter(home, "qwen2.5-coder-0.5b-lora")
-    assert resolve_adapter("qwen2.5-coder-0.5b", "auto") == "qwen2.5-coder-0.5b-lora"
-    assert "LoRA adapter qwen2.5-coder-0.5b-lora" in describe_decoder("qwen2.5-coder-0.5b", "auto")
+    assert resolve_adapter("qwen2.5-coder-0.5b", "auto") is None
+    _adapter(home, "qwen2.5-coder-0.5b-span-lora")
+    assert resolve_adapter("qwen2.5-coder-0.5b", "auto") == "qwen2.5-coder-0.5b-span-lora"
+    assert "LoRA adapter qwen2.5-coder-0.5b-span-lora" in describe_decoder(
+        "qwen2.5-coder-0.5b", "auto"
+    )
+    assert DEFAULT_ADAPTER == "auto"  # the product's default: the adapter when it was trained
     assert resolve_adapter("smollm2", "auto") is None  # another decoder's adapter is not used
     assert resolve_adapter("qwen2.5-coder-0.5b", "none") is None
     assert resolve_adapter("qwen2.5-coder-0.5b", "my-adapter") == "my-adapter"

@@ -14,6 +14,15 @@ assistant turn (answer, citation markers, end-of-turn token), never the prompt. 
 transformers Trainer over a peft LoRA model; the held-out SQuAD articles are scored before and
 after (EM/F1, citation accuracy, refusal accuracy) by greedy generation.
 
+``--prompt-format span`` tunes the reader-first prompt instead (:mod:`rag.answer.reader` found
+the short answer; the decoder writes one to three sentences around it from that one passage,
+ending ``[1]``). Its targets (``--span-targets distill``, the default) are the base model's own
+greedy replies where they hold the span word for word and every claim word is in the passage
+(:func:`training.lora_eval.span_reply_check`), else the passage's sentence holding the span:
+rejection-sampled self-distillation, since no offline teacher writes better sentences, and
+what it teaches is to stay in the passage and keep the span. ``make models`` trains this one
+(``<decoder>-span-lora``, what ``--adapter auto`` picks).
+
 Output: a peft adapter folder (adapter_config.json, adapter_model.safetensors, tokenizer,
 run.json, train_log.jsonl, loss.png); ``--merge`` also writes ``<out>/merged``, a plain
 AutoModelForCausalLM folder.
@@ -28,14 +37,19 @@ from pathlib import Path
 from typing import Any
 
 from rag.dataclass_cli import config_parser, run_config_cli
-from rag.models import resolve_model
+from rag.models import pick_profile, resolve_model
+from rag.pipeline import SPAN_MAX_NEW_TOKENS
 from rag.precision import FLOAT_PRECISIONS, float_precision, torch_dtype
-from rag.prompt import build_messages
 from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
-from training.lora_data import squad_examples, training_examples
-from training.lora_eval import evaluate
-from training.qa_example import QAExample
+from training.lora_data import (
+    span_examples,
+    span_training_examples,
+    squad_examples,
+    training_examples,
+)
+from training.lora_eval import evaluate, generate_answers, span_reply_check
+from training.qa_example import QAExample, example_messages
 
 log = logging.getLogger("training.lora")
 
@@ -46,6 +60,12 @@ class LoraTrainConfig(FinetuneConfig):
     :class:`~training.finetune.FinetuneConfig`); saved as run.json beside the adapter."""
 
     model: str = "smollm2"  # causal LM folder, alias (smollm2) or artefact name
+    # passages: k numbered passages -> "answer [i]" or the refusal; span: the reader-first prompt,
+    # one passage + the reader's short answer -> one to three sentences holding it, ending [1]
+    prompt_format: str = "passages"
+    # span format only: distill (the base model's own replies that keep the span and stay in the
+    # passage, the passage's sentence elsewhere) | sentence (always the passage's sentence)
+    span_targets: str = "distill"
     data: list[str] = field(default_factory=list)  # SQuAD JSON (built on the fly) or example JSONL
     docs: list[str] = field(default_factory=list)  # document folders/files for doc-style examples
     doc_fraction: float = 0.5  # share of doc examples when both --data and --docs are given
@@ -90,7 +110,7 @@ def encode_example(tokenizer: Any, ex: QAExample, max_length: int) -> dict[str, 
     The prompt is rendered with ``add_generation_prompt=True``, exactly as at inference; the
     full chat (with the assistant turn) must extend it, and the extension is the supervised part.
     """
-    msgs = build_messages(ex.question, ex.passages)
+    msgs = example_messages(ex)
     prompt = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     full = tokenizer.apply_chat_template(
         msgs + [{"role": "assistant", "content": ex.target}], tokenize=False
@@ -179,6 +199,37 @@ def lora_targets(model: Any, target_modules: list[str], top_layers: int) -> str 
     )
 
 
+PROMPT_FORMATS = ("passages", "span")
+SPAN_TARGETS = ("distill", "sentence")
+# Tokens a reply around a reader span may take: the pipeline's own cap.
+SPAN_NEW_TOKENS = SPAN_MAX_NEW_TOKENS
+
+
+def distill_span_targets(
+    model: Any, tokenizer: Any, examples: list[QAExample], cfg: LoraTrainConfig
+) -> int:
+    """Rejection-sampled self-distillation for reader-first examples: the base model's greedy
+    reply (cut at its ``[1]``) becomes an example's target where it holds the span, stays in
+    the passage (:func:`~training.lora_eval.span_reply_check`) and ended by itself (at ``[1]``
+    or its end of turn, not at the token cap); the others keep the passage's sentence. Returns
+    how many targets were replaced."""
+    from rag.prompt import format_span_target
+
+    todo = [e for e in examples if e.kind == "span"]
+    replies = generate_answers(model, tokenizer, todo, cfg, SPAN_NEW_TOKENS)
+    replaced = 0
+    for ex, reply in zip(todo, replies):
+        kept, grounded = span_reply_check(reply, ex)
+        ended = "[1]" in reply or (
+            tokenizer is not None
+            and len(tokenizer(reply, add_special_tokens=False)["input_ids"]) < SPAN_NEW_TOKENS - 1
+        )
+        if kept and grounded and ended:
+            ex.target = format_span_target(reply.split("[1]", 1)[0])
+            replaced += 1
+    return replaced
+
+
 def train_lora(cfg: LoraTrainConfig) -> dict[str, Any]:
     """Build examples, score zero-shot, tune LoRA, save (and merge), score again; the summary."""
     default_docs_if_no_data(cfg, ("data", "docs"), "training.lora")
@@ -192,13 +243,28 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     from peft import LoraConfig, get_peft_model
     from transformers import Trainer, TrainingArguments
 
+    if cfg.prompt_format not in PROMPT_FORMATS:
+        raise ValueError(f"--prompt-format must be passages or span, not {cfg.prompt_format!r}")
+    if cfg.span_targets not in SPAN_TARGETS:
+        raise ValueError(f"--span-targets must be distill or sentence, not {cfg.span_targets!r}")
+    span = cfg.prompt_format == "span"
     with finetune_run(cfg, "lora") as run:
-        examples = training_examples(  # SQuAD train articles and/or --docs, mixed; before the model
-            cfg.data, cfg.docs, cfg.max_examples, cfg.doc_fraction, cfg.k_passages,
-            cfg.refusal_fraction, cfg.seed, cfg.passage_words, cfg.doc_passage_words,
-        )  # fmt: skip
+        # SQuAD train articles and/or --docs, mixed; built before the model loads
+        if span:
+            examples = span_training_examples(
+                cfg.data, cfg.docs, cfg.max_examples, cfg.doc_fraction, cfg.seed
+            )
+        else:
+            examples = training_examples(
+                cfg.data, cfg.docs, cfg.max_examples, cfg.doc_fraction, cfg.k_passages,
+                cfg.refusal_fraction, cfg.seed, cfg.passage_words, cfg.doc_passage_words,
+            )  # fmt: skip
         model, tokenizer = load_base(cfg.model, run.device, cfg.precision)
         bf16 = next(model.parameters()).dtype == torch.bfloat16  # adapters stay fp32 (peft's)
+        distilled = 0
+        if span and cfg.span_targets == "distill":
+            distilled = distill_span_targets(model, tokenizer, examples, cfg)
+            log.info("%d of %d targets are the base model's own replies", distilled, len(examples))
         rows = [
             r
             for r in (encode_example(tokenizer, e, cfg.max_length) for e in examples)
@@ -211,11 +277,14 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
 
         eval_src = cfg.eval_data or next((f for f in cfg.data if f.endswith(".json")), None)
         heldout = []
-        if cfg.eval and eval_src:
+        if cfg.eval and eval_src and span:
+            heldout = span_examples(eval_src, "dev", cfg.eval_examples, seed=1234)
+        elif cfg.eval and eval_src:
             heldout = squad_examples(
                 eval_src, "dev", cfg.eval_examples, cfg.k_passages, cfg.refusal_fraction, seed=1234
             )
-        before = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
+        budget = SPAN_NEW_TOKENS if span else None
+        before = evaluate(model, tokenizer, heldout, cfg, budget) if heldout else {}
         log.info("zero-shot: %s", {k: v for k, v in before.items() if k != "samples"})
 
         lcfg = LoraConfig(
@@ -239,7 +308,7 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
         model.save_pretrained(str(run.out))
         tokenizer.save_pretrained(str(run.out))
 
-        after = evaluate(model, tokenizer, heldout, cfg) if heldout else {}
+        after = evaluate(model, tokenizer, heldout, cfg, budget) if heldout else {}
         log.info("tuned: %s", {k: v for k, v in after.items() if k != "samples"})
         if cfg.merge:
             model = model.merge_and_unload()
@@ -248,7 +317,12 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
         summary = run.finish(
             f"LoRA {Path(cfg.model).name} (answer tokens only)",
             {
-                "profile": "plain",  # the prompt format trained on (rag.models.pick_profile)
+                # the k-passage prompt profile rag uses with the adapter (rag.models.pick_profile):
+                # the one trained on, or for the span format the base model's own (the adapter
+                # also serves the decoder-over-k-passages fallback, untrained there)
+                "profile": pick_profile(cfg.model) if span else "plain",
+                "prompt_format": cfg.prompt_format,
+                "n_distilled_targets": distilled,
                 "refusal_threshold": cfg.refusal_threshold,  # rag.models.pick_refusal_threshold
                 "base_model": str(resolve_model(cfg.model)),
                 "n_train_examples": len(rows),
@@ -265,15 +339,14 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
 def preset_config(
     model: str, out: str | Path, data: Path, preset: str, device: str, threads: int = 0
 ):
-    """The ``make models`` recipe (docs/answering.md): SQuAD train-article questions with k=5
+    """The k-passage recipe (``make models``' until the reader existed; evals/answers_table.sh
+    and docs/answering.md measure it): SQuAD train-article questions with k=5
     shuffled passages (gold among BM25 distractors, 20% with no answer → the refusal) plus 20%
     documentation-style examples from the corpus (never python-docs: its questions are the
     held-out docs QA set). CPU presets: 360 examples, passages trimmed to 50 words, the top half
     of the layers adapted (about 25 min for Qwen2.5-0.5B on 2 cores); ``base`` (GPU): 3,000
     examples with whole paragraphs, every layer."""
     import json
-
-    from rag.models import resolve_model
 
     cpu = preset in ("tiny", "small")
     layers = json.loads((resolve_model(model) / "config.json").read_text())["num_hidden_layers"]
@@ -294,19 +367,50 @@ def preset_config(
         top_layers=layers // 2 if cpu else 0,
         r=16,
         alpha=32,
-        target_modules=[
-            "q_proj",
-            "k_proj",
-            "v_proj",
-            "o_proj",
-            "gate_proj",
-            "up_proj",
-            "down_proj",
-        ],
+        target_modules=QWEN_MODULES,
         eval_examples=40 if cpu else 300,
         batch_size=1 if cpu else 8,
         grad_accum=4 if cpu else 2,
         lr=5e-4 if cpu else 2e-4,
+        merge=True,
+        device=device,
+        threads=threads,
+    )
+
+
+QWEN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def span_preset_config(
+    model: str, out: str | Path, data: Path, preset: str, device: str, threads: int = 0
+) -> LoraTrainConfig:
+    """The ``make models`` recipe: the reader-first prompt (``prompt_format="span"``), SQuAD
+    train-article questions on their gold paragraph plus 20% linux-doc section questions (never
+    python-docs nor docs/), distilled targets, r = 16 on every projection. CPU presets: 240
+    examples and the top half of the layers (about 20 min for Qwen2.5-0.5B on 2 cores, the
+    distillation included); ``base`` (GPU): 2,000 examples, every layer."""
+    import json
+
+    cpu = preset in ("tiny", "small")
+    layers = json.loads((resolve_model(model) / "config.json").read_text())["num_hidden_layers"]
+    return LoraTrainConfig(
+        model=model,
+        out=str(out),
+        prompt_format="span",
+        span_targets="distill",
+        data=[str(data / "squad" / "squad-v1.1-dev-part.json")],
+        docs=[str(data / "corpus" / "linux-doc")],
+        doc_fraction=0.2,
+        max_examples=240 if cpu else 2000,
+        top_layers=layers // 2 if cpu else 0,
+        r=16,
+        alpha=32,
+        target_modules=QWEN_MODULES,
+        eval_examples=40 if cpu else 200,
+        batch_size=1 if cpu else 8,
+        grad_accum=4 if cpu else 2,
+        lr=5e-4 if cpu else 2e-4,
+        max_new_tokens=SPAN_NEW_TOKENS,
         merge=True,
         device=device,
         threads=threads,
@@ -319,7 +423,16 @@ def preset_config(
 def _report(summary: dict) -> str:
     lines = [
         f"{key}: {summary['before'][key]} -> {summary['after'][key]}"
-        for key in ("em", "f1", "citation_accuracy", "refusal_accuracy")
+        for key in (
+            "em",
+            "f1",
+            "citation_accuracy",
+            "refusal_accuracy",
+            "span_kept",
+            "grounded",
+            "kept_and_grounded",
+            "mean_words",
+        )
         if key in summary["before"]
     ]
     n, steps = summary["n_train_examples"], summary["steps"]
@@ -328,7 +441,12 @@ def _report(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_parser("python -m training.lora", __doc__, LoraTrainConfig)
+    parser = config_parser(
+        "python -m training.lora",
+        __doc__,
+        LoraTrainConfig,
+        choices={"prompt_format": PROMPT_FORMATS, "span_targets": SPAN_TARGETS},
+    )
     return run_config_cli(
         parser, LoraTrainConfig, train_lora, argv, report=_report, logs_to_stderr=True
     )

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rag.evaluation.datasets import SquadParagraph, load_squad_paragraphs, squad_split
-from rag.prompt import REFUSAL, format_target
+from rag.prompt import REFUSAL, format_span_target, format_target
 from rag.retrieval.bm25 import BM25Index
 from training.doc_qa_data import doc_examples
 from training.qa_example import QAExample, gold_positions, trim_passage
@@ -135,6 +135,101 @@ def squad_examples(
             paragraphs, dev, n, k, refusal_fraction, seed, pool_articles=train + dev
         )
     raise ValueError(f"--split must be train or dev, not {split!r}")
+
+
+# Words of the one passage in a reader-first example: about a pipeline chunk (~180 words).
+SPAN_PASSAGE_WORDS = 180
+
+
+def span_examples(
+    path: str | Path, split: str, n: int, seed: int = 0, passage_words: int = SPAN_PASSAGE_WORDS
+) -> list[QAExample]:
+    """``n`` examples (0 = all) of the reader-first prompt (``kind="span"``): a question, its
+    gold paragraph as the one passage (cut to ``passage_words`` around the answer, like a
+    pipeline chunk), the gold answer as the reader's short answer, and as the target the
+    passage's sentence holding it, cited ``[1]`` (:func:`rag.answer.reader.sentence_around`,
+    what the pipeline shows when nothing is decoded; ``training.lora --span-targets distill``
+    puts the base model's own grounded reply in its place where it has one). ``split`` train:
+    train articles only; dev: the held-out articles."""
+    from rag.answer.reader import sentence_around
+
+    if split not in ("train", "dev"):
+        raise ValueError(f"--split must be train or dev, not {split!r}")
+    paragraphs = load_squad_paragraphs(path)
+    train, dev = squad_split(path)
+    wanted = set(train if split == "train" else dev)
+    questions = [(p, q) for p in paragraphs if p.title in wanted for q in p.questions if q.answers]
+    random.Random(seed).shuffle(questions)
+    out: list[QAExample] = []
+    for para, q in questions:
+        if 0 < n <= len(out):
+            break
+        span = q.answers[0].strip()
+        passage = trim_passage(para.context, passage_words, [span])
+        at = passage.find(span)
+        if not span or at < 0:  # the cut lost it (an answer longer than the window)
+            continue
+        sentence = sentence_around(passage, at, at + len(span))
+        out.append(
+            QAExample(
+                id=q.id,
+                question=q.question,
+                passages=[passage],
+                cited=[1],
+                answers=q.answers,
+                target=format_span_target(sentence),
+                article=para.title,
+                passage_ids=[para.id],
+                kind="span",
+            )  # fmt: skip
+        )
+    if split == "train":
+        assert_no_heldout(out, dev, paragraphs)
+    return out
+
+
+def doc_span_examples(
+    docs: Sequence[str | Path], n: int, seed: int = 0, passage_words: int = SPAN_PASSAGE_WORDS
+) -> list[QAExample]:
+    """Reader-first examples from documentation (``kind="span"``): the section-heading questions
+    of :func:`training.doc_qa_data.doc_examples` on their section alone, the section lead's first
+    sentence as the short answer (what the reader trained on docs points at) and as the target
+    (a docs span is already a sentence)."""
+    from rag.answer.reader import sentence_around
+
+    out = []
+    for ex in doc_examples(docs, 0, 1, 0.0, seed, passage_words):  # all, then the first n
+        span = sentence_around(ex.answers[0], 0, 0)  # the lead's first sentence
+        if span and span in ex.passages[0]:  # (a lead cleaned of markup is not in the passage)
+            ex.answers, ex.target, ex.kind = [span], format_span_target(span), "span"
+            out.append(ex)
+    return out[:n] if n > 0 else out
+
+
+def span_training_examples(
+    data: Sequence[str | Path],
+    docs: Sequence[str | Path] = (),
+    n: int = 300,
+    doc_fraction: float = 0.2,
+    seed: int = 0,
+) -> list[QAExample]:
+    """The reader-first training mix: :func:`span_examples` of the SQuAD train articles in
+    ``data`` plus a ``doc_fraction`` share of :func:`doc_span_examples` from ``docs``, shuffled."""
+    squad = [f for f in data if str(f).endswith(".json")]
+    if not squad and not docs:
+        raise ValueError("--data (a SQuAD JSON) or --docs is required for --prompt-format span")
+    for f in squad:
+        if not Path(f).is_file():
+            raise ValueError(f"--data {f}: no such file")
+    n_doc = (round(n * doc_fraction) if squad else n) if docs else 0
+    out: list[QAExample] = []
+    for f in squad:
+        if n <= 0 or n - n_doc > len(out):
+            out += span_examples(f, "train", n - n_doc - len(out) if n > 0 else 0, seed)
+    if docs and (n <= 0 or n_doc > 0):
+        out += doc_span_examples(docs, n_doc, seed)
+    random.Random(seed).shuffle(out)
+    return out
 
 
 def assert_no_heldout(

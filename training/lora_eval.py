@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rag.prompt import build_messages, parse_citations
-from training.qa_example import QAExample
+from rag.prompt import parse_citations
+from training.qa_example import QAExample, example_messages
 
 # ---------------------------------------------------------------------------- generation + scoring
 
@@ -25,9 +25,14 @@ def stop_ids(tokenizer: Any) -> list[int]:
 
 
 def generate_answers(
-    model: Any, tokenizer: Any, examples: Sequence[QAExample], cfg: Any
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[QAExample],
+    cfg: Any,
+    max_new_tokens: int | None = None,
 ) -> list[str]:
-    """Greedy answers for ``examples`` (left-padded batches)."""
+    """Greedy answers for ``examples`` (left-padded batches, each in its own prompt format:
+    :func:`training.qa_example.example_messages`); ``max_new_tokens`` overrides the config's."""
     import torch
     from tqdm import tqdm
 
@@ -39,7 +44,7 @@ def generate_answers(
         batch = examples[i : i + cfg.eval_batch_size]
         prompts = [
             tokenizer.apply_chat_template(
-                build_messages(e.question, e.passages), add_generation_prompt=True, tokenize=False
+                example_messages(e), add_generation_prompt=True, tokenize=False
             )
             for e in batch
         ]
@@ -49,7 +54,7 @@ def generate_answers(
         with torch.no_grad():
             gen = model.generate(
                 **enc,
-                max_new_tokens=cfg.max_new_tokens,
+                max_new_tokens=max_new_tokens or cfg.max_new_tokens,
                 do_sample=False,
                 eos_token_id=stop_ids(tokenizer),
                 pad_token_id=tokenizer.pad_token_id,
@@ -90,9 +95,56 @@ def score_answers(examples: Sequence[QAExample], answers: Sequence[str]) -> dict
     }
 
 
-def evaluate(model: Any, tokenizer: Any, examples: Sequence[QAExample], cfg: Any) -> dict[str, Any]:
-    answers = generate_answers(model, tokenizer, examples, cfg)
-    scores = score_answers(examples, answers)
+def span_reply_check(reply: str, ex: QAExample) -> tuple[bool, bool]:
+    """Whether a reply to a reader-first example (``kind="span"``), cut where it first cites
+    ``[1]`` (the pipeline stops decoding there), (holds the short answer word for word,
+    normalised as SQuAD does; is grounded: one to three sentences, each with every claim word in
+    the passage, :func:`rag.answer.support.support` = 1). A refusal is neither."""
+    from rag.answer.support import split_sentences, support
+    from rag.evaluation.metrics import normalize_answer
+
+    cut = reply.split("[1]", 1)[0]
+    parsed = parse_citations(cut, 1)
+    if parsed.refused or not parsed.text.strip():
+        return False, False
+    kept = normalize_answer(ex.answers[0]) in normalize_answer(parsed.text)
+    sentences = split_sentences(parsed.text)
+    grounded = 0 < len(sentences) <= 3 and all(
+        (v := support(s, ex.passages[0], ex.question)) is None or v >= 1.0 for s in sentences
+    )
+    return kept, grounded
+
+
+def score_span_answers(examples: Sequence[QAExample], replies: Sequence[str]) -> dict[str, Any]:
+    """Reader-first replies: the share that hold the short answer (``span_kept``; the pipeline
+    shows the passage's own sentence in place of the others), that stay in the passage
+    (``grounded``), that do both (``kept_and_grounded``), that end by citing ``[1]``, and their
+    mean length in words (the cut at ``[1]``)."""
+    checks = [span_reply_check(r, e) for e, r in zip(examples, replies)]
+    n = max(len(checks), 1)
+    words = [len(r.split("[1]", 1)[0].split()) for r in replies]
+    return {
+        "span_kept": round(100 * sum(k for k, _ in checks) / n, 2),
+        "grounded": round(100 * sum(g for _, g in checks) / n, 2),
+        "kept_and_grounded": round(100 * sum(k and g for k, g in checks) / n, 2),
+        "cites_1": round(100 * sum("[1]" in r for r in replies) / n, 2),
+        "mean_words": round(sum(words) / n, 1),
+        "n_span": len(checks),
+    }
+
+
+def evaluate(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[QAExample],
+    cfg: Any,
+    max_new_tokens: int | None = None,
+) -> dict[str, Any]:
+    """Greedy replies to ``examples`` scored as their format asks: reader-first examples by
+    :func:`score_span_answers`, k-passage ones by :func:`score_answers`; five samples kept."""
+    answers = generate_answers(model, tokenizer, examples, cfg, max_new_tokens)
+    spans = bool(examples) and all(e.kind == "span" for e in examples)
+    scores = score_span_answers(examples, answers) if spans else score_answers(examples, answers)
     scores["samples"] = [
         {"question": e.question, "gold": e.target, "answer": a}
         for e, a in zip(examples[:5], answers)

@@ -180,9 +180,9 @@ def build_steps(args: argparse.Namespace) -> list[Step]:
 
 
 def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
-    """The fine-tunes: the MLM encoder into a retriever (contrastive), the default decoder into a
-    grounded answerer (LoRA on the default decoder). They need ../shared/data (SciFact, SQuAD, python-docs)."""
-    from rag.models import DEFAULT_DECODER
+    """The fine-tunes: the MLM encoder into a retriever (contrastive), the default decoder into
+    the reader-first answerer (LoRA on the default decoder, training.lora.span_preset_config). They need ../shared/data (SciFact, SQuAD, python-docs)."""
+    from rag.models import DEFAULT_DECODER, auto_adapter_name
     from rag.paths import shared_data_dir
 
     data = shared_data_dir()
@@ -192,7 +192,7 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
         )
         return []
     ft = models_dir() / f"{enc.name}-contrastive"
-    lora_out = models_dir() / f"{DEFAULT_DECODER}-lora"  # what the pipeline's adapter=auto finds
+    lora_out = models_dir() / auto_adapter_name(DEFAULT_DECODER)  # what adapter=auto finds
 
     def contrastive_step() -> dict:
         from training.contrastive import preset_config, train_contrastive
@@ -209,16 +209,19 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
         }
 
     def lora_step() -> dict:
-        from training.lora import preset_config, train_lora
+        from training.lora import span_preset_config, train_lora
 
         s = train_lora(
-            preset_config(DEFAULT_DECODER, lora_out, data, args.preset, args.device, args.threads)
+            span_preset_config(
+                DEFAULT_DECODER, lora_out, data, args.preset, args.device, args.threads
+            )
         )
-        for key in ("em", "f1", "citation_accuracy"):
+        for key in ("span_kept", "grounded", "kept_and_grounded"):
             print(f"   held-out {key} {s['before'][key]} -> {s['after'][key]}", file=sys.stderr)
-        keep = ("em", "f1", "citation_accuracy", "refusal_accuracy", "n_answerable")
+        keep = ("span_kept", "grounded", "kept_and_grounded", "mean_words", "n_span")
         return {
             "n_train_examples": s["n_train_examples"],
+            "n_distilled_targets": s["n_distilled_targets"],
             "before": {k: s["before"][k] for k in keep},
             "after": {k: s["after"][k] for k in keep},
         }

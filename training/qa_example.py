@@ -26,7 +26,19 @@ class QAExample:
     article: str
     answerable: bool = True
     passage_ids: list[str] = field(default_factory=list)
-    kind: str = "squad"  # squad | doc (mined from documents by training.doc_qa_data)
+    # squad | doc (mined from documents by training.doc_qa_data) | span (the reader-first
+    # prompt: passages[0] is the one passage, answers[0] the reader's short answer in it)
+    kind: str = "squad"
+
+
+def example_messages(ex: QAExample) -> list[dict[str, str]]:
+    """The chat an example is trained and scored on: the reader-first prompt for ``kind="span"``
+    (:func:`rag.prompt.build_span_messages`), else the k-passage prompt (plain profile)."""
+    from rag.prompt import build_messages, build_span_messages
+
+    if ex.kind == "span":
+        return build_span_messages(ex.question, ex.passages[0], ex.answers[0])
+    return build_messages(ex.question, ex.passages)
 
 
 def trim_passage(text: str, max_words: int, answers: Sequence[str] = ()) -> str:

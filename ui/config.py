@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         help={
             "index": "index name under $RAG_HOME/indexes shown first",
             "encoder": "query encoder alias/folder; none = the one the index was built with",
-            "adapter": "LoRA adapter: none (the measured default), auto (<decoder>-lora when "
-            "trained) or a folder/name",
+            "adapter": "LoRA adapter: auto (<decoder>-span-lora, the reader-first adapter, when "
+            "`make models` trained it; else none), none (the base model alone) or a folder/name",
             "k": "passages per question",
             "rerank": "cross-encoder reranking the retrieved candidates: auto = minilm-rerank "
             "when `make models` trained it (else off); none = off; or a folder/artefact name",
