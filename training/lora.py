@@ -40,6 +40,7 @@ from rag.dataclass_cli import config_parser, run_config_cli
 from rag.models import pick_profile, resolve_model
 from rag.pipeline import SPAN_MAX_NEW_TOKENS
 from rag.precision import FLOAT_PRECISIONS, float_precision, torch_dtype
+from rag.prompt import format_span_target
 from training.defaults import default_docs_if_no_data
 from training.finetune import FinetuneConfig, finetune_run
 from training.lora_data import (
@@ -48,7 +49,7 @@ from training.lora_data import (
     squad_examples,
     training_examples,
 )
-from training.lora_eval import evaluate, generate_answers, span_reply_check
+from training.lora_eval import evaluate, generate_answers, shown_reply, span_reply_check
 from training.qa_example import QAExample, example_messages
 
 log = logging.getLogger("training.lora")
@@ -213,19 +214,18 @@ def distill_span_targets(
     the passage (:func:`~training.lora_eval.span_reply_check`) and ended by itself (at ``[1]``
     or its end of turn, not at the token cap); the others keep the passage's sentence. Returns
     how many targets were replaced."""
-    from rag.prompt import format_span_target
-
     todo = [e for e in examples if e.kind == "span"]
     replies = generate_answers(model, tokenizer, todo, cfg, SPAN_NEW_TOKENS)
     replaced = 0
     for ex, reply in zip(todo, replies):
         kept, grounded = span_reply_check(reply, ex)
-        ended = "[1]" in reply or (
+        shown = shown_reply(reply)
+        ended = shown != reply or (
             tokenizer is not None
             and len(tokenizer(reply, add_special_tokens=False)["input_ids"]) < SPAN_NEW_TOKENS - 1
         )
         if kept and grounded and ended:
-            ex.target = format_span_target(reply.split("[1]", 1)[0])
+            ex.target = format_span_target(shown)
             replaced += 1
     return replaced
 
@@ -336,16 +336,19 @@ def fit(cfg: LoraTrainConfig) -> tuple[Any, Any, dict[str, Any]]:
     return model, tokenizer, summary
 
 
-def preset_config(
-    model: str, out: str | Path, data: Path, preset: str, device: str, threads: int = 0
-):
-    """The k-passage recipe (``make models``' until the reader existed; evals/answers_table.sh
-    and docs/answering.md measure it): SQuAD train-article questions with k=5
-    shuffled passages (gold among BM25 distractors, 20% with no answer → the refusal) plus 20%
-    documentation-style examples from the corpus (never python-docs: its questions are the
-    held-out docs QA set). CPU presets: 360 examples, passages trimmed to 50 words, the top half
-    of the layers adapted (about 25 min for Qwen2.5-0.5B on 2 cores); ``base`` (GPU): 3,000
-    examples with whole paragraphs, every layer."""
+QWEN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+QWEN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _recipe(
+    model: str, out: str | Path, data: Path, preset: str, device: str, threads: int, **fields: Any
+) -> LoraTrainConfig:
+    """What both make-models recipes share: SQuAD train articles + linux-doc (never python-docs
+    nor docs/), r = 16 on every projection, merged; on the CPU presets the top half of the layers,
+    batch 1 x 4 at lr 5e-4, on ``base`` (GPU) every layer, batch 8 x 2 at lr 2e-4. ``fields``
+    are the recipe's own settings."""
     import json
 
     cpu = preset in ("tiny", "small")
@@ -356,6 +359,33 @@ def preset_config(
         data=[str(data / "squad" / "squad-v1.1-dev-part.json")],
         docs=[str(data / "corpus" / "linux-doc")],
         doc_fraction=0.2,
+        top_layers=layers // 2 if cpu else 0,
+        r=16,
+        alpha=32,
+        target_modules=QWEN_MODULES,
+        batch_size=1 if cpu else 8,
+        grad_accum=4 if cpu else 2,
+        lr=5e-4 if cpu else 2e-4,
+        merge=True,
+        device=device,
+        threads=threads,
+        **fields,
+    )
+
+
+def preset_config(
+    model: str, out: str | Path, data: Path, preset: str, device: str, threads: int = 0
+) -> LoraTrainConfig:
+    """The k-passage recipe (``make models``' until the reader existed; evals/answers_table.sh
+    and docs/answering.md measure it): SQuAD train-article questions with k=5
+    shuffled passages (gold among BM25 distractors, 20% with no answer → the refusal) plus 20%
+    documentation-style examples from the corpus (never python-docs: its questions are the
+    held-out docs QA set). CPU presets: 360 examples, passages trimmed to 50 words, the top half
+    of the layers adapted (about 25 min for Qwen2.5-0.5B on 2 cores); ``base`` (GPU): 3,000
+    examples with whole paragraphs, every layer."""
+    cpu = preset in ("tiny", "small")
+    return _recipe(
+        model, out, data, preset, device, threads,
         doc_passage_words=80 if cpu else 180,
         k_passages=5,
         refusal_fraction=0.2,
@@ -364,57 +394,26 @@ def preset_config(
         refusal_threshold=0.6 if cpu and model == "qwen2.5-coder-0.5b" else None,
         max_examples=360 if cpu else 3000,
         passage_words=50 if cpu else 0,
-        top_layers=layers // 2 if cpu else 0,
-        r=16,
-        alpha=32,
-        target_modules=QWEN_MODULES,
         eval_examples=40 if cpu else 300,
-        batch_size=1 if cpu else 8,
-        grad_accum=4 if cpu else 2,
-        lr=5e-4 if cpu else 2e-4,
-        merge=True,
-        device=device,
-        threads=threads,
-    )
-
-
-QWEN_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )  # fmt: skip
 
 
 def span_preset_config(
     model: str, out: str | Path, data: Path, preset: str, device: str, threads: int = 0
 ) -> LoraTrainConfig:
     """The ``make models`` recipe: the reader-first prompt (``prompt_format="span"``), SQuAD
-    train-article questions on their gold paragraph plus 20% linux-doc section questions (never
-    python-docs nor docs/), distilled targets, r = 16 on every projection. CPU presets: 240
-    examples and the top half of the layers (about 20 min for Qwen2.5-0.5B on 2 cores, the
-    distillation included); ``base`` (GPU): 2,000 examples, every layer."""
-    import json
-
+    train-article questions on their gold paragraph plus 20% linux-doc section questions,
+    distilled targets. CPU presets: 240 examples (about 20 min for Qwen2.5-0.5B on 2 cores, the
+    distillation included); ``base`` (GPU): 2,000 examples."""
     cpu = preset in ("tiny", "small")
-    layers = json.loads((resolve_model(model) / "config.json").read_text())["num_hidden_layers"]
-    return LoraTrainConfig(
-        model=model,
-        out=str(out),
+    return _recipe(
+        model, out, data, preset, device, threads,
         prompt_format="span",
         span_targets="distill",
-        data=[str(data / "squad" / "squad-v1.1-dev-part.json")],
-        docs=[str(data / "corpus" / "linux-doc")],
-        doc_fraction=0.2,
         max_examples=240 if cpu else 2000,
-        top_layers=layers // 2 if cpu else 0,
-        r=16,
-        alpha=32,
-        target_modules=QWEN_MODULES,
         eval_examples=40 if cpu else 200,
-        batch_size=1 if cpu else 8,
-        grad_accum=4 if cpu else 2,
-        lr=5e-4 if cpu else 2e-4,
         max_new_tokens=SPAN_NEW_TOKENS,
-        merge=True,
-        device=device,
-        threads=threads,
-    )
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -181,7 +181,7 @@ def span_examples(
                 article=para.title,
                 passage_ids=[para.id],
                 kind="span",
-            )  # fmt: skip
+            )
         )
     if split == "train":
         assert_no_heldout(out, dev, paragraphs)

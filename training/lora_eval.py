@@ -95,6 +95,14 @@ def score_answers(examples: Sequence[QAExample], answers: Sequence[str]) -> dict
     }
 
 
+def shown_reply(reply: str) -> str:
+    """A reader-first reply as the pipeline keeps it: up to its first ``[1]``, where decoding
+    stops (:data:`rag.pipeline.SPAN_CITATION`)."""
+    from rag.pipeline import SPAN_CITATION
+
+    return reply.split(SPAN_CITATION, 1)[0]
+
+
 def span_reply_check(reply: str, ex: QAExample) -> tuple[bool, bool]:
     """Whether a reply to a reader-first example (``kind="span"``), cut where it first cites
     ``[1]`` (the pipeline stops decoding there), (holds the short answer word for word,
@@ -103,8 +111,7 @@ def span_reply_check(reply: str, ex: QAExample) -> tuple[bool, bool]:
     from rag.answer.support import split_sentences, support
     from rag.evaluation.metrics import normalize_answer
 
-    cut = reply.split("[1]", 1)[0]
-    parsed = parse_citations(cut, 1)
+    parsed = parse_citations(shown_reply(reply), 1)
     if parsed.refused or not parsed.text.strip():
         return False, False
     kept = normalize_answer(ex.answers[0]) in normalize_answer(parsed.text)
@@ -122,12 +129,12 @@ def score_span_answers(examples: Sequence[QAExample], replies: Sequence[str]) ->
     mean length in words (the cut at ``[1]``)."""
     checks = [span_reply_check(r, e) for e, r in zip(examples, replies)]
     n = max(len(checks), 1)
-    words = [len(r.split("[1]", 1)[0].split()) for r in replies]
+    words = [len(shown_reply(r).split()) for r in replies]
     return {
         "span_kept": round(100 * sum(k for k, _ in checks) / n, 2),
         "grounded": round(100 * sum(g for _, g in checks) / n, 2),
         "kept_and_grounded": round(100 * sum(k and g for k, g in checks) / n, 2),
-        "cites_1": round(100 * sum("[1]" in r for r in replies) / n, 2),
+        "cites_1": round(100 * sum(shown_reply(r) != r for r in replies) / n, 2),
         "mean_words": round(sum(words) / n, 1),
         "n_span": len(checks),
     }
