@@ -31,6 +31,7 @@ import random
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from rag.answer.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import config_parser, run_config_cli
@@ -298,6 +299,31 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     }
 
 
+def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any]:
+    """(the generator with ``cfg.adapter``, the one for the k-passage prompt): the same unless
+    the adapter was trained on the reader-first prompt alone, as in the product
+    (rag.pipeline.RAGPipeline.fallback_generator)."""
+    from rag.generate.generator import Generator
+    from rag.generate.speed import DecodeSpeed
+    from rag.models import resolve_adapter, span_only_adapter
+
+    def load(adapter: str | None) -> Any:
+        return Generator.load(
+            cfg.generator,
+            adapter=adapter,
+            device=cfg.device,
+            precision=cfg.decoder_precision,
+            profile=cfg.profile,
+            speed=DecodeSpeed.from_config(cfg),
+        )
+
+    generator = load(cfg.adapter)
+    spans_only = cfg.mode == "rag" and span_only_adapter(
+        resolve_adapter(cfg.generator, cfg.adapter)
+    )
+    return generator, load(None) if spans_only else generator
+
+
 def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool = True) -> dict:
     """Run the evaluation; ``generator`` (a :class:`rag.generate.generator.Generator`) and ``encoder`` may
     be passed in already loaded (the experiment does), else they are loaded from ``cfg``."""
@@ -317,18 +343,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     asked = [a for a in articles if a not in removed]
     questions = select_questions(paragraphs, asked, cfg.limit, cfg.seed)
     unanswerable = select_questions(paragraphs, removed, cfg.unanswerable_limit, cfg.seed)
+    fallback = generator
     if generator is None:
-        from rag.generate.generator import Generator
-        from rag.generate.speed import DecodeSpeed
-
-        generator = Generator.load(
-            cfg.generator,
-            adapter=cfg.adapter,
-            device=cfg.device,
-            precision=cfg.decoder_precision,
-            profile=cfg.profile,
-            speed=DecodeSpeed.from_config(cfg),
-        )
+        generator, fallback = load_generators(cfg)
     bar = track(questions + unanswerable, f"qa {cfg.mode}", unit="question", enabled=progress)
     embeddings: EmbeddingCache | None = None
     if cfg.mode == "oracle":
@@ -356,7 +373,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             reader_threshold=cfg.reader_threshold,
             compose=cfg.compose,
         )
-        pipeline = RAGPipeline(config, retriever=retriever, generator=generator)
+        pipeline = RAGPipeline(
+            config, retriever=retriever, generator=generator, fallback_generator=fallback
+        )
         rows = []
         for q in bar:
             row = answer_rag(pipeline, q, cfg.k, cfg.retriever, cfg.max_new_tokens)

@@ -279,10 +279,23 @@ def resolve_adapter(decoder: str | Path, adapter: str | Path | None) -> str | No
 def describe_decoder(decoder: str | Path, adapter: str | Path | None) -> str:
     """One line for people: which decoder answers, and whether a LoRA adapter tuned it."""
     resolved = resolve_adapter(decoder, adapter)
+    if resolved and span_only_adapter(resolved):
+        return (
+            f"{decoder} + LoRA adapter {Path(resolved).name} (tuned here to phrase the reader's"
+            " span; questions without a trusted span are answered zero-shot)"
+        )
     if resolved:
         return f"{decoder} + LoRA adapter {Path(resolved).name} (tuned here for cited answers)"
     hint = " (no adapter trained yet: `make models`)" if str(adapter) == "auto" else ""
     return f"{decoder}, zero-shot{hint}"
+
+
+def span_only_adapter(adapter: str | Path | None) -> bool:
+    """Whether ``adapter`` was trained on the reader-first prompt alone (its run.json
+    ``prompt_format`` is ``span``: ``training.lora --prompt-format span``, what ``make models``
+    trains). The pipeline then uses it only where the reader trusted a span, and answers the
+    k-passage prompt with the decoder alone (rag.pipeline.RAGPipeline.fallback_generator)."""
+    return adapter is not None and _run_setting(adapter, "prompt_format") == "span"
 
 
 def _run_setting(candidate: str | Path, key: str) -> Any:

@@ -34,6 +34,14 @@ configured, it reads the question against every relevant passage before anything
 - every passage says "not here" and the answerability check agrees → refusal, nothing decoded;
 - otherwise (the reader abstains but retrieval looks answerable) → the decoder over all
   passages, as without a reader.
+
+Each prompt gets the decoder tuned for it: an adapter trained on the reader-first prompt alone
+(``training.lora --prompt-format span``, what ``make models`` trains; rag.models.span_only_adapter)
+phrases spans only, and the k-passage fallback is answered by the decoder without it
+(:attr:`RAGPipeline.fallback_generator`, a second copy loaded on the first such question). Why:
+on the 40 Python-docs questions, where the reader trusts a span for 8, the span adapter over the
+k-passage prompt it never saw lost 2 keyword hits and 2 right-page citations against the
+decoder alone (docs/answering.md).
 """
 
 from __future__ import annotations
@@ -163,7 +171,9 @@ class RAGPipeline:
     ``retriever`` / ``generator`` may be passed in (tests, evals reusing loaded models); else they
     are built from ``config`` on first use. ``rewrite_query`` overrides ``config.rewrite_query``.
     ``verify`` checks citations against their passages (:mod:`rag.answer.verify`); None = the config's
-    ``verify_citations`` when it has one, else on.
+    ``verify_citations`` when it has one, else on. ``fallback_generator`` answers the k-passage
+    prompt; None = ``generator`` when one is passed in, else loaded from ``config`` (module
+    docstring).
     """
 
     def __init__(
@@ -175,11 +185,15 @@ class RAGPipeline:
         rewrite_query: RewriteFn | None = None,
         verify: bool | None = None,
         reader: Any = None,
+        fallback_generator: Any = None,
     ) -> None:
         self.config = config or RAGConfig()
         self.verify = getattr(self.config, "verify_citations", True) if verify is None else verify
         self._retriever = retriever
         self._generator = generator
+        self._fallback = (
+            fallback_generator if generator is None else fallback_generator or generator
+        )
         self._reader = reader  # a SpanReader; False = resolved to none
         self.rewrite_query = rewrite_query or self.config.rewrite_query
         self._retriever_lock = threading.Lock()
@@ -198,27 +212,35 @@ class RAGPipeline:
 
     @property
     def generator(self) -> Any:
+        """The decoder with the configured adapter: it phrases the reader's spans, and answers
+        the k-passage prompt too unless the adapter was trained for spans alone."""
         if self._generator is None:
             with self._generator_lock:
                 if self._generator is None:
-                    from rag.generate.generator import Generator
-                    from rag.generate.speed import DecodeSpeed
-
-                    cfg = self.config
-                    self._generator = Generator.load(
-                        cfg.decoder,
-                        adapter=cfg.adapter,
-                        device=cfg.device,
-                        prefix_cache=cfg.prefix_cache,
-                        max_context_tokens=cfg.max_context_tokens,
-                        precision=cfg.decoder_precision,
-                        profile=cfg.profile,
-                        batching=cfg.batching,
-                        max_batch=cfg.max_batch,
-                        max_prefill_tokens=cfg.max_prefill_tokens,
-                        speed=DecodeSpeed.from_config(cfg),
-                    )
+                    self._generator = load_decoder(self.config, self.config.adapter)
         return self._generator
+
+    @property
+    def fallback_generator(self) -> Any:
+        """The decoder for the k-passage prompt (the reader abstained, or there is none):
+        :attr:`generator`, or the decoder without its adapter when that adapter was trained on
+        the reader-first prompt alone (module docstring); loaded on first use."""
+        if self._fallback is None:
+            from rag.models import resolve_adapter, span_only_adapter
+
+            cfg = self.config
+            if not span_only_adapter(resolve_adapter(cfg.decoder, cfg.adapter)):
+                self._fallback = self.generator
+                return self._fallback
+            with self._generator_lock:
+                if self._fallback is None:
+                    self._fallback = load_decoder(cfg, None)
+        return self._fallback
+
+    def decoder_for(self, prep: Prepared) -> Any:
+        """The generator that answers ``prep``: :attr:`generator` for a reader span's prompt,
+        :attr:`fallback_generator` for the k-passage prompt."""
+        return self.generator if prep.span is not None else self.fallback_generator
 
     @property
     def reader(self) -> Any:
@@ -300,9 +322,9 @@ class RAGPipeline:
             messages = build_span_messages(query, hit.chunk.text, span.text)
             return Prepared(question, query, ordered, messages, timings, None, reranker, span)
         budget_new = max_new_tokens or self.config.max_new_tokens
-        kept = self.generator.fit_passages(query, [h.chunk.text for h in hits], budget_new)
+        gen = self.fallback_generator
+        kept = gen.fit_passages(query, [h.chunk.text for h in hits], budget_new)
         hits = hits[: len(kept)]
-        gen = self.generator
         messages = (
             gen.messages(query, kept) if hasattr(gen, "messages") else build_messages(query, kept)
         )
@@ -398,7 +420,7 @@ class RAGPipeline:
         if prep.span is not None and self.config.compose == "extract":
             raw = extracted_answer(prep)
         else:
-            raw = self.generator.generate(
+            raw = self.decoder_for(prep).generate(
                 prep.messages,
                 **self._decode_args(temperature, max_new_tokens, gate, prep),
                 stats=stats,
@@ -439,7 +461,7 @@ class RAGPipeline:
         if prep.span is not None and self.config.compose == "extract":
             deltas: Iterator[str] = iter([extracted_answer(prep)])
         else:
-            deltas = self.generator.stream(
+            deltas = self.decoder_for(prep).stream(
                 prep.messages,
                 **self._decode_args(temperature, max_new_tokens, gate, prep),
                 stats=stats,
@@ -480,13 +502,14 @@ class RAGPipeline:
         refusals, SQuAD train: 86.7% of unanswerable refused either way, false refusals 6.9%
         barred vs 9.0% at the adapter's 0.6; docs/answering.md); else the adapter's own."""
         threshold = self.config.refusal_threshold
+        gen = self.decoder_for(prep)
         if threshold is None:
-            own = getattr(self.generator, "refusal_threshold", None)
+            own = getattr(gen, "refusal_threshold", None)
             threshold = 1.0 if own is not None and prep.answerable is not None else own
-        if threshold is None or not supports_gate(self.generator):
+        if threshold is None or not supports_gate(gen):
             return None
         t0 = time.perf_counter()
-        decision = decide(self.generator, prep.messages, threshold)
+        decision = decide(gen, prep.messages, threshold)
         prep.timings["gate_s"] = time.perf_counter() - t0
         return decision
 
@@ -497,7 +520,7 @@ class RAGPipeline:
         if prep.span is not None:
             answer = make_answer(span_reply(raw, prep), prep)
             return verify_answer(answer) if self.verify else answer
-        gen = self.generator
+        gen = self.fallback_generator
         if not self.config.complete_citations or not hasattr(gen, "score_continuations"):
             answer = make_answer(raw, prep)
         else:
@@ -507,6 +530,27 @@ class RAGPipeline:
         if gate is not None:
             answer.refusal_probability = gate.probability
         return verify_answer(answer) if self.verify else answer
+
+
+def load_decoder(cfg: RAGConfig, adapter: str | Path | None) -> Any:
+    """A :class:`rag.generate.generator.Generator` for ``cfg``'s decoder with ``adapter``
+    (``auto`` / ``none`` / a folder, as ``RAGConfig.adapter``) and every decoding setting."""
+    from rag.generate.generator import Generator
+    from rag.generate.speed import DecodeSpeed
+
+    return Generator.load(
+        cfg.decoder,
+        adapter=adapter,
+        device=cfg.device,
+        prefix_cache=cfg.prefix_cache,
+        max_context_tokens=cfg.max_context_tokens,
+        precision=cfg.decoder_precision,
+        profile=cfg.profile,
+        batching=cfg.batching,
+        max_batch=cfg.max_batch,
+        max_prefill_tokens=cfg.max_prefill_tokens,
+        speed=DecodeSpeed.from_config(cfg),
+    )
 
 
 # Tokens the decoder may spend on the one to three sentences around a reader span.

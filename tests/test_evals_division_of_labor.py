@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -173,6 +174,34 @@ def test_subsample_keeps_relevant_docs():
     small = subsample(ds, 3, 8)
     assert len(small.queries) == 3 and len(small.corpus) == 8
     assert all(d in small.corpus for q in small.queries for d in small.qrels[q])
+
+
+def test_columns_choose_the_cells_a_run_computes(tmp_path, monkeypatch):
+    """--columns reading pretrains every row and reads it (the CLM both ways), nothing else."""
+    from evals.division_of_labor import experiment as exp_mod
+    from evals.division_of_labor.experiment import Experiment
+    from evals.division_of_labor.presets import ExperimentConfig
+
+    for name in ("scifact", "squad.json", "wiki.tokens"):
+        (tmp_path / name).touch()
+    cfg = ExperimentConfig(
+        preset="tiny", out=str(tmp_path / "dol"), rows=["mlm40", "clm"], columns=["reading"],
+        scifact=str(tmp_path / "scifact"), squad=str(tmp_path / "squad.json"),
+        wikitext=str(tmp_path / "wiki.tokens"), device="cpu",
+    )  # fmt: skip
+    exp, calls = Experiment(cfg), []
+    monkeypatch.setattr(exp, "pretrain", lambda row, seed: tmp_path / row)
+    monkeypatch.setattr(exp_mod.steps, "decoder_folder", lambda d: None)
+    monkeypatch.setattr(exp_mod.steps, "encoder_copy", lambda d, out, n: out)
+    monkeypatch.setattr(exp.cells, "get", lambda name, fn: calls.append(name))
+    for column in ("retrieval", "qa"):
+        monkeypatch.setattr(exp, column, lambda *a, c=column, **k: calls.append(c))
+    monkeypatch.setattr(exp, "reading", lambda name, d, seed: calls.append(f"reading/{name}"))
+    exp.run_baselines()
+    exp.run_rows()
+    assert calls == ["reading/mlm40", "reading/clm-causal", "reading/clm-bidir"]
+    with pytest.raises(ValueError, match="--columns: unknown column"):
+        Experiment(replace(cfg, columns=["speed"]))
 
 
 @pytest.mark.data

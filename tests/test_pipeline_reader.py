@@ -228,3 +228,75 @@ def test_ui_shows_the_span_bold_and_highlighted_as_escaped_text():
     html_ = sources_html(ans, "What is the answer?")
     assert "<script>" not in html_
     assert '<mark class="rag-answer">&lt;script&gt;alert(1)&lt;/script&gt;</mark>' in html_
+
+
+def test_a_span_only_adapter_phrases_spans_and_the_decoder_alone_answers_the_fallback():
+    """The span adapter (run.json prompt_format "span") never sees the k-passage prompt."""
+    tuned, alone = (
+        FakeGenerator("The Danube rises in the Black Forest [1]."),
+        FakeGenerator("The Alps [1]."),
+    )
+
+    def pipe(answers):
+        return RAGPipeline(
+            RAGConfig(k=3, reader_threshold=1.0),
+            retriever=FakeRetriever(),
+            generator=tuned,
+            fallback_generator=alone,
+            reader=FakeReader(answers),
+        )
+
+    assert pipe({1: ("Black Forest", 5.0)}).answer("Where does the Danube rise?").answer_span
+    assert len(tuned.calls) == 1 and alone.calls == []
+    fell_back = pipe({0: ("Alps", 0.5)})  # weak span: the k-passage prompt
+    assert fell_back.answer("Where does the Rhine rise?").answer_span is None
+    assert [list(s) for s in list(fell_back.stream("Where does the Rhine rise?"))[:1]]
+    assert len(tuned.calls) == 1 and len(alone.calls) == 2
+    assert all(p in alone.calls[0][-1]["content"] for p in PASSAGES)
+    # passed one generator only (tests, evals reusing a model): it answers both prompts
+    shared = make("The Alps [1].", {0: ("Alps", 0.5)})
+    assert shared.fallback_generator is shared.generator
+
+
+def test_fallback_generator_is_loaded_without_the_adapter_only_for_span_adapters(
+    tmp_path, monkeypatch
+):
+    import json
+
+    monkeypatch.setenv("RAG_HOME", str(tmp_path))
+    loaded = []
+    monkeypatch.setattr(
+        pipeline_module, "load_decoder", lambda cfg, adapter: loaded.append(adapter) or adapter
+    )
+    for name, fmt in (("span-lora", "span"), ("k-lora", "passages")):
+        folder = tmp_path / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "adapter_config.json").write_text("{}")
+        (folder / "run.json").write_text(json.dumps({"prompt_format": fmt}))
+    span = RAGPipeline(RAGConfig(adapter="span-lora"))
+    assert (span.generator, span.fallback_generator) == ("span-lora", None)
+    k = RAGPipeline(RAGConfig(adapter="k-lora"))
+    assert k.fallback_generator == k.generator == "k-lora"
+    assert loaded == ["span-lora", None, "k-lora"]  # each decoder loaded once
+
+
+def test_the_server_shares_both_decoders_across_indexes(monkeypatch):
+    from rag.serve import state
+
+    made = []
+
+    class Pipeline:  # stands in for RAGPipeline: the host loads (fakes), the others are given
+        def __init__(self, config, generator=None, fallback_generator=None):
+            if generator is None:
+                made.append(self)
+                generator, fallback_generator = FakeGenerator("a"), FakeGenerator("b")
+            self.generator, self.fallback_generator = generator, fallback_generator
+
+    monkeypatch.setattr(pipeline_module, "RAGPipeline", Pipeline)
+    build = state.default_factory(RAGConfig())
+    one, two = build(RAGConfig(index="one")), build(RAGConfig(index="two"))
+    assert len(made) == 1  # one host: one copy of each decoder for every index
+    host = made[0]
+    assert one.generator.reply == two.generator.reply == "a"
+    assert one.fallback_generator.reply == two.fallback_generator.reply == "b"
+    assert build.shared.load() is host.generator

@@ -266,7 +266,7 @@ def warm_up(app: ChatApp, config: AppConfig) -> None:
         config.rag.rerank or NO_RERANKER,
         config.rag.rerank_depth,
     )
-    for part in ("retriever", "generator"):
+    for part in ("retriever", "generator", "fallback_generator"):
         getattr(pipe, part, None)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from evals.division_of_labor.presets import ROWS, ExperimentConfig, ExperimentPreset
+from evals.division_of_labor.presets import COLUMNS, ROWS, ExperimentConfig, ExperimentPreset
 from rag.evaluation.datasets import RetrievalDataset
 from rag.paths import shared_data_dir
 
@@ -37,6 +37,8 @@ def resolve_paths(cfg: ExperimentConfig) -> ExperimentConfig:
         raise FileNotFoundError("--corpus: no pretraining corpus given and no shared data found")
     if unknown := [r for r in c.rows if r not in ROWS]:
         raise ValueError(f"--rows: unknown row(s) {unknown}; have {list(ROWS)}")
+    if unknown := [col for col in c.columns if col not in COLUMNS]:
+        raise ValueError(f"--columns: unknown column(s) {unknown}; have {list(COLUMNS)}")
     return c
 
 

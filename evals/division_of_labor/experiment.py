@@ -177,16 +177,21 @@ class Experiment:
                 if model_dir is None:
                     continue
                 decoder = steps.decoder_folder(model_dir)
-                # left-to-right prediction from the decoder layout where the row has one
-                self.cells.get(
-                    f"bpb/{row}/s{seed}",
-                    lambda d=decoder or model_dir: score_bpb(d, self.cfg, self.p, self.device),
-                )
-                self.retrieval(row, model_dir, seed, "mean")
-                if ROW_OBJECTIVE[row] == "clm":
-                    self.retrieval(row, model_dir, seed, "last")
-                if decoder is not None:
+                columns = self.cfg.columns
+                if "generation" in columns:
+                    # left-to-right prediction from the decoder layout where the row has one
+                    self.cells.get(
+                        f"bpb/{row}/s{seed}",
+                        lambda d=decoder or model_dir: score_bpb(d, self.cfg, self.p, self.device),
+                    )
+                if "retrieval" in columns:
+                    self.retrieval(row, model_dir, seed, "mean")
+                    if ROW_OBJECTIVE[row] == "clm":
+                        self.retrieval(row, model_dir, seed, "last")
+                if "qa" in columns and decoder is not None:
                     self.qa(row, str(decoder), seed)
+                if "reading" not in columns:
+                    continue
                 if ROW_OBJECTIVE[row] != "clm":  # an encoder layout: it reads bidirectionally
                     self.reading(row, model_dir, seed)
                     continue
@@ -198,7 +203,11 @@ class Experiment:
                 self.reading(f"{row}-bidir", bidir, seed)
 
     def run_baselines(self) -> None:
-        self.cells.get("retrieval/bm25/s0", lambda: score_retrieval(None, self.sets, mode="bm25"))
+        columns = self.cfg.columns
+        if "retrieval" in columns:
+            self.cells.get(
+                "retrieval/bm25/s0", lambda: score_retrieval(None, self.sets, mode="bm25")
+            )
         if not self.cfg.baselines:
             return
 
@@ -207,13 +216,16 @@ class Experiment:
 
             return score_retrieval(load_embedder("minilm", device=self.device), self.sets)
 
-        self.cells.get("retrieval/minilm/s0", minilm)
-        self.cells.get(
-            "bpb/smollm2/s0", lambda: score_bpb("smollm2", self.cfg, self.p, self.device)
-        )
-        self.qa("smollm2", "smollm2", 0, tuned=False)
-        for seed in self.cfg.seeds:
-            self.qa("smollm2", "smollm2", seed, tuned=True)
+        if "retrieval" in columns:
+            self.cells.get("retrieval/minilm/s0", minilm)
+        if "generation" in columns:
+            self.cells.get(
+                "bpb/smollm2/s0", lambda: score_bpb("smollm2", self.cfg, self.p, self.device)
+            )
+        if "qa" in columns:
+            self.qa("smollm2", "smollm2", 0, tuned=False)
+            for seed in self.cfg.seeds:
+                self.qa("smollm2", "smollm2", seed, tuned=True)
 
     def run(self) -> dict:
         import torch

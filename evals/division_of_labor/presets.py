@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 ROWS = ("mlm15", "mlm30", "mlm40", "clm", "clm2mlm", "antlm", "prefixlm")
+# the downstream columns, each scored after its identical recipe (package docstring)
+COLUMNS = ("retrieval", "generation", "qa", "reading")
 # training.pretrain --objective of each row (clm2mlm: of its second stage, after a clm stage)
 ROW_OBJECTIVE = {
     "mlm15": "mlm",
@@ -107,6 +109,8 @@ class ExperimentConfig:
     out: str = ""  # output folder (cells, models, results, plots); finished cells are kept
     seeds: list[int] = field(default_factory=lambda: [0])  # one pretraining per row and seed
     rows: list[str] = field(default_factory=lambda: list(ROWS))  # subset of the rows (ROWS)
+    # subset of the columns (COLUMNS): a row is pretrained whenever one of them needs it
+    columns: list[str] = field(default_factory=lambda: list(COLUMNS))
     corpus: list[str] = field(default_factory=list)  # pretraining corpus (default by preset)
     scifact: str = ""  # BEIR SciFact folder (default: shared data)
     squad: str = ""  # SQuAD v1.1 JSON (default: shared data)
@@ -116,4 +120,8 @@ class ExperimentConfig:
     threads: int = 0  # torch CPU threads (0 = torch default)
 
     # value sets: argparse choices of python -m evals.division_of_labor (rag.dataclass_cli)
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"preset": tuple(PRESETS), "rows": ROWS}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "preset": tuple(PRESETS),
+        "rows": ROWS,
+        "columns": COLUMNS,
+    }

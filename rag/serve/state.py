@@ -32,29 +32,41 @@ class SharedDecoder:
     Each index needs its own retriever, but the decoder is the same for all of them (the model
     name picks the index only), and a second copy would double the largest memory cost. This
     stands in for the generator: attribute access loads the host pipeline's generator once.
+    :meth:`fallback` stands in the same way for the host's ``fallback_generator`` (the decoder
+    without a span-only adapter, rag.pipeline).
     """
 
-    def __init__(self, config: RAGConfig) -> None:
+    def __init__(self, config: RAGConfig | None, *, host: Any = None, fallback: bool = False):
         from rag.pipeline import RAGPipeline
 
-        self._host = RAGPipeline(config)
+        self._host = host if host is not None else RAGPipeline(config)
+        self._is_fallback = fallback
+
+    def fallback(self) -> SharedDecoder:
+        """The stand-in for the host's k-passage decoder (the same model when the adapter
+        serves both prompts)."""
+        return SharedDecoder(None, host=self._host, fallback=True)
 
     def load(self) -> Any:
+        """Load both decoders now (preload): the first question of either kind waits for none."""
+        _ = self._host.fallback_generator
         return self._host.generator
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return getattr(self._host.generator, name)
+        host = self._host
+        return getattr(host.fallback_generator if self._is_fallback else host.generator, name)
 
 
 def default_factory(base: RAGConfig) -> PipelineFactory:
     from rag.pipeline import RAGPipeline
 
     shared = SharedDecoder(base)
+    fallback = shared.fallback()
 
     def build(cfg: RAGConfig) -> Any:
-        return RAGPipeline(cfg, generator=shared)
+        return RAGPipeline(cfg, generator=shared, fallback_generator=fallback)
 
     build.shared = shared  # type: ignore[attr-defined] - for preload
     return build
