@@ -38,7 +38,8 @@ configured, it reads the question against every relevant passage before anything
 Each prompt gets the decoder tuned for it: an adapter trained on the reader-first prompt alone
 (``training.lora --prompt-format span``, what ``make models`` trains; rag.models.span_only_adapter)
 phrases spans only, and the k-passage fallback is answered by the decoder without it
-(:attr:`RAGPipeline.fallback_generator`, a second copy loaded on the first such question). Why:
+(:attr:`RAGPipeline.fallback_generator`, a second copy: loaded on the first such question, or at
+start-up by the UI and the server). Why:
 on the 40 Python-docs questions, where the reader trusts a span for 8, the span adapter over the
 k-passage prompt it never saw lost 2 keyword hits and 2 right-page citations against the
 decoder alone (docs/answering.md).
