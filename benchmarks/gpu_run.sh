@@ -5,8 +5,9 @@
 #      (B = 64, T = 512), eager and with torch.compile (benchmarks/pretrain_throughput.py);
 #   2. together on the GPU (quality runs; each too small to fill an H200): the larger extractive
 #      reader (training.reader, 4 distractors per question, 3 epochs, every dev question), the
-#      base LoRA recipe on the default decoder (training.lora: 3,000 examples, whole passages,
-#      every layer) and the base-preset division-of-labour run (evals.division_of_labor).
+#      reader-first LoRA recipe on the default decoder (training.lora --prompt-format span,
+#      2,000 distilled examples, every layer) and the base-preset division-of-labour run
+#      (evals.division_of_labor).
 #
 # Every result goes into one folder: <job>.json (the command's --json), <job>.log (its stderr),
 # jobs.tsv (name, exit status, seconds, limit), hardware.txt, the small files of each training
@@ -30,7 +31,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export RAG_PROGRESS_INTERVAL=${RAG_PROGRESS_INTERVAL:-20}
 
-case " $* " in *" -h "* | *" --help "*) sed -n '2,27p' "$0"; exit 0 ;; esac
+case " $* " in *" -h "* | *" --help "*) sed -n '2,28p' "$0"; exit 0 ;; esac
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
@@ -90,8 +91,8 @@ if [ $DRY = 1 ]; then
   READER="--max-steps 2 --batch-size 2 --max-questions 8 --negatives 1 --calibration-questions 4
     --calibration-negatives 1 --max-length 96 --stride 32 --eval-max-questions 4 --bf16 no
     --threads 1 --logging-steps 1"
-  LORA="--max-steps 1 --batch-size 1 --grad-accum 1 --max-examples 2 --k-passages 2
-    --passage-words 30 --eval-examples 2 --eval-batch-size 2
+  LORA="--prompt-format span --span-targets distill --max-steps 1 --batch-size 1
+    --grad-accum 1 --max-examples 2 --eval-examples 2 --eval-batch-size 2
     --max-new-tokens 4 --precision fp32 --threads 1 --logging-steps 1"
   DOL="--preset tiny --rows mlm15 --seeds 0 --no-baselines --threads 1"
   DOL_OUT=$WORK/dol-tiny
@@ -103,11 +104,12 @@ else
   TP_COMPILE="--compile"
   # the reader: the make-models recipe with k = 5 passages in training too, longer
   READER="--negatives 4 --epochs 3 --eval-max-questions 0"
-  # training.lora.preset_config(..., preset="base"): the GPU recipe, as flags
-  LORA="--docs $DATA/corpus/linux-doc --doc-fraction 0.2 --doc-passage-words 180
-    --k-passages 5 --refusal-fraction 0.2 --max-examples 3000 --passage-words 0 --top-layers 0
-    --r 16 --alpha 32 --target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
-    --eval-examples 300 --batch-size 8 --grad-accum 2 --lr 2e-4 --merge"
+  # training.lora.span_preset_config(..., preset="base"): make models' reader-first recipe at
+  # GPU size, as flags (tests/test_gpu_run.py checks they do not drift)
+  LORA="--prompt-format span --span-targets distill --docs $DATA/corpus/linux-doc
+    --doc-fraction 0.2 --max-examples 2000 --top-layers 0 --r 16 --alpha 32
+    --target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+    --eval-examples 200 --batch-size 8 --grad-accum 2 --lr 2e-4 --max-new-tokens 80 --merge"
   DOL="--preset base --rows $DOL_ROWS --seeds $DOL_SEEDS $DOL_FLAGS"
   DOL_OUT=$WORK/dol-base  # kept: the next run on this machine resumes from its cells
   T_TP=90 T_TPC=180

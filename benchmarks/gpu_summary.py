@@ -74,13 +74,16 @@ def reader(result: dict, folder: Path) -> str:
 
 
 def lora(result: dict, folder: Path) -> str:
+    """Held-out scores before → after; the reader-first recipe adds span kept / grounded and
+    how many targets were distilled."""
     b, a = result.get("before", {}), result.get("after", {})
-    held = ", ".join(
-        f"{k} {b.get(k)} → {a.get(k)}" for k in ("em", "f1", "citation_accuracy") if k in a
-    )
+    keys = ("em", "f1", "citation_accuracy", "span_kept", "grounded")
+    held = ", ".join(f"{k} {b.get(k)} → {a.get(k)}" for k in keys if k in a)
+    distilled = result.get("n_distilled_targets")
+    targets = f" ({distilled} distilled)" if distilled is not None else ""
     return (
-        f"held-out {held or '(not scored)'}; {result.get('n_train_examples')} examples, "
-        f"{result.get('steps')} steps, {result.get('train_seconds')} s training"
+        f"held-out {held or '(not scored)'}; {result.get('n_train_examples')} examples"
+        f"{targets}, {result.get('steps')} steps, {result.get('train_seconds')} s training"
     )
 
 

@@ -86,7 +86,9 @@ stamp "the reader-first LoRA (make models' recipe, training.lora.span_preset_con
   --docs $DATA/corpus/linux-doc --doc-fraction 0.2 --max-examples 240 --top-layers 12 --r 16 \
   --alpha 32 --target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj \
   --eval-examples 40 --batch-size 1 --grad-accum 4 --lr 5e-4 --max-new-tokens 80 --merge --threads 2
-# the reader: make models' minilm-reader is the SQuAD + linux-doc recipe, minilm-reader-docs here
+# the reader: make models' minilm-reader is the SQuAD + linux-doc recipe, minilm-reader-docs here.
+# docs/answering.md's 2026-12-02/03 default rows ran these two with --index pydocs-bf16 (the same
+# python-docs ingest, encoder in bf16) and --reader artifacts/models/minilm-reader (make models' copy).
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-span-lora --reader artifacts/models/minilm-reader-docs --compose decoder --out $O/docqa-reader-docs-qwen05-spanlora.json
 $PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-span-lora --compose decoder --out $O/qa-reader-docs-qwen05-spanlora.json
 stamp done

@@ -61,6 +61,31 @@ def test_summary_has_a_row_per_job_whatever_its_ending(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["jobs"] == out["jobs"]
 
 
+def test_span_lora_row_names_span_scores_and_distilled_targets(tmp_path):
+    _write(tmp_path, "jobs.tsv", "lora\t0\t300\t540\n")
+    result = {"before": {"span_kept": 0.8, "grounded": 0.7}, "after": {"span_kept": 0.95}}
+    result |= {"n_train_examples": 2000, "n_distilled_targets": 1100, "steps": 125}
+    result |= {"train_seconds": 210.0}
+    _write(tmp_path, "lora.json", json.dumps(result, indent=2))
+    row = summarise(GpuSummaryConfig(out=str(tmp_path)))["jobs"][0]
+    assert row["result"].startswith("held-out span_kept 0.8 → 0.95;")
+    assert "2000 examples (1100 distilled), 125 steps" in row["result"]
+
+
+def test_gpu_lora_flags_are_the_base_span_recipe(tmp_path):
+    """The script spells training.lora.span_preset_config(..., "base") out as flags: no drift."""
+    import re
+    import shlex
+
+    from training_support import span_recipe_drift
+
+    script = (REPO / "benchmarks" / "gpu_run.sh").read_text()
+    gpu_branch = script.split("DEV=cuda", 1)[1]
+    flags = re.search(r'LORA="([^"]*)"', gpu_branch).group(1).replace("$DATA", "data")
+    skip = {"model", "out", "data", "device", "threads"}
+    assert not span_recipe_drift(shlex.split(flags), tmp_path, "base", skip)
+
+
 def test_summary_cli_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["--out", str(tmp_path)]) == 2
     assert "no jobs.tsv" in capsys.readouterr().err

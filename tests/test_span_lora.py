@@ -146,9 +146,7 @@ def test_the_answers_table_trains_what_make_models_trains(tmp_path):
     import re
     import shlex
 
-    from rag.dataclass_cli import config_from_args
-    from training.lora import PROMPT_FORMATS, SPAN_TARGETS, span_preset_config
-    from training.lora import LoraTrainConfig as Cfg
+    from training_support import span_recipe_drift
 
     script = (Path(__file__).parents[1] / "evals" / "answers_table.sh").read_text()
     joined = script.replace("\\\n", " ")
@@ -158,20 +156,5 @@ def test_the_answers_table_trains_what_make_models_trains(tmp_path):
     argv = shlex.split(line.split("training.lora", 1)[1])
     values = {"$Q": "qwen", "$S": "squad.json", "$DATA": "data"}
     argv = [re.sub(r"\$\w+", lambda m: values.get(m.group(0), m.group(0)), a) for a in argv]
-    from rag.dataclass_cli import config_parser
-
-    parser = config_parser(
-        "t", "", Cfg, choices={"prompt_format": PROMPT_FORMATS, "span_targets": SPAN_TARGETS}
-    )
-    flags = config_from_args(Cfg, parser.parse_args(argv))
-    model = tmp_path / "qwen"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 24}))
-    preset = span_preset_config(str(model), "out", Path("data"), "small", "auto", 2)
     skip = {"model", "out", "data", "docs", "device"}
-    differ = {
-        k: (getattr(flags, k), getattr(preset, k))
-        for k in vars(preset)
-        if k not in skip and getattr(flags, k) != getattr(preset, k)
-    }
-    assert not differ
+    assert not span_recipe_drift(argv, tmp_path, "small", skip)

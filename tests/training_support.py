@@ -234,3 +234,28 @@ def save_tiny_cross_encoder(path: Path, seed: int = 0, initializer_range: float 
     tok.save_pretrained(hf)
     CrossEncoder(str(hf), device="cpu", local_files_only=True).save(str(path))
     return path
+
+
+def span_recipe_drift(argv: list[str], tmp_path: Path, preset: str, skip: set[str]) -> dict:
+    """Fields where ``training.lora`` flags (a script's spelled-out recipe) differ from
+    ``training.lora.span_preset_config(..., preset)`` for a 24-layer model; ``skip`` names the
+    fields the script sets from its own paths."""
+    from rag.dataclass_cli import config_from_args, config_parser
+    from training.lora import PROMPT_FORMATS, SPAN_TARGETS, LoraTrainConfig, span_preset_config
+
+    parser = config_parser(
+        "t",
+        "",
+        LoraTrainConfig,
+        choices={"prompt_format": PROMPT_FORMATS, "span_targets": SPAN_TARGETS},
+    )
+    got = config_from_args(LoraTrainConfig, parser.parse_args(argv))
+    model = tmp_path / "qwen"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 24}))
+    want = span_preset_config(str(model), "out", Path("data"), preset, "auto", 2)
+    return {
+        k: (getattr(got, k), getattr(want, k))
+        for k in vars(want)
+        if k not in skip and getattr(got, k) != getattr(want, k)
+    }
