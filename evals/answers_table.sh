@@ -102,7 +102,9 @@ if [ ! -f artifacts/models/mpnet-reader/reader.json ]; then
   $PY -m training.reader --model artifacts/models/mpnet-reader-80steps-spans --squad $S \
     --docs $DATA/corpus/linux-doc --out artifacts/models/mpnet-reader --threads 2 --max-steps 150
 fi
-# docs/answering.md ran this with --index pydocs-bf16 (2026-12-03); the SQuAD RAG row was not run
+RQM="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --reader artifacts/models/mpnet-reader"
+$PY -m evals.qa $RQM --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-span-lora --compose decoder --out $O/qa-reader-mpnet-qwen05-spanlora.json
+# docs/answering.md ran this one with --index pydocs-bf16 (2026-12-03)
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-span-lora --reader artifacts/models/mpnet-reader --compose decoder --out $O/docqa-reader-mpnet-qwen05-spanlora.json
 stamp done
 $PY -m evals.answers_report "$O"
