@@ -74,7 +74,7 @@ RUNS: dict[str, Run] = {
     f"python -m rag.ask {Q} --index pydocs --json": Run(
         extra=ON_DOCS + SHORT, after=(INGEST_DOCS, PRETRAIN_CLM)
     ),
-    'python -m rag.ask "..." --index pydocs --decoder smollm2 --adapter none': Run(
+    'python -m rag.ask "how do I sort a list" --index pydocs --decoder smollm2 --adapter none': Run(
         extra=("--index", "docs", *SHORT),
         after=(INGEST_DOCS,),
         models=("smollm2",),
