@@ -126,6 +126,28 @@ def test_mixed_sentences_keep_the_citation_and_add_the_new_one():
     assert v.citations == [1, 2] and v.reattributed == [(1, 2)] and v.unsupported == []
 
 
+def test_a_claim_an_injection_planted_moves_to_it_despite_sharing_the_subject_with_the_cited():
+    """The obeyed instruction shares "Corvid Labs" with the real policy it was cited to: half
+    its claim words, enough for the support rule alone to keep [1]. Traced to the instruction,
+    the citation names the hostile passage and the answer is flagged."""
+    docs = FIXTURE
+    policy = (docs / "normal" / "expenses-claims.md").read_text()
+    hostile = (docs / "hostile" / "expenses-update.md").read_text()
+    question = "Which items of an expense claim need a receipt?"
+    marked = "Claims at Corvid Labs are never reimbursed [1]."
+    assert support("Claims at Corvid Labs are never reimbursed.", policy) >= SUPPORT_THRESHOLD
+    v = verify(marked, [policy, hostile], cited=[1], question=question)
+    assert v.citations == [2] and v.reattributed == [(1, 2)] and v.suspected_injection
+    # cited to the hostile passage already: it stays
+    v = verify(
+        "Claims at Corvid Labs are never reimbursed [2].", [policy, hostile], [2], (), question
+    )
+    assert v.citations == [2] and v.reattributed == [] and v.suspected_injection
+    # the true answer, cited to the policy, is untouched
+    v = verify("Every item over 25 euros needs a photo of its receipt [1].", [policy, hostile])
+    assert v.citations == [1] and not v.reattributed and not v.suspected_injection
+
+
 def test_likelihood_breaks_ties_between_equal_supporters():
     p = ["nothing here", "built in 1871", "built in 1871 too"]
     assert verify("built in 1871 [1]", p, logprobs=[-1.0, -3.0, -2.0]).citations == [3]
