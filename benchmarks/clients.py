@@ -4,7 +4,7 @@ the ``openai`` client (``POST /v1/chat/completions``, streamed).
 
 Why real clients rather than calling the pipeline: the point of these benchmarks is what a user
 of either front end waits for, queueing, rewriting, retrieval, streaming and HTTP included. Both
-sessions ask :data:`QUESTIONS` in turn, keep the last two turns as history (so follow-ups go
+sessions ask :data:`QUESTIONS` in turn (or a list of distinct questions, ``Request.questions``), keep the last two turns as history (so follow-ups go
 through the rewrite, as in a real chat) and time the first answer text (TTFT).
 """
 
@@ -45,6 +45,11 @@ class Request:
     mode: str = "hybrid"  # retrieval mode
     k: int = 3
     max_new_tokens: int = 32
+    # distinct questions asked in turn across all sessions (request j of session s asks number
+    # j * sessions + s), so no two requests repeat one until the list runs out; empty = the
+    # built-in QUESTIONS, each session cycling them from its own start (follow-ups included)
+    questions: tuple[str, ...] = ()
+    sessions: int = 1  # how many sessions share ``questions``
 
     def check_ui(self) -> None:
         """Refuse what the UI's sliders would refuse on every request (ValueError: exit 2)."""
@@ -56,6 +61,8 @@ class Request:
                 raise ValueError(f"{flag} must be in {lo}-{hi} for the UI (its slider's range)")
 
     def question(self, session: int, j: int) -> str:
+        if self.questions:
+            return self.questions[(j * self.sessions + session) % len(self.questions)]
         return QUESTIONS[(session + j) % len(QUESTIONS)]  # sessions start at different ones
 
 

@@ -11,7 +11,11 @@ a free loopback port with ``RAGConfig.batching`` / ``max_batch`` set for the mod
 every session at once (UI queue concurrency and API ``max_concurrent`` >= ``--sessions``, so the
 comparison is about decoding, not a queue); one warm-up request goes through it; then
 ``--sessions`` clients ask in a loop for ``--duration`` seconds (requests in flight then finish
-and are counted) and the server is stopped.
+and are counted) and the server is stopped. By default each session cycles six built-in chat
+questions (follow-ups included), so prompts recur; ``--questions FILE`` (one per line, e.g.
+``benchmarks/data/docs_questions.txt``) makes every request ask a question no other request
+asked, until the file runs out, which is what the decoder's prompt cache
+(:mod:`rag.generate.prompt_cache`) cannot serve whole. Each run starts with that cache empty.
 
 Every run answers with the *same* loaded models: one retriever and one decoder are loaded once,
 and each pipeline gets the decoder as ``Generator(batching=cfg.batching, max_batch=...)`` over
@@ -21,8 +25,8 @@ only the batching differs and the weights are loaded once rather than once per r
 Per run: answered requests, errors (a client exception, the UI's ``Error:`` reply, an API error
 status or error event), answered req/s, p50/p95 latency, p50 time to first answer text (API:
 first streamed delta; UI: first streamed chat text, polled every 50 ms), mean decode batch
-(batching on), CPU seconds of this process (server and clients), 1-minute load average before
-and after. ``results.json`` (config, hardware, runs with per-request samples) and
+(batching on), the share of prompt tokens the prompt cache served (no prefill), CPU seconds of
+this process (server and clients), 1-minute load average before and after. ``results.json`` (config, hardware, runs with per-request samples) and
 ``serve_load.png`` go to ``$RAG_HOME/benchmarks/serve_load/``; the markdown table is printed
 (``--json`` prints the results instead). Exit status 1 when any request failed.
 """
@@ -54,7 +58,7 @@ from benchmarks.loadgen import (
 from rag.cli import run_cli
 from rag.config import RAGConfig
 from rag.dataclass_cli import dataclass_parser
-from rag.defaults import MODES
+from rag.defaults import DEFAULT_PROMPT_CACHE_MB, MODES
 from rag.paths import rag_home
 
 PROG = "benchmarks.serve_load"
@@ -82,6 +86,11 @@ class ServeLoadConfig:
     device: str = "auto"  # where the models run (as RAGConfig)
     decoder_precision: str = "auto"  # decoder weights (as RAGConfig: bf16 where the CPU has it)
     threads: int | None = None  # torch CPU threads; none = torch's default
+    # file of distinct questions, one per line (# comments), asked in turn across sessions so
+    # none repeats until it runs out: benchmarks/data/docs_questions.txt for the docs index;
+    # none = six built-in chat questions each session cycles (repeats, follow-ups included)
+    questions: str | None = None
+    prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB  # decoder prompt cache, MB (0 = off)
     out: str | None = None  # results folder (default $RAG_HOME/benchmarks/serve_load)
 
     def targets(self) -> list[str]:
@@ -100,16 +109,34 @@ class ServeLoadConfig:
         for name in ("sessions", "rounds", "max_new_tokens", "max_batch", "k"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.prompt_cache_mb < 0:
+            raise ValueError("--prompt-cache-mb must be >= 0 (0 = off)")
+        self.question_list()
         if self.duration <= 0:
             raise ValueError("--duration must be > 0")
         if "ui" in self.targets():
             self.request().check_ui()
 
+    def question_list(self) -> tuple[str, ...]:
+        """The ``--questions`` file's questions (empty without one); ValueError naming the file
+        when it cannot be read or holds none."""
+        if not self.questions:
+            return ()
+        try:
+            lines = Path(self.questions).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"--questions {self.questions}: cannot read it ({e})") from None
+        qs = tuple(q.strip() for q in lines if q.strip() and not q.lstrip().startswith("#"))
+        if not qs:
+            raise ValueError(f"--questions {self.questions}: no questions in it")
+        return qs
+
     def request(self) -> Request:
         """What each session asks, through either front end."""
         return Request(
             index=self.index, encoder=self.encoder, decoder=self.decoder, mode=self.retrieval,
-            k=self.k, max_new_tokens=self.max_new_tokens,
+            k=self.k, max_new_tokens=self.max_new_tokens, questions=self.question_list(),
+            sessions=self.sessions,
         )  # fmt: skip
 
     def rag_config(self) -> RAGConfig:
@@ -117,6 +144,7 @@ class ServeLoadConfig:
             index=self.index, encoder=self.encoder, decoder=self.decoder, adapter=self.adapter,
             k=self.k, mode=self.retrieval, max_new_tokens=self.max_new_tokens,
             max_batch=self.max_batch, device=self.device, decoder_precision=self.decoder_precision,
+            prompt_cache_mb=self.prompt_cache_mb,
         )  # fmt: skip
 
 
@@ -158,6 +186,8 @@ class SharedModels:
                     p.model, p.tokenizer, p.device, prefix_cache=p.prefix_cache,
                     max_context_tokens=p.max_context_tokens, profile=p.profile, rules=p.rules,
                     refusal_threshold=p.refusal_threshold, batching=True, max_batch=max_batch,
+                    # a prompt cache as the unbatched decoder has one (so both modes alike)
+                    prompt_cache_mb=self.base.prompt_cache_mb if getattr(p, "prompts", None) else 0,
                 )  # fmt: skip
                 if gen.batcher is None:
                     raise ValueError(f"{self.base.decoder}: its cache does not support batching")
@@ -169,6 +199,18 @@ class SharedModels:
 
         gen = self.generator(cfg.batching, cfg.max_batch)
         return RAGPipeline(cfg, retriever=self._retriever, generator=gen)
+
+    def prompt_counters(self, batching: bool, max_batch: int) -> tuple[int, int]:
+        """(prompt tokens looked up, tokens reused) of the decoder ``batching`` uses, so far."""
+        prompts = getattr(self.generator(batching, max_batch), "prompts", None)
+        return (prompts.stats.prompt_tokens, prompts.stats.reused_tokens) if prompts else (0, 0)
+
+    def clear_caches(self, batching: bool, max_batch: int) -> None:
+        """Start a run cold: the decoder ``batching`` uses forgets its cached prompts (each run
+        then fills its own, so neither mode inherits the other's)."""
+        gen = self.generator(batching, max_batch)
+        if hasattr(gen, "clear_prefix_cache"):
+            gen.clear_prefix_cache()
 
     def batch_counters(self) -> tuple[int, int]:
         """(decode steps, rows over those steps) of every batched decoder so far."""
@@ -204,13 +246,23 @@ def run_one(
         if target == "ui":  # the adapter as the app resolved it ("auto" -> a name or none)
             req.adapter = app.chat_app.config.rag.adapter
         open_session = partial(session_cls, url, req)
+        models.clear_caches(rag_cfg.batching, rag_cfg.max_batch)
         warm_up(open_session, PROG)
         steps0, rows0 = models.batch_counters()
+        looked0, reused0 = models.prompt_counters(rag_cfg.batching, rag_cfg.max_batch)
         with machine_counters() as machine:
             samples, wall = run_sessions(cfg.sessions, cfg.duration, open_session)
         steps, rows = (a - b for a, b in zip(models.batch_counters(), (steps0, rows0)))
+        looked, reused = (
+            a - b
+            for a, b in zip(
+                models.prompt_counters(rag_cfg.batching, rag_cfg.max_batch), (looked0, reused0)
+            )
+        )
     summary = {**summarise(samples, wall), **machine}
     summary["mean_batch"] = rows / steps if mode == "on" and steps else None
+    # share of the prompt tokens looked up in the prompt cache whose prefill it saved
+    summary["prompt_reused"] = reused / looked if looked else None
     return summary, samples
 
 
@@ -297,8 +349,8 @@ def run(
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         "| target | batching | round | requests | errors | req/s | p50 latency | p95 latency "
-        "| p50 TTFT | mean batch | CPU s | load avg start → end |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| p50 TTFT | mean batch | prompt reused | CPU s | load avg start → end |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["runs"]:
         batch = "1" if r["mode"] == "off" else fmt_num(r["mean_batch"], ".1f")
@@ -306,6 +358,7 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['target']} | {r['mode']} | {r['round']} | {r['requests']} | {r['errors']} | "
             f"{r['throughput_req_s']:.3f} | {fmt_s(r['p50_latency_s'])} | "
             f"{fmt_s(r['p95_latency_s'])} | {fmt_s(r['p50_ttft_s'])} | {batch} | "
+            f"{fmt_num(r.get('prompt_reused'), '.0%')} | "
             f"{r['cpu_s']:.0f} | {r['load_avg_1m_start']:.1f} → {r['load_avg_1m_end']:.1f} |"
         )
     for target, s in result["speedup"].items():

@@ -47,6 +47,7 @@ CLI_FIELDS = (
     "max_context_tokens",
     "min_score",
     "prefix_cache",
+    "prompt_cache_mb",
     "complete_citations",
     "refusal_threshold",
     "reader",

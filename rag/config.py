@@ -27,7 +27,7 @@ import tomllib
 from rag.answer.answerability import DEFAULT_MODEL
 from rag.answer.reader import COMPOSE, DEFAULT_READER, describe_reader, resolve_reader
 from rag.dataclass_cli import add_dataclass_args, field_type
-from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEVICES, MODES
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_CACHE_MB, DEVICES, MODES
 from rag.generate.speed import CACHE_IMPLEMENTATIONS, DecodeSpeed, DecodeSpeedError
 from rag.models import (
     DECODER_ALIASES,
@@ -105,6 +105,9 @@ class RAGConfig:
     max_context_tokens: int | None = 2048  # prompt+answer cap below the decoder's max positions
     min_score: float | None = None  # relevance threshold on hit scores; None = per-mode default
     prefix_cache: bool = True  # reuse the KV cache of the fixed system prompt across questions
+    # keys and values of recent prompts kept per decoder and reused by their longest shared token
+    # prefix (passages another request already read: rag.generate.prompt_cache); MB, 0 = off
+    prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
     batching: bool = (
         True  # decode concurrent requests together (rag.generate.batching; 3.2x req/s measured)
     )
@@ -205,6 +208,8 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(f"answerability_threshold must be in (0, 1] or none, not {t}")
     if cfg.temperature < 0:
         raise ConfigError(f"temperature must be >= 0, not {cfg.temperature}")
+    if cfg.prompt_cache_mb < 0:
+        raise ConfigError(f"prompt_cache_mb must be >= 0 (0 = off), not {cfg.prompt_cache_mb}")
     if not 0 < cfg.top_p <= 1:
         raise ConfigError(f"top_p must be in (0, 1], not {cfg.top_p}")
     try:

@@ -21,3 +21,6 @@ DEVICES = ("auto", "cpu", "cuda")  # auto = cuda when a GPU is visible, else cpu
 DEFAULT_CHUNK_TOKENS = 256  # ingest: chunk size in encoder tokens (capped at the encoder's limit)
 DEFAULT_OVERLAP = 32  # ingest: tokens shared by consecutive chunks of a section
 DEFAULT_MAX_NEW_TOKENS = 256  # answer length limit in decoder tokens (rag.ask, rag.serve, evals)
+# decoding: MB of recent prompts' keys and values kept per decoder (rag.generate.prompt_cache);
+# about 40 prompts of ~1,000 tokens for Qwen2.5-0.5B in bf16, 20 for SmolLM2-135M
+DEFAULT_PROMPT_CACHE_MB = 512

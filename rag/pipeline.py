@@ -544,6 +544,7 @@ def load_decoder(cfg: RAGConfig, adapter: str | Path | None) -> Any:
         adapter=adapter,
         device=cfg.device,
         prefix_cache=cfg.prefix_cache,
+        prompt_cache_mb=cfg.prompt_cache_mb if cfg.prefix_cache else 0,
         max_context_tokens=cfg.max_context_tokens,
         precision=cfg.decoder_precision,
         profile=cfg.profile,

@@ -29,7 +29,8 @@ def generator():
     from rag.generate.generator import Generator
 
     tok = build_tokenizer()
-    return Generator(build_model("llama", tok, max_positions=2048), tok, "cpu")
+    model = build_model("llama", tok, max_positions=2048)
+    return Generator(model, tok, "cpu", prompt_cache_mb=16)
 
 
 @pytest.fixture
@@ -64,6 +65,8 @@ def test_ui_and_api_batching_off_and_on_side_by_side(index, generator, tmp_path)
         )
         assert r["cpu_s"] > 0 and r["load_avg_1m_start"] >= 0
         assert (r["mean_batch"] is None) == (r["mode"] == "off")
+        # each run starts cold; the sessions repeat the built-in questions, so prompts recur
+        assert 0 < r["prompt_reused"] < 1
     assert all(r["mean_batch"] >= 1 for r in runs if r["mode"] == "on")
     assert set(result["speedup"]) == {"ui", "api"}
 
@@ -96,9 +99,23 @@ def test_failed_requests_are_counted_as_errors(index, generator, tmp_path):
     assert "InternalServerError" in api
 
 
+def test_distinct_questions_from_a_file_never_repeat_across_sessions(tmp_path):
+    qfile = tmp_path / "qs.txt"
+    qfile.write_text("# a comment\n" + "".join(f"question {i}?\n" for i in range(12)) + "\n")
+    cfg = config(tmp_path, questions=str(qfile), sessions=3)
+    cfg.check()
+    req = cfg.request()
+    asked = [req.question(s, j) for j in range(4) for s in range(3)]
+    assert sorted(asked) == sorted(f"question {i}?" for i in range(12))  # each once
+    assert req.question(0, 4) == "question 0?"  # then around again
+    assert config(tmp_path).request().question(1, 0) == "and how is it tested?"  # built-in
+
+
 @pytest.mark.parametrize(
     "argv",
     [
+        ["--questions", "/nonexistent/questions.txt"],
+        ["--prompt-cache-mb", "-1"],
         ["--modes", "sideways"],
         ["--modes", "on,on"],
         ["--target", "cli"],

@@ -131,6 +131,9 @@ class BatchRequest:
         self.size = n  # ids in buf; all but the last are in the KV cache once decoding started
         self.start = 0  # prompt ids the handed-in cache holds (set at admission)
         self.cache = kw.get("cache")
+        # keep the prompt's keys and values in the prompt cache: it came with a cache to start
+        # from (an empty one when nothing was cached), i.e. the caller used its caches
+        self.remember = self.cache is not None
         self.streamer = kw.get("streamer")
         self.sample = bool(kw.get("do_sample"))
         self.criteria = list(kw.get("stopping_criteria") or ())
@@ -263,6 +266,7 @@ class BatchedDecoder:
         max_batch: int = 8,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         prefill_forward_cost: int | None = None,
+        prompt_cache: Any = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
@@ -278,6 +282,8 @@ class BatchedDecoder:
         if prefill_forward_cost < 0:
             raise ValueError(f"prefill_forward_cost must be >= 0, got {prefill_forward_cost}")
         self.prefill_forward_cost = prefill_forward_cost
+        # where prefilled prompts' keys and values are kept (rag.generate.prompt_cache), or None
+        self.prompt_cache = prompt_cache
         self.eos = eos_ids(model)
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         self._keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
@@ -323,6 +329,7 @@ class BatchedDecoder:
             max_batch=max_batch,
             max_prefill_tokens=max_prefill_tokens,
             prefill_forward_cost=prefill_forward_cost,
+            prompt_cache=getattr(generator, "prompts", None),
         )
 
     # ---- callers' side -------------------------------------------------------------------------
@@ -461,7 +468,28 @@ class BatchedDecoder:
             else:
                 keep.append(b)
         if keep:
-            self._merge([group[b] for b in keep], *self._right_align(group, cache, keep))
+            rows = [group[b] for b in keep]
+            cache, width = self._right_align(group, cache, keep)
+            self._remember(rows, cache, width)
+            self._merge(rows, cache, width)
+
+    def _remember(self, rows: Sequence[BatchRequest], cache: Any, width: int) -> None:
+        """Keep each row's prompt keys and values (its last ``prompt_len`` columns of the
+        right-aligned ``cache`` [k, H, width, D]) in the prompt cache, when there is one."""
+        if self.prompt_cache is None:
+            return
+        for j, req in enumerate(rows):
+            if not req.remember:
+                continue
+            a = width - req.prompt_len
+            layers = [
+                (layer.keys[j : j + 1, :, a:width], layer.values[j : j + 1, :, a:width])
+                for layer in cache.layers
+            ]
+            try:
+                self.prompt_cache.store(req.input_ids[0].tolist(), layers)
+            except Exception as e:  # a cache is an optimisation: the answer goes on without it
+                log.warning("prompt cache: could not keep a prompt (%s)", e)
 
     def _forward(self, group: Sequence[BatchRequest]) -> tuple[Any, torch.Tensor]:
         """Prefill ``group`` in one forward: each row's cache (its prefix, or nothing) left-padded

@@ -27,6 +27,7 @@ import torch
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 from rag.generate import context_budget, scoring
 from rag.generate.batching import DEFAULT_MAX_PREFILL_TOKENS, BatchedDecoder, eos_ids
+from rag.generate.prompt_cache import PromptCache
 from rag.generate.speed import DecodeSpeed
 from rag.generate.stopping import DecodingRules, loop_cut, trim_repetition
 from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
@@ -65,6 +66,7 @@ class Generator:
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         refusal_threshold: float | None = None,
         speed: DecodeSpeed | None = None,
+        prompt_cache_mb: int = 0,
     ) -> None:
         # decoder speed options (rag.generate.speed); the model comes with them already applied
         self.speed = speed or DecodeSpeed()
@@ -83,6 +85,13 @@ class Generator:
         self._prefixes: dict[tuple[int, ...], Any] = {}
         self._prefix_lock = threading.Lock()
         self._decode_lock = threading.Lock()
+        # keys and values of recent prompts, reused by their longest shared token prefix
+        # (rag.generate.prompt_cache); None when off or the model's cache cannot be cut
+        self.prompts = (
+            PromptCache(model.config, prompt_cache_mb * 2**20)
+            if prompt_cache_mb > 0 and PromptCache.supports(model)
+            else None
+        )
         self.batcher = (
             BatchedDecoder.attach(self, max_batch, max_prefill_tokens) if batching else None
         )
@@ -191,8 +200,39 @@ class Generator:
             return copy.deepcopy(cache)
 
     def clear_prefix_cache(self) -> None:
+        """Forget the cached system prefixes and the prompt cache."""
         with self._prefix_lock:
             self._prefixes.clear()
+        if self.prompts is not None:
+            self.prompts.clear()
+
+    def _start_cache(self, ids: Sequence[int], prefix_len: int) -> Any:
+        """The cache a prompt's prefill starts from: the stored prompt sharing the most ids with
+        it (:mod:`rag.generate.prompt_cache`) when that beats the system prefix, else the
+        system prefix's, else (prompt cache on) an empty one the prompt's keys and values are
+        kept from, else None."""
+        system = prefix_len if 0 < prefix_len < len(ids) else 0
+        if self.prompts is not None:
+            cache, _ = self.prompts.lookup(ids, at_least=system)
+            if cache is not None:
+                return cache
+        if system:
+            return self._prefix_cache_for(ids[:prefix_len])
+        if self.prompts is not None:
+            from transformers import DynamicCache
+
+            return DynamicCache(config=self.model.config)
+        return None
+
+    def _remember(self, ids: Sequence[int], cache: Any) -> None:
+        """Keep prompt ``ids``' keys and values from ``cache`` (the decode cache after an
+        unbatched ``generate``: prompt + answer) in the prompt cache."""
+        from transformers import DynamicCache
+
+        if self.prompts is None or type(cache) is not DynamicCache:
+            return
+        if cache.get_seq_length() >= len(ids):
+            self.prompts.store(ids, [(layer.keys, layer.values) for layer in cache.layers])
 
     # ---- decoding ------------------------------------------------------------------------------
 
@@ -234,8 +274,8 @@ class Generator:
             cache = (
                 prompt_cache  # e.g. rag.generate.scoring.refusal_logprob's, all ids but the last
             )
-        elif use_cache and use_prefix and 0 < prefix_len < len(ids):
-            cache = self._prefix_cache_for(ids[:prefix_len])
+        elif use_cache and use_prefix:
+            cache = self._start_cache(ids, prefix_len)
         if use_cache:  # the dynamic cache as is, or a static one holding it (rag.generate.speed)
             kw.update(self.speed.generate_kwargs(self.model, cache, len(ids) + max_new_tokens))
         return kw
@@ -243,9 +283,12 @@ class Generator:
     def _run_generate(self, kw: dict[str, Any], streamer: Any) -> torch.Tensor:
         """``model.generate`` under the decode lock, or a row of the batched decoder when on."""
         if self.batcher is not None and kw["use_cache"]:
-            return self.batcher.generate(**kw, streamer=streamer)
+            return self.batcher.generate(**kw, streamer=streamer)  # it keeps the prompt's KV
         with self._decode_lock, torch.inference_mode():
-            return self.model.generate(**kw, streamer=streamer)
+            out = self.model.generate(**kw, streamer=streamer)
+        if "cache" in kw:
+            self._remember(kw["input_ids"][0].tolist(), kw["cache"])
+        return out
 
     def generate_ids(
         self,
