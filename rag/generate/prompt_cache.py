@@ -84,12 +84,11 @@ class PromptCache:
 
     @staticmethod
     def supports(model: Any) -> bool:
-        """Whether every layer of ``model``'s cache is a plain full-attention ``DynamicLayer``."""
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
+        """Whether every layer of ``model``'s cache is a plain full-attention ``DynamicLayer``:
+        the batched decoder's own requirement, so one check serves both."""
+        from rag.generate.batching import BatchedDecoder
 
-        cache = DynamicCache(config=model.config)
-        return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+        return BatchedDecoder.supports(model)
 
     def __len__(self) -> int:
         return len(self._entries)
