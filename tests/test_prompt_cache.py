@@ -187,6 +187,40 @@ def test_batched_rows_start_from_cached_prompts_and_equal_alone(tok, arch):
         batched.batcher.close()
 
 
+@pytest.mark.parametrize("batching", [False, True])
+def test_citation_scores_after_an_answer_run_none_of_it_again(tok, batching):
+    """Citation completion scores `` [i]`` after the prompt and the answer just decoded. Either
+    decode path keeps that prompt and answer in the prompt cache, so the scoring forward runs
+    only the ids after what the cache holds (the answer's last id, where the text re-encodes to
+    the decoded ids), never the prompt; the scores equal those computed with no cache at all."""
+    model = sharp_model("llama", tok)
+    plain = Generator(model, tok, "cpu", prefix_cache=False)
+    gen = Generator(model, tok, "cpu", prompt_cache_mb=64, batching=batching, max_batch=4)
+    try:
+        msgs = build_messages("how do I read a file?", PASSAGES)
+        ids, p = gen.prompt_ids(msgs)
+        # a random model's bytes need not form text: ASCII tokens only, no lone leading space
+        # (pipeline answers are stripped), as a real answer starts
+        vocab = tok.convert_ids_to_tokens(list(range(len(tok))))
+        odd = {i for i, t in enumerate(vocab) if t == "Ġ" or not t.removeprefix("Ġ").isascii()}
+        ban = [[i] for i in sorted(odd | set(tok.all_special_ids))]
+        new = gen.generate_ids(ids, p, max_new_tokens=8, ban=ban)
+        answer = tok.decode(new, skip_special_tokens=True)
+        answer_ids = tok(answer, add_special_tokens=False)["input_ids"]
+        assert len(new) == 8 and answer_ids
+        held = common_prefix(torch.tensor(answer_ids), torch.tensor(new[:-1]))
+        assert held > 0  # the answer's own keys and values are there, not just the prompt's
+        conts = [" [1]", " [2]", " [3]"]
+        want = plain.score_continuations(msgs, answer, conts)
+        with forwards(model) as shapes:
+            got = gen.score_continuations(msgs, answer, conts)
+        assert got == pytest.approx(want, abs=1e-4)
+        assert shapes[0] == (1, max(1, len(answer_ids) - held))
+    finally:
+        if gen.batcher is not None:
+            gen.batcher.close()
+
+
 def test_clearing_forgets_prompts(tok):
     gen = Generator(sharp_model("llama", tok), tok, "cpu", prompt_cache_mb=64)
     ids, p = prompts(gen)[0]

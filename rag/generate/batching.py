@@ -110,6 +110,16 @@ def eos_ids(model: Any) -> set[int]:
     return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
 
 
+def takes_logits_to_keep(model: Any) -> bool:
+    """Whether ``model``'s forward (a PEFT wrapper's: its base model's) takes ``logits_to_keep``,
+    so a prompt's forward can project only its last position onto the vocabulary."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(base.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class BatchRequest:
     """One ``generate`` call: its options, the ids so far, and how it reports back."""
 
@@ -285,8 +295,7 @@ class BatchedDecoder:
         # where prefilled prompts' keys and values are kept (rag.generate.prompt_cache), or None
         self.prompt_cache = prompt_cache
         self.eos = eos_ids(model)
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        self._keep_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
+        self._keep_logits = takes_logits_to_keep(model)
         self._stops: dict[tuple[str, ...], StopStringCriteria] = {}
         self._cv = threading.Condition()
         self._waiting: deque[BatchRequest] = deque()
@@ -637,10 +646,30 @@ class BatchedDecoder:
         keep = []
         for b, req in enumerate(rows):
             if self._advance(req, req.choose(logits[b : b + 1], greedy[b])):
+                self._remember_answer(b, req)  # before the caller wakes to score citations
                 self._finish(req)
             else:
                 keep.append(b)
         self._leave(keep)
+
+    def _remember_answer(self, b: int, req: BatchRequest) -> None:
+        """Keep row ``b``'s prompt + answer keys and values (its last ``size - 1`` columns of the
+        right-aligned batch cache: every id but the one just chosen) in the prompt cache, so
+        the citation scores asked right after the answer run none of it again."""
+        if self.prompt_cache is None or not req.remember:
+            return
+        n = req.size - 1
+        layers = [
+            (
+                layer.keys[b : b + 1, :, self._width - n :],
+                layer.values[b : b + 1, :, self._width - n :],
+            )
+            for layer in self._cache.layers
+        ]
+        try:
+            self.prompt_cache.store(req.buf[0, :n].tolist(), layers)
+        except Exception as e:  # a cache is an optimisation: the answer goes on without it
+            log.warning("prompt cache: could not keep an answer (%s)", e)
 
     def _advance(self, req: BatchRequest, token: int) -> bool:
         """Append ``token`` to ``req``, stream it; whether ``req`` is finished (as in generate:

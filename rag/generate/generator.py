@@ -225,14 +225,17 @@ class Generator:
         return None
 
     def _remember(self, ids: Sequence[int], cache: Any) -> None:
-        """Keep prompt ``ids``' keys and values from ``cache`` (the decode cache after an
-        unbatched ``generate``: prompt + answer) in the prompt cache."""
+        """Keep the keys and values of ``ids`` (prompt + answer, as ``generate`` returned them)
+        that ``cache`` holds (the decode cache after an unbatched ``generate``: all but the last
+        id) in the prompt cache: the prompt for a later request sharing it, and the answer for
+        the citation scores asked right after it (:mod:`rag.generate.scoring`)."""
         from transformers import DynamicCache
 
         if self.prompts is None or type(cache) is not DynamicCache:
             return
-        if cache.get_seq_length() >= len(ids):
-            self.prompts.store(ids, [(layer.keys, layer.values) for layer in cache.layers])
+        n = min(len(ids), int(cache.get_seq_length()))
+        if n:
+            self.prompts.store(ids[:n], [(layer.keys, layer.values) for layer in cache.layers])
 
     # ---- decoding ------------------------------------------------------------------------------
 
@@ -286,8 +289,8 @@ class Generator:
             return self.batcher.generate(**kw, streamer=streamer)  # it keeps the prompt's KV
         with self._decode_lock, torch.inference_mode():
             out = self.model.generate(**kw, streamer=streamer)
-        if "cache" in kw:
-            self._remember(kw["input_ids"][0].tolist(), kw["cache"])
+        if "cache" in kw:  # the cache now holds prompt + answer but its last id
+            self._remember(out[0].tolist(), kw["cache"])
         return out
 
     def generate_ids(

@@ -20,16 +20,32 @@ from typing import Any
 
 import torch
 
+from rag.generate.batching import takes_logits_to_keep
 from rag.prompt import REFUSAL
 
 
 def _start(generator: Any, ids: list[int], prefix_len: int) -> tuple[Any, int]:
-    """A KV cache to extend and the first id it lacks (the system prefix's cache when on)."""
+    """A KV cache to extend and the first id it lacks: the stored prompt sharing the most ids
+    with ``ids`` (the prompt cache, :mod:`rag.generate.prompt_cache`: citation scoring right
+    after an answer finds that answer's whole prompt there), else the system prefix's cache,
+    else an empty one. The same start a prefill gets (``Generator._start_cache``)."""
+    start_cache = getattr(generator, "_start_cache", None)
+    if generator.prefix_cache and start_cache is not None:
+        cache = start_cache(ids, prefix_len)
+        if cache is not None:
+            return cache, cache.get_seq_length()
     if generator.prefix_cache and 0 < prefix_len < len(ids):
         return generator._prefix_cache_for(ids[:prefix_len]), prefix_len
     from transformers import DynamicCache
 
     return DynamicCache(config=generator.model.config), 0
+
+
+def last_logits_only(model: Any) -> dict[str, Any]:
+    """``{"logits_to_keep": 1}`` where the model takes it: a prompt's forward then projects only
+    its last position onto the vocabulary (SmolLM2: 49,152 x 576 per position, a fifth of its
+    forward), the only logits these scores read."""
+    return {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
 
 
 def _cache_of(out: Any) -> Any:
@@ -41,7 +57,9 @@ def score_continuations(
 ) -> list[float]:
     """Log-probability of each continuation after the prompt and the assistant's ``answer``.
 
-    One forward pass encodes prompt + answer (starting from the cached system prefix); its KV
+    One forward pass encodes prompt + answer, starting from the longest prefix the caches hold
+    (:func:`_start`: after an answer, its prompt from the prompt cache, so only the answer's
+    tokens run; else the system prefix), with the logits of its last position only; its KV
     cache is then repeated once per continuation and all continuations are scored in a single
     batched pass. Continuations are right-padded: a causal model never attends to later
     tokens, so the padding changes no score and needs no mask.
@@ -58,7 +76,10 @@ def score_continuations(
     with generator._decode_lock, torch.inference_mode():
         cache, start = _start(generator, ids, prefix_len)
         out = model(
-            input_ids=torch.tensor([ids[start:]], device=device), cache=cache, use_cache=True
+            input_ids=torch.tensor([ids[start:]], device=device),
+            cache=cache,
+            use_cache=True,
+            **last_logits_only(model),
         )
         first = torch.log_softmax(out["logits"][0, -1].float(), dim=-1)
         cache = _cache_of(out)
@@ -97,7 +118,10 @@ def refusal_logprob(generator: Any, messages: Sequence[dict[str, str]]) -> tuple
         cache, start = _start(generator, ids[:-1], prefix_len)
         if start < len(ids) - 1:
             out = model(
-                input_ids=torch.tensor([ids[start:-1]], device=device), cache=cache, use_cache=True
+                input_ids=torch.tensor([ids[start:-1]], device=device),
+                cache=cache,
+                use_cache=True,
+                **last_logits_only(model),  # its logits are not read
             )
             cache = _cache_of(out)
         scratch = copy.deepcopy(cache)
