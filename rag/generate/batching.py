@@ -485,20 +485,25 @@ class BatchedDecoder:
     def _remember(self, rows: Sequence[BatchRequest], cache: Any, width: int) -> None:
         """Keep each row's prompt keys and values (its last ``prompt_len`` columns of the
         right-aligned ``cache`` [k, H, width, D]) in the prompt cache, when there is one."""
+        for j, req in enumerate(rows):
+            if req.remember:
+                self._keep(req.input_ids[0].tolist(), cache, j, width)
+
+    def _keep(self, ids: list[int], cache: Any, row: int, width: int) -> None:
+        """Store ``ids``' keys and values, the last ``len(ids)`` columns of ``row`` of the
+        right-aligned ``cache`` of ``width`` columns, in the prompt cache (when there is one and
+        the request used its caches)."""
         if self.prompt_cache is None:
             return
-        for j, req in enumerate(rows):
-            if not req.remember:
-                continue
-            a = width - req.prompt_len
-            layers = [
-                (layer.keys[j : j + 1, :, a:width], layer.values[j : j + 1, :, a:width])
-                for layer in cache.layers
-            ]
-            try:
-                self.prompt_cache.store(req.input_ids[0].tolist(), layers)
-            except Exception as e:  # a cache is an optimisation: the answer goes on without it
-                log.warning("prompt cache: could not keep a prompt (%s)", e)
+        a = width - len(ids)
+        layers = [
+            (layer.keys[row : row + 1, :, a:width], layer.values[row : row + 1, :, a:width])
+            for layer in cache.layers
+        ]
+        try:
+            self.prompt_cache.store(ids, layers)
+        except Exception as e:  # a cache is an optimisation: the answer goes on without it
+            log.warning("prompt cache: could not keep a prompt (%s)", e)
 
     def _forward(self, group: Sequence[BatchRequest]) -> tuple[Any, torch.Tensor]:
         """Prefill ``group`` in one forward: each row's cache (its prefix, or nothing) left-padded
@@ -653,23 +658,11 @@ class BatchedDecoder:
         self._leave(keep)
 
     def _remember_answer(self, b: int, req: BatchRequest) -> None:
-        """Keep row ``b``'s prompt + answer keys and values (its last ``size - 1`` columns of the
-        right-aligned batch cache: every id but the one just chosen) in the prompt cache, so
-        the citation scores asked right after the answer run none of it again."""
-        if self.prompt_cache is None or not req.remember:
-            return
-        n = req.size - 1
-        layers = [
-            (
-                layer.keys[b : b + 1, :, self._width - n :],
-                layer.values[b : b + 1, :, self._width - n :],
-            )
-            for layer in self._cache.layers
-        ]
-        try:
-            self.prompt_cache.store(req.buf[0, :n].tolist(), layers)
-        except Exception as e:  # a cache is an optimisation: the answer goes on without it
-            log.warning("prompt cache: could not keep an answer (%s)", e)
+        """Keep row ``b``'s prompt + answer keys and values (every id but the one just chosen)
+        in the prompt cache, so the citation scores asked right after the answer run none of
+        it again."""
+        if req.remember:
+            self._keep(req.buf[0, : req.size - 1].tolist(), self._cache, b, self._width)
 
     def _advance(self, req: BatchRequest, token: int) -> bool:
         """Append ``token`` to ``req``, stream it; whether ``req`` is finished (as in generate:

@@ -286,7 +286,7 @@ class Generator:
     def _run_generate(self, kw: dict[str, Any], streamer: Any) -> torch.Tensor:
         """``model.generate`` under the decode lock, or a row of the batched decoder when on."""
         if self.batcher is not None and kw["use_cache"]:
-            return self.batcher.generate(**kw, streamer=streamer)  # it keeps the prompt's KV
+            return self.batcher.generate(**kw, streamer=streamer)  # it keeps prompt + answer KV
         with self._decode_lock, torch.inference_mode():
             out = self.model.generate(**kw, streamer=streamer)
         if "cache" in kw:  # the cache now holds prompt + answer but its last id

@@ -25,20 +25,16 @@ from rag.prompt import REFUSAL
 
 
 def _start(generator: Any, ids: list[int], prefix_len: int) -> tuple[Any, int]:
-    """A KV cache to extend and the first id it lacks: the stored prompt sharing the most ids
-    with ``ids`` (the prompt cache, :mod:`rag.generate.prompt_cache`: citation scoring right
-    after an answer finds that answer's whole prompt there), else the system prefix's cache,
-    else an empty one. The same start a prefill gets (``Generator._start_cache``)."""
-    start_cache = getattr(generator, "_start_cache", None)
-    if generator.prefix_cache and start_cache is not None:
-        cache = start_cache(ids, prefix_len)
-        if cache is not None:
-            return cache, cache.get_seq_length()
-    if generator.prefix_cache and 0 < prefix_len < len(ids):
-        return generator._prefix_cache_for(ids[:prefix_len]), prefix_len
-    from transformers import DynamicCache
+    """A KV cache to extend and the first id it lacks: the start a prefill gets
+    (``Generator._start_cache``: the stored prompt sharing the most ids with ``ids``, so citation
+    scoring right after an answer finds that prompt and answer there; else the system prefix),
+    or an empty cache when the caches are off."""
+    cache = generator._start_cache(ids, prefix_len) if generator.prefix_cache else None
+    if cache is None:
+        from transformers import DynamicCache
 
-    return DynamicCache(config=generator.model.config), 0
+        cache = DynamicCache(config=generator.model.config)
+    return cache, int(cache.get_seq_length())
 
 
 def last_logits_only(model: Any) -> dict[str, Any]:
@@ -58,8 +54,8 @@ def score_continuations(
     """Log-probability of each continuation after the prompt and the assistant's ``answer``.
 
     One forward pass encodes prompt + answer, starting from the longest prefix the caches hold
-    (:func:`_start`: after an answer, its prompt from the prompt cache, so only the answer's
-    tokens run; else the system prefix), with the logits of its last position only; its KV
+    (:func:`_start`: after an answer, its prompt and answer from the prompt cache, so only the
+    answer's last id runs; else the system prefix), with the logits of its last position only; its KV
     cache is then repeated once per continuation and all continuations are scored in a single
     batched pass. Continuations are right-padded: a causal model never attends to later
     tokens, so the padding changes no score and needs no mask.
