@@ -21,6 +21,7 @@ from generate_support import build_model, build_tokenizer, messages, model_confi
 
 from rag.generate.batching import CPU_FORWARD_COST_TOKENS, BatchedDecoder, plan_prefill
 from rag.generate.generator import Generator
+from rag.generate.kv_append import AppendLayer
 from rag.generate.stopping import DecodingRules
 from rag.generate.streaming import Cancel
 from rag.prompt import build_messages
@@ -166,7 +167,12 @@ def prompts(gen: Generator) -> list[tuple[list[int], int, int]]:
 # ---- exactness -------------------------------------------------------------------------------
 
 
-def test_batched_greedy_ids_equal_alone(gens):
+@pytest.mark.parametrize("spare", [None, 3])
+def test_batched_greedy_ids_equal_alone(gens, spare, monkeypatch):
+    """``spare``: the batch cache's spare columns (rag.generate.kv_append), 3 so that rows
+    outgrow their buffers several times mid-answer."""
+    if spare is not None:
+        monkeypatch.setattr(AppendLayer, "spare", spare)
     alone, batched = gens
     reqs = prompts(alone)
     assert len({len(ids) for ids, _, _ in reqs}) == len(reqs)  # padding is exercised

@@ -37,6 +37,7 @@ BENCHMARKS = {
     "benchmarks.reingest": "ReingestConfig",
     "benchmarks.ingest_engines": "EnginesConfig",
     "benchmarks.pretrain_throughput": "PretrainBenchConfig",
+    "benchmarks.batch_cache": "BatchCacheBenchConfig",
 }
 COMMAND = re.compile(r"^(?:nice -n \d+ )?python -m (benchmarks\.\w+)(.*)$")
 
@@ -118,6 +119,8 @@ def test_every_config_field_has_help(module, cls):
         ("benchmarks.ingest_engines", ["--docs", ".", "--local-threads", "two"], "--local-threads"),
         ("benchmarks.ingest_engines", ["--docs", ".", "--precision", "fp8"], "--precision"),
         ("benchmarks.pretrain_throughput", ["--steps", "0"], "--steps"),
+        ("benchmarks.batch_cache", ["--rows", "4,4"], "--rows"),
+        ("benchmarks.batch_cache", ["--rows", "two"], "--rows"),
     ],
 )
 def test_check_refuses_in_one_line_naming_the_flag(module, argv, flag, capsys, monkeypatch):
@@ -147,6 +150,25 @@ def test_decode_main_runs_and_prints_json(tmp_path, capsys):
     assert printed["no_kv_cache"]["new_tokens"] == 3 and printed["kv_cache"]["new_tokens"] == 6
     assert json.loads((out / "results.json").read_text())["command"].endswith("--json")
     assert (out / "decode.png").stat().st_size > 0
+
+
+def test_batch_cache_main_compares_both_layers_on_the_same_logits(tmp_path, capsys):
+    from benchmarks.batch_cache import main
+
+    out = tmp_path / "out"
+    argv = [
+        "--decoder", str(save_tiny_llama(tmp_path / "tiny")), "--rows", "1,3",
+        "--prompt-tokens", "300", "--steps", "4", "--repeats", "1", "--threads", "1",
+        "--precision", "fp32", "--out", str(out), "--json",
+    ]  # fmt: skip
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [r["rows"] for r in printed["results"]] == [1, 3]
+    assert all(r["same_logits"] for r in printed["results"])
+    assert all(
+        len(r["times_s"]["cat"]) == len(r["times_s"]["append"]) == 1 for r in printed["results"]
+    )
+    assert (out / "batch_cache.png").stat().st_size > 0
 
 
 def test_search_latency_rerank_rows(tmp_path, capsys):

@@ -82,6 +82,7 @@ from transformers.generation.logits_process import (
 )
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from rag.generate.kv_append import appending
 from rag.generate.streaming import Cancel
 
 log = logging.getLogger("rag.generate.batching")
@@ -611,7 +612,8 @@ class BatchedDecoder:
         """Add ``reqs``' prefilled cache [k, H, width, D] (rows right-aligned) to the batch,
         left-padding the narrower side."""
         if not self._rows:
-            self._cache, self._width = cache, width
+            # decode steps append into spare columns instead of copying the cache (kv_append)
+            self._cache, self._width = appending(cache), width
         else:
             new = max(self._width, width)
             for mine, theirs in zip(self._cache.layers, cache.layers, strict=True):

@@ -27,6 +27,7 @@ import torch
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 from rag.generate import context_budget, scoring
 from rag.generate.batching import DEFAULT_MAX_PREFILL_TOKENS, BatchedDecoder, eos_ids
+from rag.generate.kv_append import appending
 from rag.generate.prompt_cache import PromptCache
 from rag.generate.speed import DecodeSpeed
 from rag.generate.stopping import DecodingRules, loop_cut, trim_repetition
@@ -287,6 +288,8 @@ class Generator:
         """``model.generate`` under the decode lock, or a row of the batched decoder when on."""
         if self.batcher is not None and kw["use_cache"]:
             return self.batcher.generate(**kw, streamer=streamer)  # it keeps prompt + answer KV
+        if kw.get("cache") is not None:  # steps append in place, not by torch.cat (kv_append)
+            appending(kw["cache"])
         with self._decode_lock, torch.inference_mode():
             out = self.model.generate(**kw, streamer=streamer)
         if "cache" in kw:  # the cache now holds prompt + answer but its last id
