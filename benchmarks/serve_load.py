@@ -186,8 +186,11 @@ class SharedModels:
                     p.model, p.tokenizer, p.device, prefix_cache=p.prefix_cache,
                     max_context_tokens=p.max_context_tokens, profile=p.profile, rules=p.rules,
                     refusal_threshold=p.refusal_threshold, batching=True, max_batch=max_batch,
-                    # a prompt cache as the unbatched decoder has one (so both modes alike)
-                    prompt_cache_mb=self.base.prompt_cache_mb if getattr(p, "prompts", None) else 0,
+                    # a prompt cache as the unbatched decoder has one (so both modes alike);
+                    # "is not None": an empty PromptCache is falsy (it has a length)
+                    prompt_cache_mb=(
+                        self.base.prompt_cache_mb if getattr(p, "prompts", None) is not None else 0
+                    ),
                 )  # fmt: skip
                 if gen.batcher is None:
                     raise ValueError(f"{self.base.decoder}: its cache does not support batching")
@@ -203,7 +206,11 @@ class SharedModels:
     def prompt_counters(self, batching: bool, max_batch: int) -> tuple[int, int]:
         """(prompt tokens looked up, tokens reused) of the decoder ``batching`` uses, so far."""
         prompts = getattr(self.generator(batching, max_batch), "prompts", None)
-        return (prompts.stats.prompt_tokens, prompts.stats.reused_tokens) if prompts else (0, 0)
+        return (
+            (prompts.stats.prompt_tokens, prompts.stats.reused_tokens)
+            if prompts is not None
+            else (0, 0)
+        )
 
     def clear_caches(self, batching: bool, max_batch: int) -> None:
         """Start a run cold: the decoder ``batching`` uses forgets its cached prompts (each run

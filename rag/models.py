@@ -368,6 +368,10 @@ def load_generator(
             # time of Qwen2.5-0.5B in bf16 on 2 cores); the merged model answers the same.
             model = model.merge_and_unload()
     model.to(dev).eval()
+    if str(dev).startswith("cpu"):  # prefill and scoring without copying the KV cache
+        from rag.generate.gqa_attention import use_gqa_attention
+
+        use_gqa_attention(model)
     model = speed.prepare(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

@@ -232,6 +232,56 @@ def test_stats_and_score_continuations_with_batching_on(gens):
     assert got == pytest.approx(alone.score_continuations(msgs, "Use open().", conts), abs=1e-5)
 
 
+def test_calls_run_on_the_worker_between_steps_while_a_batch_decodes(tok):
+    """Work on the model beside the batch (citation scores) runs on the worker at its next
+    step, never waiting on the decode lock behind a running batch; errors reach their caller
+    alone, and the scores equal unbatched ones."""
+    model = scripted_model(tok, " Paris has the Louvre and a river called the Seine [1].")
+    alone, batched = pair(model, tok, rules=DecodingRules.off())
+    msgs = messages()
+    long = batched.stream(msgs, max_new_tokens=250, stop=None)
+    assert next(long)  # a row is decoding
+    seen: dict[str, Any] = {}
+
+    def job() -> str:
+        seen.update(
+            thread=threading.current_thread().name,
+            inference=torch.is_inference_mode_enabled(),
+            locked=batched._decode_lock.locked(),
+        )
+        return "ok"
+
+    before = batched.batcher.steps
+    assert batched.batcher.call(job) == "ok"
+    assert batched.batcher.steps - before <= 2  # ran at the next step, not after the answer
+    assert seen == {"thread": "rag-batch", "inference": True, "locked": True}
+
+    def broken() -> None:
+        raise KeyError("this call's own error")
+
+    with pytest.raises(KeyError, match="own error"):
+        batched.batcher.call(broken)
+    # a call made on the worker (a job calling again) runs at once instead of waiting on itself
+    assert batched.batcher.call(lambda: batched.batcher.call(job)) == "ok"
+    jobs = batched.batcher.jobs
+    conts = [" [1]", " [2]", " [3]"]
+    got = batched.score_continuations(msgs, "Paris has the Louvre.", conts)
+    assert batched.batcher.jobs == jobs + 1  # scored on the worker
+    assert got == pytest.approx(
+        alone.score_continuations(msgs, "Paris has the Louvre.", conts), abs=1e-5
+    )
+    at = batched.batcher.steps
+    assert next(long)  # the stream goes on after both calls
+    t0 = time.monotonic()
+    while batched.batcher.steps == at and time.monotonic() - t0 < 30:
+        time.sleep(0.001)
+    assert batched.batcher.steps > at
+    long.close()
+    batched.batcher.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        batched.batcher.call(job)
+
+
 # ---- per-request stops, loop guard, cancellation ----------------------------------------------
 
 

@@ -47,6 +47,22 @@ def config(tmp_path, **kw) -> ServeLoadConfig:
     return ServeLoadConfig(**{**settings, **kw})
 
 
+def test_batched_run_gets_a_prompt_cache_while_the_plain_one_is_empty(generator, tmp_path):
+    """A run of batching on alone (``--modes on``) measures with the prompt cache too: an
+    empty PromptCache is falsy, which once left the batched decoder without one."""
+    generator.clear_prefix_cache()
+    assert generator.prompts is not None and len(generator.prompts) == 0
+    cfg = config(tmp_path, modes="on")
+    models = SharedModels(cfg.rag_config(), retriever=FakeRetriever(), generator=generator)
+    try:
+        batched = models.generator(True, cfg.max_batch)
+        assert batched.prompts is not None
+        assert batched.prompts.max_bytes == cfg.prompt_cache_mb * 2**20
+        assert batched.batcher.prompt_cache is batched.prompts
+    finally:
+        models.close()
+
+
 def test_ui_and_api_batching_off_and_on_side_by_side(index, generator, tmp_path):
     cfg = config(tmp_path, target="both", modes="off,on")
     models = SharedModels(cfg.rag_config(), retriever=FakeRetriever(), generator=generator)

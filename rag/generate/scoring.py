@@ -15,13 +15,27 @@ forward passes over given text, which no library call does on top of our prefix 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import torch
 
 from rag.generate.batching import takes_logits_to_keep
 from rag.prompt import REFUSAL
+
+T = TypeVar("T")
+
+
+def exclusive(generator: Any, fn: Callable[[], T]) -> T:
+    """``fn()`` with the model to itself, in inference mode: on the batched decoder's worker
+    between two steps when the generator batches (:meth:`BatchedDecoder.call`: it runs at the
+    next step, where waiting for the decode lock could take many, and the answer it scores is
+    then still in the prompt cache), else under the generator's decode lock."""
+    batcher = getattr(generator, "batcher", None)
+    if batcher is not None:
+        return batcher.call(fn)
+    with generator._decode_lock, torch.inference_mode():
+        return fn()
 
 
 def _start(generator: Any, ids: list[int], prefix_len: int) -> tuple[Any, int]:
@@ -69,7 +83,8 @@ def score_continuations(
     if any(not c for c in conts):
         raise ValueError("every continuation must encode to at least one token")
     model, device = generator.model, generator.device
-    with generator._decode_lock, torch.inference_mode():
+
+    def run() -> list[float]:
         cache, start = _start(generator, ids, prefix_len)
         out = model(
             input_ids=torch.tensor([ids[start:]], device=device),
@@ -91,7 +106,9 @@ def score_continuations(
             logp = torch.log_softmax(logits.float(), dim=-1)
             for b, c in enumerate(conts):
                 scores[b] += sum(float(logp[b, j, t]) for j, t in enumerate(c[1:]))
-    return scores
+        return scores
+
+    return exclusive(generator, run)
 
 
 def refusal_ids(tokenizer: Any) -> list[int]:
@@ -110,7 +127,8 @@ def refusal_logprob(generator: Any, messages: Sequence[dict[str, str]]) -> tuple
     ids, prefix_len = generator.prompt_ids(messages)
     ref = refusal_ids(generator.tokenizer)
     model, device = generator.model, generator.device
-    with generator._decode_lock, torch.inference_mode():
+
+    def run() -> tuple[float, Any]:
         cache, start = _start(generator, ids[:-1], prefix_len)
         if start < len(ids) - 1:
             out = model(
@@ -128,4 +146,6 @@ def refusal_logprob(generator: Any, messages: Sequence[dict[str, str]]) -> tuple
         # logits[0, j] predicts ref[j]: the prompt's last id predicts the refusal's first
         logp = torch.log_softmax(logits[0].float(), dim=-1)  # [len(ref), V]
         total = float(sum(logp[j, t] for j, t in enumerate(ref)))
-    return total, cache
+        return total, cache
+
+    return exclusive(generator, run)
