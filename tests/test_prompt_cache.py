@@ -16,6 +16,7 @@ from test_batching import forwards, prefill_shapes, sharp_model, together
 from rag.config import ConfigError, RAGConfig, validate
 from rag.generate.generator import Generator
 from rag.generate.prompt_cache import PromptCache, common_prefix
+from rag.generate.scoring import continuation_tree
 from rag.prompt import build_messages
 
 PASSAGES = [
@@ -215,7 +216,11 @@ def test_citation_scores_after_an_answer_run_none_of_it_again(tok, batching):
         with forwards(model) as shapes:
             got = gen.score_continuations(msgs, answer, conts)
         assert got == pytest.approx(want, abs=1e-4)
-        assert shapes[0] == (1, max(1, len(answer_ids) - held))
+        # one forward: the ids after what the cache holds, then the markers' tree
+        nodes = len(
+            continuation_tree([tok(c, add_special_tokens=False)["input_ids"] for c in conts])[0]
+        )
+        assert shapes == [(1, max(1, len(answer_ids) - held) + nodes)]
     finally:
         if gen.batcher is not None:
             gen.batcher.close()
