@@ -470,10 +470,14 @@ class Gate:
         return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
-def test_group_joining_a_running_batch_in_one_prefill(gens):
+@pytest.mark.parametrize("forward_cost", [ONE_FORWARD, 0])
+def test_group_joining_a_running_batch_in_one_prefill(gens, forward_cost):
     """Requests that arrive together while others decode are prefilled in one forward and
-    merged into the running batch; nobody's answer changes."""
+    merged into the running batch; nobody's answer changes. With no fixed cost per forward,
+    each prompt length gets its own forward, and the groups join the running batch in one
+    merge, each right-aligned into the widest."""
     alone, batched = gens
+    batched.batcher.prefill_forward_cost = forward_cost
     reqs = prompts(alone)
     expected = [alone.generate_ids(ids, p, max_new_tokens=n) for ids, p, n in reqs]
     assert min(len(e) for e in expected[3:]) > 4  # the first two still decode when the rest join
@@ -509,7 +513,9 @@ def test_group_joining_a_running_batch_in_one_prefill(gens):
         assert all(r.done.wait(timeout=120) and r.error is None for r in first)
     assert [r.ids[0, r.prompt_len :].tolist() for r in first] == expected[3:]
     assert joined == expected[:3]
-    assert [s[0] for s in prefill_shapes(shapes)] == [2, 3]
+    split = [s[0] for s in prefill_shapes(shapes)]
+    batched.batcher.prefill_forward_cost = ONE_FORWARD
+    assert split == ([2, 3] if forward_cost else [1] * 5)
     assert max(s[0] for s in shapes if s[1] == 1) == 5  # the three joined the two decoding
 
 
