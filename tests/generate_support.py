@@ -92,3 +92,18 @@ def save_tiny_llama(folder):
     build_model("llama", tok).save_pretrained(folder)
     tok.save_pretrained(folder)
     return folder
+
+
+def uncached_scores(gen, msgs, answer: str, conts: list[str]) -> list[float]:
+    """log p(continuation | prompt, answer) by one plain forward per continuation over prompt +
+    answer + it, no cache at all: what ``score_continuations`` must equal."""
+    tok = gen.tokenizer
+    base = gen.prompt_ids(msgs)[0] + tok(answer, add_special_tokens=False)["input_ids"]
+    out = []
+    for c in conts:
+        ids = tok(c, add_special_tokens=False)["input_ids"]
+        with torch.inference_mode():
+            logits = gen.model(input_ids=torch.tensor([base + ids]))["logits"][0]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        out.append(sum(float(logp[len(base) + j - 1, t]) for j, t in enumerate(ids)))
+    return out

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from generate_support import build_model, build_tokenizer, messages
+from generate_support import build_model, build_tokenizer, messages, uncached_scores
 
 from rag.generate.generator import Generator
 from rag.generate.streaming import cut_at_stop, stream_text
@@ -229,15 +229,7 @@ def test_score_continuations_equals_full_forward(tiny_generator):
     gen = tiny_generator
     msgs, answer = messages(), "Use open() in a loop."
     conts = [" [1]", " [2]", " [12]"]
-    tok = gen.tokenizer
-    base = gen.prompt_ids(msgs)[0] + tok(answer, add_special_tokens=False)["input_ids"]
-    expected = []
-    for c in conts:
-        ids = tok(c, add_special_tokens=False)["input_ids"]
-        with torch.inference_mode():
-            logits = gen.model(input_ids=torch.tensor([base + ids]))["logits"][0]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        expected.append(sum(float(logp[len(base) + j - 1, t]) for j, t in enumerate(ids)))
+    expected = uncached_scores(gen, msgs, answer, conts)
     for prefix_cache in (True, False):
         gen.prefix_cache = prefix_cache
         got = gen.score_continuations(msgs, answer, conts)

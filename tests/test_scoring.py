@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from generate_support import build_model, build_tokenizer, messages
+from generate_support import build_model, build_tokenizer, messages, uncached_scores
 from test_batching import forwards
 
 from rag.generate import scoring
@@ -44,20 +44,6 @@ def test_a_node_sees_the_cache_the_run_and_its_own_branch_only():
     assert pos.tolist() == [[3, 4, 5, 6, 6, 7]]  # siblings share a position: their depth
 
 
-def uncached(gen, msgs, answer, conts):
-    """One plain forward per continuation over prompt + answer + it, no cache at all."""
-    tok = gen.tokenizer
-    base = gen.prompt_ids(msgs)[0] + tok(answer, add_special_tokens=False)["input_ids"]
-    out = []
-    for c in conts:
-        ids = tok(c, add_special_tokens=False)["input_ids"]
-        with torch.inference_mode():
-            logits = gen.model(input_ids=torch.tensor([base + ids]))["logits"][0]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        out.append(sum(float(logp[len(base) + j - 1, t]) for j, t in enumerate(ids)))
-    return out
-
-
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_tree_scores_equal_each_continuation_alone(arch, attention):
@@ -70,7 +56,7 @@ def test_tree_scores_equal_each_continuation_alone(arch, attention):
     gen = Generator(model, tok, "cpu", prompt_cache_mb=64)
     msgs, answer = messages(), "Use open() in a loop."
     conts = [" [1]", " [2]", " [12]", " [1] [2]", " [1]", " see"]
-    want = uncached(gen, msgs, answer, conts)
+    want = uncached_scores(gen, msgs, answer, conts)
     assert len(set(want)) == 5  # the five distinct continuations score apart
     for prefix_cache in (True, False):
         gen.prefix_cache = prefix_cache
@@ -93,7 +79,7 @@ def test_models_with_sliding_window_layers_score_by_repeating_the_cache():
     with forwards(model) as shapes:
         got = gen.score_continuations(msgs, answer, conts)
     assert len(shapes) == 2 and shapes[1][0] == len(conts)  # prompt, then one row each
-    assert got == pytest.approx(uncached(gen, msgs, answer, conts), abs=1e-4)
+    assert got == pytest.approx(uncached_scores(gen, msgs, answer, conts), abs=1e-4)
 
 
 def test_the_tree_and_the_repeated_pass_agree_on_a_full_attention_model(monkeypatch):

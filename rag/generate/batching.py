@@ -6,8 +6,8 @@ its decode lock, so N concurrent users wait for each other's whole answers (16 U
 whatever the batch, so B sequences per step cost far less than B steps. :class:`BatchedDecoder`
 owns a worker thread that, per iteration, admits the requests waiting (all of them, up to
 ``max_batch`` rows in all: prefilled *together*, one padded forward per group of at most
-``max_prefill_tokens`` tokens, each row from the generator's prefix cache when it has one, each
-group then merged into the batch in one go), runs one step for all rows, and lets rows leave on
+``max_prefill_tokens`` tokens, each row from the generator's prefix cache when it has one, the
+groups then merged into the batch in one copy), runs one step for all rows, and lets rows leave on
 eos, a stop string, the loop guard, ``max_new_tokens`` or cancellation (a closed stream) — the slot
 is free for the next iteration.
 
@@ -45,8 +45,8 @@ need the logits of every position (or the model's hidden states) to find them. P
 real column at all (a row without a cache, shorter than the longest suffix) are fully masked rows,
 which torch's SDPA returns as zeros and eager attention as a finite average; their outputs are
 never read. After the forward each row's columns are moved right-aligned (one gather per layer; pad
-columns zeroed), which is the decode batch's own layout, and the group joins the batch by one
-concatenation. Why not keep the middle padding while decoding: with every row right-aligned, a
+columns zeroed), which is the decode batch's own layout, and the admission's groups join the
+batch by one copy. Why not keep the middle padding while decoding: with every row right-aligned, a
 step's mask and positions follow from the row lengths alone, and rows leaving trim the padding all
 rows share with a slice. The token budget bounds a prefill forward's activations (rows x longest
 suffix). Which requests share a forward is a cost estimate (:func:`plan_prefill`): on CPU prefill
