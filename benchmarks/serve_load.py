@@ -59,7 +59,7 @@ from rag.cli import run_cli
 from rag.config import RAGConfig
 from rag.dataclass_cli import dataclass_parser
 from rag.defaults import DEFAULT_PROMPT_CACHE_MB, MODES
-from rag.generate.allocator import keep_freed_memory
+from rag.models import prepare_serving_process
 from rag.paths import rag_home
 
 PROG = "benchmarks.serve_load"
@@ -305,7 +305,7 @@ def run(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if models is None:
-        keep_freed_memory()  # the allocator as rag.serve and ui.app set it at start-up
+        prepare_serving_process()  # as rag.serve and ui.app at start-up
         log(PROG, f"loading {cfg.decoder} and the retriever of index {cfg.index}")
         models = SharedModels(cfg.rag_config())
         models.load()

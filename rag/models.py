@@ -336,6 +336,15 @@ def pick_refusal_threshold(adapter: str | Path | None) -> float | None:
     return float(value) if isinstance(value, (int, float)) and 0 < value <= 1 else None
 
 
+def prepare_serving_process() -> bool:
+    """Process-wide settings for a server (``rag.serve``, ``ui.app``) at start-up: glibc keeps
+    freed memory for the batched decoder's buffers to reuse
+    (:func:`rag.generate.allocator.keep_freed_memory`). Returns whether they took."""
+    from rag.generate.allocator import keep_freed_memory
+
+    return keep_freed_memory()
+
+
 def load_generator(
     name: str | Path,
     adapter: str | Path | None = None,

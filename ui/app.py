@@ -28,6 +28,7 @@ import gradio as gr
 
 from rag.cli import run_cli
 from rag.config import RAGConfig, check_models
+from rag.models import prepare_serving_process
 from rag.paths import list_indexes
 from ui import render
 from ui.config import AppConfig, app_config, build_parser, parse_args
@@ -272,12 +273,10 @@ def warm_up(app: ChatApp, config: AppConfig) -> None:
 
 def run(config: AppConfig) -> int:
     """Check the settings, build the app, load its models, then serve until interrupted."""
-    from rag.generate.allocator import keep_freed_memory
-
     cfg = config.rag
     check_index_name(cfg.index)
     check_models(cfg)  # an unknown name fails now, listing what exists
-    keep_freed_memory()  # batched decoding reuses freed buffers instead of new pages
+    prepare_serving_process()  # batched decoding reuses freed buffers instead of new pages
     demo = build_app(config)
     if config.preload and cfg.index in list_indexes():
         warm_up(demo.chat_app, demo.chat_app.config)

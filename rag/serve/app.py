@@ -398,13 +398,13 @@ def check_index(name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rag.generate.allocator import keep_freed_memory
+    from rag.models import prepare_serving_process
 
     cfg = rag_config_from_args(args, args.config)
     options = options_from_args(args)
     check_index(cfg.index)
     check_models(cfg)
-    keep_freed_memory()  # batched decoding reuses freed buffers instead of new pages
+    prepare_serving_process()  # batched decoding reuses freed buffers instead of new pages
     app = create_app(cfg, options=options)
     if args.preload:
         app.state.rag.preload()
