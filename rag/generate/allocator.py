@@ -39,17 +39,10 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 32 * 2**20  # blocks below it come from the heap (glibc's maximum on 64-bit)
 TRIM_THRESHOLD = 2**30  # free memory at the heap's top kept rather than given back to the OS
 TOP_PAD = 64 * 2**20  # extra memory asked of the OS each time the heap grows
+# the mallopt parameter -> value pairs keep_freed_memory sets
+SETTINGS = {M_MMAP_THRESHOLD: MMAP_THRESHOLD, M_TRIM_THRESHOLD: TRIM_THRESHOLD, M_TOP_PAD: TOP_PAD}
 
 _done: bool | None = None  # the outcome of the first call
-
-
-def settings() -> dict[int, int]:
-    """The ``mallopt`` parameter -> value pairs :func:`keep_freed_memory` sets."""
-    return {
-        M_MMAP_THRESHOLD: MMAP_THRESHOLD,
-        M_TRIM_THRESHOLD: TRIM_THRESHOLD,
-        M_TOP_PAD: TOP_PAD,
-    }
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -71,7 +64,7 @@ def keep_freed_memory(libc: ctypes.CDLL | None = None) -> bool:
     if _done is not None and libc is None:
         return _done
     lib = libc if libc is not None else _glibc()
-    ok = lib is not None and all(lib.mallopt(p, v) == 1 for p, v in settings().items())
+    ok = lib is not None and all(lib.mallopt(p, v) == 1 for p, v in SETTINGS.items())
     if lib is not None and not ok:
         log.warning("mallopt refused a setting: the allocator keeps its defaults in part")
     if libc is None:
