@@ -7,6 +7,14 @@ before the previous one ended (moved to a word start). Chunks near the budget ar
 on their own and cut again if the tokenizer disagrees at the edges, so a chunk never exceeds the
 encoder's maximum sequence length.
 
+Whatever the text, a chunk is also bounded in characters: a token that covers more than
+:data:`MAX_TOKEN_CHARS` characters (a WordPiece tokenizer reads a run of more than 100 letters
+without a space or punctuation as one ``[UNK]``: 15,000,000 such characters were one chunk, and
+every question on that index then took 53 s and 2 GB) counts as one token per
+:data:`MAX_TOKEN_CHARS` characters and may be cut inside. Chunking is linear in the document
+(heading paths by bisection, :meth:`rag.documents.Document.heading_path_at`), and a caller's
+``deadline`` (the file's ``--max-load-seconds``) is checked as it goes.
+
 Why hand-written: LangChain's splitters count characters or tokens but drop the heading path
 and character offsets that citations need, and cannot honour the encoder's exact token limit.
 """
@@ -16,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
@@ -30,6 +39,11 @@ _BOUNDARIES = (
     (1, re.compile(r"\s+")),  # any space
 )
 _MIN_SECTION_FRACTION = 8  # sections under chunk_tokens/8 tokens (a bare heading) join the next
+# The characters one token may stand for in a chunk's budget: longer tokens (an [UNK] for a run
+# without spaces) count as several and may be cut inside (module docstring). Ordinary subword
+# tokens are under 20 characters; a chunk is then at most budget * 32 characters.
+MAX_TOKEN_CHARS = 32
+CHECK_EVERY = 64  # chunks (or sections) between two deadline checks
 _backends: dict[int, tuple[Any, Any]] = {}
 
 
@@ -58,6 +72,20 @@ def special_tokens(tokenizer) -> int:
 def count_tokens(tokenizer, texts: list[str]) -> list[int]:
     """Token counts without special tokens, in one batched call."""
     return [len(e.ids) for e in _backend(tokenizer).encode_batch(texts, add_special_tokens=False)]
+
+
+def _split_long_tokens(offsets: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    """``offsets`` with every token longer than ``limit`` characters cut into pieces of at most
+    ``limit`` characters (each then counts as a token of the budget)."""
+    if all(b - a <= limit for a, b in offsets):
+        return offsets
+    out: list[tuple[int, int]] = []
+    for a, b in offsets:
+        if b - a <= limit:
+            out.append((a, b))
+        else:
+            out.extend((s, min(s + limit, b)) for s in range(a, b, limit))
+    return out
 
 
 def _sections(doc: Document) -> list[tuple[int, int]]:
@@ -136,10 +164,15 @@ def chunk_document(
     chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
     overlap: int = DEFAULT_OVERLAP,
     max_tokens: int | None = None,
+    deadline: Callable[[], None] | None = None,
 ) -> list[Chunk]:
     """Split ``doc`` into chunks of at most ``min(chunk_tokens, max_tokens)`` tokens of
-    ``tokenizer`` (special tokens excluded). ``max_tokens`` defaults to the tokenizer's
-    ``model_max_length`` minus its special tokens, i.e. what the encoder can read."""
+    ``tokenizer`` (special tokens excluded) and at most that many times
+    :data:`MAX_TOKEN_CHARS` characters. ``max_tokens`` defaults to the tokenizer's
+    ``model_max_length`` minus its special tokens, i.e. what the encoder can read.
+    ``deadline``: called every :data:`CHECK_EVERY` sections and chunks; it raises to stop
+    (``rag.documents.Deadline.check``: the file's one time bound, loading included)."""
+    check = deadline or (lambda: None)
     if max_tokens is None:
         limit = getattr(tokenizer, "model_max_length", None) or 512
         limit = limit if limit < 1_000_000 else 512
@@ -156,29 +189,39 @@ def chunk_document(
     backend = _backend(tokenizer)
     text = doc.text
     offsets = [o for o in backend.encode(text, add_special_tokens=False).offsets if o[1] > o[0]]
+    offsets = _split_long_tokens(offsets, MAX_TOKEN_CHARS)
+    check()
     starts = [a for a, _ in offsets]
     ranges = [(bisect_left(starts, s), bisect_left(starts, e)) for s, e in _sections(doc)]
     strength = _boundary_strength(text)
+    check()
     spans: list[tuple[int, int, int]] = []  # (start, end, heading anchor) in characters
-    for first, end, anchor in _merge_small([r for r in ranges if r[1] > r[0]], budget):
+    merged = _merge_small([r for r in ranges if r[1] > r[0]], budget)
+    for i, (first, end, anchor) in enumerate(merged):
+        if i % CHECK_EVERY == 0:
+            check()
         for a, b, n in _split_section(offsets[first:end], strength, budget, overlap):
             anchor_char = max(a, starts[anchor])
             # re-tokenising a substring can differ at its edges: re-check chunks near the limit
             pieces = _fit(text, a, b, backend, budget) if n > budget - 16 else [(a, b)]
             spans.extend((pa, pb, anchor_char) for pa, pb in pieces)
     text_hash = hashlib.sha256(text.encode()).hexdigest()
-    return [
-        Chunk(
-            id=chunk_id(doc.path, text_hash, a, b),
-            text=text[a:b],
-            source=doc.path,
-            heading_path=doc.heading_path_at(max(a, anchor) if anchor < b else a),
-            start=a,
-            end=b,
-        )
-        for a, b, anchor in spans
-        if text[a:b].strip()
-    ]
+    chunks = []
+    for i, (a, b, anchor) in enumerate(spans):
+        if i % CHECK_EVERY == 0:
+            check()
+        if text[a:b].strip():
+            chunks.append(
+                Chunk(
+                    id=chunk_id(doc.path, text_hash, a, b),
+                    text=text[a:b],
+                    source=doc.path,
+                    heading_path=doc.heading_path_at(max(a, anchor) if anchor < b else a),
+                    start=a,
+                    end=b,
+                )
+            )
+    return chunks
 
 
 def _fit(text: str, a: int, b: int, backend, budget: int) -> list[tuple[int, int]]:

@@ -3,12 +3,16 @@
 ``python -m rag.docs list [--index NAME | --index-dir PATH] [--json]``
 ``python -m rag.docs remove [--index NAME | --index-dir PATH] [--json] PATH [PATH ...]``
 
+``python -m rag.docs remove [--index NAME | --index-dir PATH] --all``
+
 ``list`` prints one line per document: its path relative to the ingested folder, type, chunks,
 bytes, when it was ingested and its content hash. ``remove`` takes documents (as ``list`` shows
-them), folders of them (``library/``) or absolute paths, and publishes the index without them as
-one new generation (atomic, like ``rag.ingest``: a kill -9 leaves the previous one loadable). A
-path that names no document is one line on stderr naming it, exit status 2, and nothing
-changes. A removed file that is still in its folder comes back at the next ``rag.ingest`` of
+them) or folders of them (``library/``), never an absolute path, a backslash path that reads as
+one, nor the whole index (``/``, ``\\``, ``.``: :func:`rag.ingest.manage.check_document_path`),
+and publishes the index without them as one new generation (atomic, like ``rag.ingest``: a
+kill -9 leaves the previous one loadable). A path that names no document is one line on stderr
+naming it, exit status 2, and nothing changes; so is a removal that would leave the index
+without a document, unless ``--all`` is given (which alone removes every document). A removed file that is still in its folder comes back at the next ``rag.ingest`` of
 that folder (docs/ingestion.md). The library calls: :func:`rag.ingest.list_documents`,
 :func:`rag.ingest.remove_documents`.
 """
@@ -18,9 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from rag.cli import OneLineParser, add_index_args, run_cli
+from rag.dataclass_cli import add_dataclass_args, config_from_args
 from rag.ingest.manage import IndexDocuments, iso_time, list_documents, remove_documents
 from rag.paths import printable
 
@@ -28,6 +34,15 @@ PROG = "rag.docs"
 REINGEST_NOTE = (
     "note: a removed file still in its folder comes back at the next rag.ingest of that folder"
 )
+
+
+@dataclass
+class RemoveOptions:
+    """What ``remove`` takes besides its paths."""
+
+    # remove every document (with no PATH), or allow the PATHs to name every one: a removal
+    # that would leave the index without documents is refused without it
+    all: bool = False
 
 
 def build_parser() -> OneLineParser:
@@ -41,11 +56,12 @@ def build_parser() -> OneLineParser:
         add_index_args(cmd)
         cmd.add_argument("--json", action="store_true", help="print JSON on stdout")
         if name == "remove":
+            add_dataclass_args(cmd, RemoveOptions)
             cmd.add_argument(
                 "paths",
-                nargs="+",
+                nargs="*",
                 metavar="PATH",
-                help="a document as `list` shows it, a folder of them, or an absolute path",
+                help="a document as `list` shows it, or a folder of them (relative)",
             )
     return p
 
@@ -84,7 +100,10 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 0
-    report = remove_documents(index, args.paths)
+    options = config_from_args(RemoveOptions, args)
+    if not args.paths and not options.all:
+        raise ValueError("remove needs PATH ... (documents or folders), or --all")
+    report = remove_documents(index, args.paths, everything=options.all)
     for d in report.removed:
         print(f"removed: {printable(d.path)} ({d.chunks} chunks)", file=sys.stderr)
     print(REINGEST_NOTE, file=sys.stderr)

@@ -12,10 +12,14 @@ Every file is loaded within :class:`Limits` (docs/ingestion.md, *Limits*), so on
 broken file costs bounded time and memory and is reported instead of stalling the run: its size
 on disk (``max_bytes``); for a zip-based format (.docx) the sizes its members declare, their
 compression ratio and the bytes they really expand to, checked before the parser sees them; the
-length of the extracted text (``max_text_chars``: what chunking and embedding cost); and the
-time loading takes (``max_seconds``: checked between the steps of a loader, between pages of a
-PDF, every few thousand tags of an HTML file, so a single library call such as one PDF page is
-not cut short).
+length of the extracted text (``max_text_chars``: what chunking and embedding cost); the pages of
+a PDF (``max_pages``) and the decompressed content of each page (at most ``max_bytes``); and the
+time loading takes (``max_seconds``: one :class:`Deadline` per file, which ingest then hands on
+to chunking; checked between the steps of a loader, every few thousand tags of an HTML file and
+every few hundred operators inside a PDF page's text extraction). Whatever else a parser raises
+on a hostile file (pypdf's ``LimitReachedError`` on a page tree deeper than 100, a
+decompression bomb, a ``RecursionError``) is a :class:`DocumentError` naming the file too
+(:func:`failure_reason`), never an exception that stops a whole run.
 
 Why hand-written: the PDF and Word parsers are libraries (pypdf, python-docx); what is ours is
 the heading extraction for md/rst/html, the limits and the uniform error reporting that ingest
@@ -30,6 +34,7 @@ scanner keeps a counter of dropped elements and the current heading, not a tree.
 from __future__ import annotations
 
 import html
+import itertools
 import logging
 import os
 import re
@@ -37,9 +42,13 @@ import time
 import unicodedata
 import zipfile
 import zlib
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from rag.paths import printable
 
 TEXT_SUFFIXES = (".md", ".markdown", ".txt", ".rst")
 HTML_SUFFIXES = (".html", ".htm")
@@ -50,7 +59,11 @@ DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 # small .docx or .pdf that expands (a 160 KB .docx to 21M characters, an hour of embedding) costs
 # no more than that file would.
 DEFAULT_MAX_TEXT_CHARS = DEFAULT_MAX_BYTES
-DEFAULT_MAX_SECONDS = 120.0  # loading one file (parse + extract text), checked between steps
+DEFAULT_MAX_SECONDS = 120.0  # loading and chunking one file, checked between steps
+# Pages of one PDF: a 20,000-page PDF took 132 s; a manual of a few thousand pages still fits.
+DEFAULT_MAX_PAGES = 5000
+PDF_CHECK_EVERY = 256  # operators of a PDF page between two deadline checks
+MAX_REASON_CHARS = 300  # a library's message in a failure reason (some are paragraphs)
 ZIP_EXPANSION = 5  # a zip-based file may expand to at most this many times max_bytes in all
 ZIP_MAX_RATIO = 100  # uncompressed / compressed size of one member (text XML: about 5 to 20)
 ZIP_RATIO_FLOOR = 1 << 20  # members expanding to less than 1 MiB are not ratio-checked
@@ -65,26 +78,46 @@ class DocumentError(Exception):
         super().__init__(f"{self.path}: {reason}")
 
 
+def failure_reason(exc: BaseException) -> str:
+    """The reason a file failed for an exception a parser (or chunking) raised that is not a
+    :class:`DocumentError`: its type and its message on one line, capped. pypdf's
+    ``LimitReachedError: Maximum page tree depth reached: 101 > 100.`` used to stop a whole
+    ingest; now it is this file's reason and the rest of the folder is ingested."""
+    text = " ".join(str(exc).split())
+    if len(text) > MAX_REASON_CHARS:
+        text = text[: MAX_REASON_CHARS - 1] + "…"
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class UnreadableFolderError(DocumentError):
+    """A folder under an ingested one that cannot be listed (permission denied): reported, and
+    the documents an index holds from it are kept (nothing is known to be gone)."""
+
+
 @dataclass(frozen=True)
 class Limits:
     """What loading one file may cost (module docstring); each bound reported when passed."""
 
-    max_bytes: int = DEFAULT_MAX_BYTES  # size on disk
+    max_bytes: int = DEFAULT_MAX_BYTES  # size on disk (and a PDF page's decompressed content)
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS  # characters of extracted text
-    max_seconds: float = DEFAULT_MAX_SECONDS  # time to load (parse + extract)
+    max_seconds: float = DEFAULT_MAX_SECONDS  # time to load and chunk
+    max_pages: int = DEFAULT_MAX_PAGES  # pages of a PDF
 
 
-class _Deadline:
-    """The time bound of one file, checked between the steps of a loader."""
+class Deadline:
+    """The time bound of one file (``--max-load-seconds``), started when its loading starts and
+    checked between the steps of the loader and then of chunking
+    (:func:`rag.ingest.plan.chunk_file` hands the same one on), so one bound covers both."""
 
-    def __init__(self, path: Path, seconds: float):
+    def __init__(self, path: str | Path, seconds: float):
         self.path, self.seconds = path, seconds
         self.end = time.monotonic() + seconds
 
     def check(self) -> None:
         if time.monotonic() > self.end:
             raise DocumentError(
-                self.path, f"took longer than {self.seconds:g} s to load (--max-load-seconds)"
+                self.path,
+                f"took longer than {self.seconds:g} s to load and chunk (--max-load-seconds)",
             )
 
 
@@ -104,17 +137,38 @@ class Document:
     path: str
     text: str
     headings: list[Heading] = field(default_factory=list)
+    # (headings list, its length, prefix maxima of the offsets, the heading path after each
+    # heading): built once by heading_path_at, rebuilt when the headings change
+    _paths: Any = field(default=None, init=False, repr=False, compare=False)
 
-    def heading_path_at(self, offset: int) -> tuple[str, ...]:
-        """The chain of headings (top level first) that governs character ``offset``."""
+    def _heading_index(self) -> tuple[list[int], list[tuple[str, ...]]]:
+        """The heading path in force after each heading, computed in one pass over the
+        headings (a stack of open levels), with the running maximum of their offsets."""
+        cached = self._paths
+        if cached is not None and cached[0] is self.headings and cached[1] == len(self.headings):
+            return cached[2], cached[3]
+        ends: list[int] = []
+        paths: list[tuple[str, ...]] = []
         stack: list[Heading] = []
+        top = -1
         for h in self.headings:
-            if h.offset > offset:
-                break
             while stack and stack[-1].level >= h.level:
                 stack.pop()
             stack.append(h)
-        return tuple(h.title for h in stack)
+            top = max(top, h.offset)
+            ends.append(top)
+            paths.append(tuple(s.title for s in stack))
+        self._paths = (self.headings, len(self.headings), ends, paths)
+        return ends, paths
+
+    def heading_path_at(self, offset: int) -> tuple[str, ...]:
+        """The chain of headings (top level first) that governs character ``offset``: the
+        path after the last of the leading headings that start at or before it, found by
+        bisection, so chunking a file of 200,000 headings costs one pass over them, not one
+        per chunk (a scan per chunk took 356 s)."""
+        ends, paths = self._heading_index()
+        i = bisect_right(ends, offset)
+        return paths[i - 1] if i else ()
 
 
 # ---------------------------------------------------------------------------- file discovery
@@ -166,9 +220,19 @@ def iter_files(
     directory are reported, not read. With ``follow_links`` both are followed (each real
     directory walked once, so link cycles end). Files of other types are passed over; when
     ``skipped`` is a list they are appended to it (path and reason) so ingest can list them.
-    Hidden files and folders (``.git``) are passed over silently."""
+    Hidden files and folders (``.git``) are passed over silently.
+
+    A name that is not valid UTF-8 (``caf\\xe9.md`` written by a Latin-1 system: Python holds
+    its bytes as lone surrogates, which every later encode fails on) is reported by its escaped
+    path (:func:`undecodable_name`), a folder so named once for all it holds, and not read. A
+    folder that cannot be listed (permission denied) is reported too, as an
+    :class:`UnreadableFolderError` whose path is that folder (``os.walk`` would pass it over
+    silently, as if it were empty)."""
     for raw in paths:
         root = Path(raw)
+        if (bad := undecodable_name(root)) is not None:
+            yield bad
+            continue
         if not root.exists() and not root.is_symlink():
             yield DocumentError(root, "no such file or directory")
             continue
@@ -177,22 +241,39 @@ def iter_files(
             continue
         real_root = root.resolve()
         walked: set[str] = set()
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=follow_links):
+        unlisted: list[OSError] = []
+        for dirpath, dirnames, filenames in os.walk(
+            root, followlinks=follow_links, onerror=unlisted.append
+        ):
+            yield from _unlisted(unlisted)
             real = os.path.realpath(dirpath)
             if real in walked:  # reached again through a link: a cycle or a duplicate
                 dirnames[:] = []
                 continue
             walked.add(real)
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            kept = []
+            for d in sorted(d for d in dirnames if not d.startswith(".")):
+                if (bad := undecodable_name(Path(dirpath) / d)) is not None:
+                    yield bad  # one line for the folder; nothing under it is read
+                else:
+                    kept.append(d)
+            dirnames[:] = kept
             for name in sorted(filenames):
                 if name.startswith("."):
                     continue
                 p = Path(dirpath) / name
+                bad = undecodable_name(p)
                 if _suffix_of(p) not in suffixes:
                     if skipped is not None:
+                        shown = p if bad is None else bad.path
                         skipped.append(
-                            DocumentError(p, f"unsupported file type '{_suffix_of(p) or name}'")
+                            DocumentError(
+                                shown, f"unsupported file type '{printable(_suffix_of(p) or name)}'"
+                            )
                         )
+                    continue
+                if bad is not None:
+                    yield bad
                     continue
                 target = None if follow_links else _outside(p, real_root)
                 if target is not None:
@@ -210,6 +291,34 @@ def iter_files(
                         yield DocumentError(
                             p, "symbolic link to a directory (not followed; --follow-links does)"
                         )
+        yield from _unlisted(unlisted)
+
+
+def _unlisted(errors: list[OSError]) -> Iterator[DocumentError]:
+    """The folders ``os.walk`` could not list (its ``onerror``), as failures naming each."""
+    while errors:
+        e = errors.pop(0)
+        yield UnreadableFolderError(
+            os.fspath(e.filename or "?"), f"folder cannot be read ({e.strerror or e})"
+        )
+
+
+def undecodable_name(path: Path) -> DocumentError | None:
+    """A :class:`DocumentError` for ``path`` when its name holds bytes that are not UTF-8
+    (held by Python as lone surrogates, which chunk ids, JSON, the tokenizer and every
+    terminal would fail on), naming it escaped (``caf\\xe9.md``, as
+    :func:`rag.paths.printable` writes it); None for a name that is text."""
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        what = "folder" if path.is_dir() and not path.is_symlink() else "file"
+        return DocumentError(
+            printable(text),
+            f"{what} name is not valid UTF-8; rename it (e.g. convmv -f latin1 -t utf8) "
+            "to ingest it",
+        )
+    return None
 
 
 # ---------------------------------------------------------------------------- text cleaning
@@ -329,7 +438,7 @@ def _tag_end(text: str, start: int, find: _Next) -> int:
         pos = close + 1
 
 
-def _html_events(text: str, deadline: _Deadline) -> Iterator[tuple[str, str, bool]]:
+def _html_events(text: str, deadline: Deadline) -> Iterator[tuple[str, str, bool]]:
     """(kind, value, self-closing) events of an HTML text: ``data`` (entities unescaped),
     ``start`` and ``end`` (lower-case tag names); comments, declarations and processing
     instructions are skipped, as are the contents of ``<script>`` and ``<style>``. Linear in
@@ -369,7 +478,7 @@ def _html_events(text: str, deadline: _Deadline) -> Iterator[tuple[str, str, boo
             pos = n if end is None else end.start()
 
 
-def _html_text(text: str, deadline: _Deadline) -> str:
+def _html_text(text: str, deadline: Deadline) -> str:
     """The text of an HTML document: dropped elements' content skipped (a depth counter, not
     a tree), a newline after block elements, ``<h1>``–``<h6>`` as ``#`` lines."""
     parts: list[str] = []
@@ -400,30 +509,55 @@ def _html_text(text: str, deadline: _Deadline) -> str:
     return "".join(parts)
 
 
-def _load_html(path: Path, data: bytes, deadline: _Deadline) -> tuple[str, list[Heading]]:
+def _load_html(path: Path, data: bytes, deadline: Deadline) -> tuple[str, list[Heading]]:
     text = clean_text(_html_text(_decode(path, data), deadline))
     return text, markdown_headings(text)
 
 
-def _load_pdf(path: Path, limits: Limits, deadline: _Deadline) -> tuple[str, list[Heading]]:
+def _load_pdf(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
+    """The text of a PDF, page by page, within ``limits``: at most ``max_pages`` pages, each
+    page's decompressed content at most ``max_bytes`` (so no page's extraction parses more than
+    that), and the deadline checked every :data:`PDF_CHECK_EVERY` operators inside a page's
+    extraction (a one-page PDF of 900,000 ``Tj`` operators took 471 s in one call). Whatever
+    pypdf raises (``LimitReachedError`` for a page tree deeper than 100 or a stream that
+    decompresses beyond its cap, ``RecursionError``, ...) is this file's failure."""
     # pypdf logs its repairs of damaged files ("Ignoring wrong pointing object ...") as
     # warnings; without a handler Python prints them on stderr between ingest's own one-line
     # failure reports. A file it cannot read still raises and is reported once, by us.
     logging.getLogger("pypdf").setLevel(logging.ERROR)
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+
+    ops = itertools.count(1)
+
+    def every_operator(*_: Any) -> None:  # pypdf's visitor, called before each operator
+        if next(ops) % PDF_CHECK_EVERY == 0:
+            deadline.check()
 
     try:
         reader = PdfReader(str(path))
+        if (n := len(reader.pages)) > limits.max_pages:
+            raise DocumentError(
+                path, f"too many pages ({n:,} > limit {limits.max_pages:,}; --max-pages)"
+            )
         pages, chars = [], 0
-        for page in reader.pages:
+        for number, page in enumerate(reader.pages, start=1):
             deadline.check()
-            pages.append(page.extract_text() or "")
+            contents = page.get_contents()
+            size = len(contents.get_data()) if contents is not None else 0
+            if size > limits.max_bytes:
+                raise DocumentError(
+                    path,
+                    f"page {number} content expands to {size:,} bytes "
+                    f"(> limit {limits.max_bytes:,}; --max-bytes)",
+                )
+            pages.append(page.extract_text(visitor_operand_before=every_operator) or "")
             chars += len(pages[-1])
             if chars > limits.max_text_chars:
                 _too_long(path, limits)
-    except (PdfReadError, ValueError, KeyError, TypeError) as e:
-        raise DocumentError(path, f"unreadable PDF ({e})") from None
+    except DocumentError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pypdf raises many types on hostile files
+        raise DocumentError(path, f"unreadable PDF ({failure_reason(e)})") from None
     return clean_text("\n\n".join(pages)), []
 
 
@@ -475,7 +609,7 @@ def check_zip(path: Path, max_bytes: int) -> None:
         raise DocumentError(path, f"unreadable zip archive ({e})") from None
 
 
-def _load_docx(path: Path, limits: Limits, deadline: _Deadline) -> tuple[str, list[Heading]]:
+def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
     try:
         import docx
     except ImportError:
@@ -513,13 +647,19 @@ def _too_long(path: Path, limits: Limits) -> None:
 
 
 def load_document(
-    path: str | Path, max_bytes: int = DEFAULT_MAX_BYTES, limits: Limits | None = None
+    path: str | Path,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    limits: Limits | None = None,
+    deadline: Deadline | None = None,
 ) -> Document:
     """Load one file into a :class:`Document` within ``limits`` (default: :class:`Limits` with
-    ``max_bytes``); raise :class:`DocumentError` saying why not."""
+    ``max_bytes``); raise :class:`DocumentError` saying why not, whatever went wrong (a
+    parser's own exception becomes its :func:`failure_reason`). ``deadline``: the file's time
+    bound when the caller goes on to chunk it within the same bound (default: a new one of
+    ``limits.max_seconds``)."""
     path = Path(path)
     limits = limits or Limits(max_bytes=max_bytes)
-    deadline = _Deadline(path, limits.max_seconds)
+    deadline = deadline or Deadline(path, limits.max_seconds)
     try:
         size = path.stat().st_size
         if path.is_dir():
@@ -542,11 +682,15 @@ def load_document(
                 headings = rst_headings(text) if suffix == ".rst" else markdown_headings(text)
             else:
                 raise DocumentError(path, f"unsupported file type '{suffix or path.name}'")
+    except DocumentError:
+        raise
     except OSError as e:
         reason = e.strerror or str(e)
         if e.errno == 40:
             reason = "symbolic link loop"
         raise DocumentError(path, reason) from None
+    except Exception as e:  # noqa: BLE001 - a parser's surprise is this file's failure only
+        raise DocumentError(path, failure_reason(e)) from None
     if not text.strip():
         raise DocumentError(path, "no text (empty after cleaning)")
     if len(text) > limits.max_text_chars:

@@ -42,7 +42,7 @@ from rag.config import RAGConfig, add_config_args, check_models, config_from_arg
 from rag.dataclass_cli import add_dataclass_args
 from rag.dataclass_cli import config_from_args as options_from_args
 from rag.documents import document_type
-from rag.ingest.manage import list_documents
+from rag.ingest.manage import DocumentPathError, check_document_path, list_documents
 from rag.paths import check_existing_index
 from rag.types import Answer, Hit
 
@@ -170,6 +170,10 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
                     f"unknown resource {text!r}: documents are {URI_PREFIX}<path>"
                 )
             path = unquote(text[len(URI_PREFIX) :])
+            try:
+                check_document_path(path)  # the check rag.docs, the API and the UI share
+            except DocumentPathError:
+                raise ResourceNotFoundError(f"index {index!r} has no document {path!r}") from None
             found = await anyio.to_thread.run_sync(document_text, path)
             if found is None:
                 raise ResourceNotFoundError(f"index {index!r} has no document {path!r}")

@@ -124,6 +124,40 @@ def display_source(source: str, roots: Iterable[str]) -> str:
     return best or os.path.basename(source) or source
 
 
+def display_names(sources: Iterable[str], roots: Iterable[str]) -> dict[str, str]:
+    """Each of ``sources`` as :func:`display_source` shows it, made distinct: documents of two
+    ingested folders that share a relative path (``dupA/same.md`` and ``dupB/same.md``, both
+    ``same.md``) are shown with as much of their folder as tells them apart
+    (``dupA/same.md``, ``dupB/same.md``; ``x/docs/same.md`` for two folders called ``docs``).
+    Two documents listed, cited and removed as one ``same.md`` (the API removed both, MCP served
+    one under both URIs) was the alternative. A name no other document shares stays as it was.
+    One mapping for every place that names documents: listings and removals
+    (:mod:`rag.ingest.manage`), search results, citations and filters (the retriever), MCP."""
+    roots = list(roots)
+    names = {s: display_source(s, roots) for s in sources}
+    groups: dict[str, list[str]] = {}
+    for source, name in names.items():
+        groups.setdefault(name, []).append(source)
+    taken = set(names.values())
+    for name, group in groups.items():
+        if len(group) < 2:
+            continue
+        # the folder each one's name is relative to, its parts nearest first
+        anchors = {s: s[: len(s) - len(name)].rstrip(os.sep).split(os.sep)[::-1] for s in group}
+        deepest = max(len(parts) for parts in anchors.values())
+        for depth in range(1, deepest + 1):
+            shown = {
+                s: "/".join([*reversed([p for p in parts[:depth] if p]), name])
+                for s, parts in anchors.items()
+            }
+            distinct = len(set(shown.values())) == len(group)
+            if distinct and not (set(shown.values()) & (taken - {name})):
+                break
+        names.update(shown)
+        taken |= set(shown.values())
+    return names
+
+
 # What printable() escapes: C0 and C1 controls and DEL (a newline forges a line of a report, an
 # ESC starts a terminal sequence), the Unicode line and paragraph separators, the bidirectional
 # embeddings, overrides and isolates (they reorder how the rest of a line reads), and the lone

@@ -141,3 +141,66 @@ def test_bad_settings_raise(wordpiece):
         chunk_document(doc, wordpiece, chunk_tokens=64, overlap=40)
     with pytest.raises(ValueError, match="too small"):
         chunk_document(doc, wordpiece, chunk_tokens=4, overlap=0)
+
+
+class CountingHeadings(list):
+    """A document's headings that count how many times chunking visits one, and stop it once
+    that passes ``limit`` (a scan per chunk visits about chunks x headings)."""
+
+    def __init__(self, items, limit: int) -> None:
+        super().__init__(items)
+        self.visits, self.limit = 0, limit
+
+    def __iter__(self):
+        for h in super().__iter__():
+            self.visits += 1
+            if self.visits > self.limit:
+                raise AssertionError(f"over {self.limit} heading visits: not linear")
+            yield h
+
+    def __getitem__(self, i):
+        self.visits += 1
+        return super().__getitem__(i)
+
+
+def test_chunking_is_linear_in_the_headings(wordpiece):
+    """Issue 47, case 6: a .md of 200k `# h` lines (800 KB) took 356 s and 0.92 GB, since
+    Document.heading_path_at scanned every heading for every chunk. Now the heading paths are
+    built in one pass and found by bisection: a bounded number of visits, whatever the count."""
+    n = 200_000
+    text = "# h\n" * n + "\nThe end of the file.\n"
+    headings = markdown_headings(text)
+    assert len(headings) == n
+    doc = Document("/d.md", text, CountingHeadings(headings, limit=5 * n))
+    chunks = chunk_document(doc, wordpiece, chunk_tokens=64, overlap=8)
+    assert len(chunks) > 1000 and doc.headings.visits <= 5 * n
+    assert chunks[-1].heading_path == ("h",) and "The end" in chunks[-1].text
+    # the same answers as the scan it replaces
+    plain = Document("/d.md", "# A\nx\n## B\ny\n# C\nz\n", [])
+    plain.headings = markdown_headings(plain.text)
+    assert [plain.heading_path_at(i) for i in (0, 4, 6, 11, 13, 17)] == [
+        ("A",),
+        ("A",),
+        ("A", "B"),
+        ("A", "B"),
+        ("C",),
+        ("C",),
+    ]
+
+
+def test_a_run_without_spaces_is_cut_inside(wordpiece, bpe):
+    """Issue 47, case 10: 15,000,000 characters without a space were one chunk (WordPiece reads
+    a word over 100 characters as one [UNK]); every question then took 53 s and 2 GB. Now
+    whatever the text a chunk is at most the budget in tokens and MAX_TOKEN_CHARS characters per
+    token of it, and the chunks still cover the text."""
+    from rag.chunking import MAX_TOKEN_CHARS
+
+    text = "# Blob\n\n" + "a" * 200_000 + "\n\nAfter the blob.\n"
+    doc = Document("/blob.md", text, markdown_headings(text))
+    for tok in (wordpiece, bpe):
+        chunks = chunk_document(doc, tok, chunk_tokens=64, overlap=8, max_tokens=100)
+        assert len(chunks) >= 200_000 // (64 * MAX_TOKEN_CHARS)
+        assert max(len(c.text) for c in chunks) <= 64 * MAX_TOKEN_CHARS
+        assert max(count_tokens(tok, [c.text for c in chunks])) <= 64
+        covered = sum(c.end - c.start for c in chunks)
+        assert covered >= len(text.strip()) - 16 and "After the blob." in chunks[-1].text

@@ -26,6 +26,7 @@ from rag.ingest import (
     list_documents,
     remove_documents,
 )
+from rag.ingest.manage import DocumentPathError, WouldEmptyIndexError, check_document_path
 from rag.manifest import current_generation, index_dir, kept_chunk_ids, open_generation
 from rag.retrieval.retriever import Retriever
 
@@ -94,8 +95,10 @@ def test_list_then_remove_keeps_every_store_in_step(tmp_path, tiny_mlm_dir, back
     if backend == "chroma":  # the next publication drops what no kept generation names
         assert not gone & collection_ids(name)
         assert collection_ids(name) == kept_chunk_ids(index_dir(name))
-    absolute = remove_documents(name, [str(docs / "page.html")])  # the manifest's own key
-    assert [d.path for d in absolute.removed] == ["page.html"]
+    with pytest.raises(DocumentPathError, match="absolute path"):  # the manifest's own key
+        remove_documents(name, [str(docs / "page.html")])
+    page = remove_documents(name, ["page.html"])
+    assert [d.path for d in page.removed] == ["page.html"]
     assert [d.path for d in list_documents(name).documents] == ["errors.rst", "files.md"]
 
 
@@ -163,10 +166,89 @@ def test_remove_takes_the_escaped_name_list_shows(tmp_path, tiny_mlm_dir, capsys
     assert main(["remove", "--index", name, "odd\\nname.md"]) == 2  # two documents show so
     assert "no document" in capsys.readouterr().err and index_state(name) == before
 
-    remove_documents(name, [str(docs / "odd\\nname.md")])  # the literal one, by its key
-    assert main(["remove", "--index", name, "odd\\nname.md"]) == 0
+    remove_documents(name, ["odd\nname.md"])  # the newline one, by its real name
+    assert main(["remove", "--index", name, "odd\\nname.md"]) == 0  # one document shows so now
     assert "removed: odd\\nname.md" in capsys.readouterr().err
     assert [d.path for d in list_documents(name).documents] == sorted(DOCS)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "\\",  # removed all 1,512 documents (rag.docs and DELETE /v1/documents/%5C)
+        "/",
+        ".",
+        "./",
+        "",
+        " ",
+        "\\tmp\\docs\\notes.txt",  # an absolute path once '\\' is a separator
+        "C:\\docs\\notes.txt",
+        "..",
+        "../docs/notes.txt",
+        "library/../..",
+        "notes\x00.txt",
+    ],
+)
+def test_a_removal_never_takes_a_root_an_absolute_or_a_backslash_path(path):
+    """Issue 47, case 2: one check for every front end (rag.docs, the API, MCP, the UI)."""
+    with pytest.raises(DocumentPathError):
+        check_document_path(path)
+
+
+def test_refused_paths_and_emptying_change_nothing(tmp_path, tiny_mlm_dir, capsys):
+    """`rag.docs remove '\\'` removed every document with no warning, and an absolute path removed
+    one by the server's own layout. Now each is one line, exit 2, nothing changed; removing
+    every document needs --all, and --all alone removes every one."""
+    name, docs = make_index(tmp_path, tiny_mlm_dir, "faiss")
+    root = index_dir(name)
+    before, gen = index_state(name), current_generation(root)
+    capsys.readouterr()
+    for path in ("\\", "/", ".", str(docs), str(docs / "notes.txt"), "\\" + str(docs)[1:]):
+        assert main(["remove", "--index", name, path]) == 2, path
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line.startswith("rag.docs: error: ") and ("absolute" in line or "whole" in line)
+    every = [d.path for d in list_documents(name).documents]
+    with pytest.raises(WouldEmptyIndexError, match="--all"):
+        remove_documents(name, every)
+    assert main(["remove", "--index", name, "library", *every]) == 2
+    assert "would remove every document" in capsys.readouterr().err
+    assert main(["remove", "--index", name]) == 2  # neither PATH nor --all
+    assert "or --all" in capsys.readouterr().err
+    assert index_state(name) == before and current_generation(root) == gen
+    remove_documents(name, ["library/", "notes.txt"])  # a part of it, as ever
+    assert main(["remove", "--index", name, "--all", "--json"]) == 0
+    out = capsys.readouterr()
+    import json
+
+    assert len(json.loads(out.out)["removed"]) == len(every) - 3
+    assert list_documents(name).documents == []
+    assert main(["remove", "--index", name, "--all"]) == 2  # nothing left to remove
+    assert "holds no documents" in capsys.readouterr().err
+
+
+def test_two_folders_with_the_same_relative_name_are_told_apart(tmp_path, tiny_mlm_dir):
+    """Issue 47, case 8: dupA/same.md and dupB/same.md were listed twice as 'same.md', a
+    removal of 'same.md' took both, and search cited both as 'same.md'. Now each is shown with
+    its folder, addressed alone, and a name no other document shares is unchanged."""
+    a = write_docs(tmp_path / "dupA", {"same.md": "# Same\n\nAardvarks dig burrows.\n"})
+    b = write_docs(
+        tmp_path / "dupB", {"same.md": "# Same\n\nBadgers dig setts.\n", "other.md": "Otters.\n"}
+    )
+    name = f"dup-{tmp_path.name}"
+    ingest([a, b], index=name, encoder=str(tiny_mlm_dir), progress=False)
+    paths = [d.path for d in list_documents(name).documents]
+    assert paths == ["dupA/same.md", "dupB/same.md", "other.md"]
+    hits = Retriever.from_settings(name).search("badgers setts", k=3, mode="bm25")
+    assert hits[0].chunk.path == "dupB/same.md" and "Badgers" in hits[0].chunk.text
+    aardvark = Retriever.from_settings(name).search(
+        "aardvarks", k=1, mode="bm25", where="path=dupA"
+    )
+    assert [h.chunk.path for h in aardvark] == ["dupA/same.md"]
+    with pytest.raises(DocumentNotFoundError):
+        remove_documents(name, ["same.md"])  # names neither
+    report = remove_documents(name, ["dupA/same.md"])
+    assert [d.source for d in report.removed] == [str(a / "same.md")]
+    assert [d.path for d in list_documents(name).documents] == ["other.md", "same.md"]
 
 
 def test_reingest_brings_back_only_what_is_still_in_the_folder(tmp_path, tiny_mlm_dir):

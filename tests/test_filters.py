@@ -8,6 +8,7 @@ through rag.toml, rag.search, rag.ask and the HTTP API's ``rag.filter``."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from ingest_support import DOCS, listed_index, write_docs
@@ -237,3 +238,69 @@ def test_pipeline_passes_the_filter_to_the_retriever(index):
     pipe.retrieve("read files", k=3)
     assert rec.seen[-1] == {}  # no filter named: the retriever's settings decide
     assert pipe.retrieve("x", k=2, where=["path=nowhere"]) == []
+
+
+# ---------------------------------------------------------------------- bounds (issue 47, case 7)
+
+
+def test_a_filter_is_bounded_on_every_front_end(tmp_path, tiny_mlm_dir, capsys):
+    """10,000 `--where 'path=*'` clauses took 30 s on the CLI, a minute over MCP and held an
+    answer slot for 54 s in a chat request. Now one FilterError names the bound, before any
+    clause is matched: the library, rag.search, the API (a 400 that never takes a slot) and
+    MCP (the tool's error)."""
+    from types import SimpleNamespace
+
+    import anyio
+    from fastapi.testclient import TestClient
+    from serve_support import ScriptedPipeline
+
+    from rag.paths import indexes_dir
+    from rag.retrieval.filters import MAX_CLAUSES, MAX_FILTER_CHARS, MAX_VALUES
+    from rag.serve.app import create_app
+
+    many = ["path=*"] * 10_000
+    for spec, said in (
+        (many, "at most 16 clauses (--where), not 10,000"),
+        (["type=" + ",".join(["md"] * (MAX_VALUES + 1))], f"at most {MAX_VALUES} values"),
+        ({"path": ["x" * 300] * 15}, f"at most {MAX_FILTER_CHARS:,} characters"),
+    ):
+        with pytest.raises(FilterError, match=re.escape(said)):
+            Where.parse(spec)
+    assert Where.parse(["path=*"] * MAX_CLAUSES)  # up to the bound, as before
+    docs = write_docs(tmp_path / "docs", DOCS)
+    ingest([docs], index="bounded", encoder=str(tiny_mlm_dir), progress=False)
+    capsys.readouterr()
+    argv = ["zebra", "--index", "bounded", "--rerank", "none"]
+    assert search_main([*argv, *(a for _ in range(10_000) for a in ("--where", "path=*"))]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("rag.search: error: ") and "at most 16 clauses" in line
+
+    listed_index(indexes_dir() / "bounded-api")
+    built: list[ScriptedPipeline] = []
+
+    def factory(cfg: RAGConfig) -> ScriptedPipeline:
+        built.append(ScriptedPipeline(cfg))
+        return built[-1]
+
+    app = create_app(RAGConfig(index="bounded-api"), factory)
+    body = {"model": "rag", "messages": [{"role": "user", "content": "How do I open a file?"}]}
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={**body, "rag": {"filter": many}})
+        assert r.status_code == 400 and "at most 16 clauses" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "rag.filter"
+    assert not built or not built[0].calls
+
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from rag.mcp import create_server
+
+    server = create_server(
+        RAGConfig(index="bounded"),
+        lambda cfg: SimpleNamespace(retriever=Retriever(cfg.index)),
+    )
+
+    async def call() -> None:
+        with pytest.raises(ToolError, match="at most 16 clauses"):
+            await server.call_tool("search", {"query": "zebra", "where": many})
+
+    anyio.run(call)

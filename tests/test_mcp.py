@@ -201,3 +201,40 @@ def test_tool_errors_hide_the_servers_paths(tmp_path, monkeypatch):
     assert "model.safetensors" in said and str(tmp_path) not in said and "\n" not in said, said
     with pytest.raises(ZeroDivisionError):  # other errors pass as they are (the SDK hides them)
         fail(ZeroDivisionError(str(current)))()
+
+
+def test_two_folders_with_the_same_name_are_two_resources(tmp_path, tiny_mlm_dir):
+    """Issue 47, case 8: dupA/same.md and dupB/same.md were listed as two resources with one
+    URI, both serving A's text. Now each has its own URI and text; a root, an absolute or a
+    backslash path is no resource (the one check rag.docs and the API make)."""
+    from types import SimpleNamespace
+
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError
+
+    from rag.config import RAGConfig
+    from rag.mcp import URI_PREFIX, create_server
+    from rag.retrieval.retriever import Retriever
+
+    a = write_docs(tmp_path / "dupA", {"same.md": "# Same\n\nAardvarks dig burrows.\n"})
+    b = write_docs(tmp_path / "dupB", {"same.md": "# Same\n\nBadgers dig setts.\n"})
+    name = f"dup-{tmp_path.name}"
+    ingest([a, b], index=name, encoder=str(tiny_mlm_dir), progress=False)
+    server = create_server(
+        RAGConfig(index=name), lambda cfg: SimpleNamespace(retriever=Retriever(cfg.index))
+    )
+
+    async def main() -> None:
+        resources = await server.list_resources()
+        uris = {r.name: str(r.uri) for r in resources}
+        assert uris == {
+            "dupA/same.md": URI_PREFIX + "dupA/same.md",
+            "dupB/same.md": URI_PREFIX + "dupB/same.md",
+        }
+        for path, word in (("dupA/same.md", "Aardvarks"), ("dupB/same.md", "Badgers")):
+            [content] = await server.read_resource(uris[path])
+            assert word in content.content and "same.md" not in content.content
+        for bad in ("same.md", "%5C", "%2F", ".", "%5Ctmp%5Cx", str(a / "same.md")):
+            with pytest.raises(ResourceNotFoundError):
+                await server.read_resource(URI_PREFIX + bad)
+
+    anyio.run(main)

@@ -177,3 +177,80 @@ def test_client_disconnect_cancels_generation_and_frees_the_slot(server):
     assert in_flight(server) == 0
     resp = client.chat.completions.create(model="rag:docs", messages=ask())
     assert resp.choices[0].message.content == ANSWER
+
+
+# ---- issue 47, case 11: accepted and ignored ----------------------------------------------------
+
+
+def test_parameters_it_cannot_honour_are_refused_not_ignored(server):
+    """`stop`, `response_format`, `logprobs`, `tool_choice` and `functions` returned 200 and
+    were ignored (the stop string was not honoured) while `n > 1` and `tools` were refused.
+    Now each is a 400 naming it unless empty or its default, which still answer."""
+    import openai
+
+    client = server.client()
+    cases = [
+        ({"stop": ["\n"]}, "stop"),
+        ({"stop": "Answer"}, "stop"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"extra_body": {"top_logprobs": 3}}, "top_logprobs"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"extra_body": {"functions": [{"name": "f", "parameters": {}}]}}, "functions"),
+        ({"extra_body": {"function_call": "auto"}}, "function_call"),
+    ]
+    for override, param in cases:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="rag:docs", messages=ask(), **override)
+        assert e.value.param == param and e.value.code == "unsupported_parameter", override
+    defaults = {
+        "stop": [],
+        "response_format": {"type": "text"},
+        "logprobs": False,
+        "tool_choice": "none",
+    }
+    done = client.chat.completions.create(model="rag:docs", messages=ask(), **defaults)
+    assert done.choices[0].message.content == ANSWER
+
+
+def test_embeddings_refuse_what_the_encoder_would_cut(tmp_path, tiny_mlm_dir):
+    """/v1/embeddings with one 900 KB input reported prompt_tokens 180,000 while the encoder
+    read 256: now an input over what the encoder reads is a 400 naming it; under it, usage is
+    the tokens read."""
+    from fastapi.testclient import TestClient
+    from ingest_support import write_docs
+    from serve_support import KEY
+
+    from rag.config import RAGConfig
+    from rag.ingest import ingest
+    from rag.retrieval.retriever import Retriever
+    from rag.serve.app import create_app
+
+    name = f"emb-{tmp_path.name}"
+    ingest([write_docs(tmp_path / "docs")], index=name, encoder=str(tiny_mlm_dir), progress=False)
+
+    class Pipe:
+        def __init__(self, cfg: RAGConfig) -> None:
+            self.retriever = Retriever(cfg.index)
+
+    app = create_app(RAGConfig(index=name), Pipe, options=ServeOptions(api_key=KEY))
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with TestClient(app) as client:
+        encoder = app.state.rag.pipelines.get(name).retriever.encoder
+        limit = encoder.max_chunk_tokens
+        r = client.post(
+            "/v1/embeddings",
+            json={"model": "rag", "input": ["short", "zebra " * 50_000]},
+            headers=auth,
+        )
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "input" and err["code"] == "context_length_exceeded"
+        assert (
+            err["message"].startswith("input 1 is ")
+            and f"tokens, over the {limit}" in err["message"]
+        )
+        r = client.post(
+            "/v1/embeddings", json={"model": "rag", "input": "zebra stripes"}, headers=auth
+        )
+        assert r.status_code == 200 and 0 < r.json()["usage"]["prompt_tokens"] <= limit

@@ -27,8 +27,14 @@ import numpy as np
 
 from indexes import VectorIndex, open_for_generation, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
-from rag.ingest.config import IngestConfig, IngestReport, effective_chunking, validate_config
-from rag.ingest.plan import EncoderHandle, plan_changes
+from rag.ingest.config import (
+    IngestConfig,
+    IngestReport,
+    check_sources,
+    effective_chunking,
+    validate_config,
+)
+from rag.ingest.plan import EncoderHandle, plan_changes, walk_sources
 from rag.manifest import (
     CURRENT,
     MANIFEST,
@@ -129,6 +135,8 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
     old = read_manifest(gen) if gen else None
     if gen is not None:  # never build on a damaged generation (rag.manifest, *Integrity*)
         check_generation(root, gen, old)
+    check_sources(cfg, old, cfg.label())  # a DOCS path gone or unreadable: nothing changes
+    walk = walk_sources(cfg, old)  # too many files, a folder emptied: refused, no model loaded
     _resolve_backend(cfg, old)
     encoder = EncoderHandle(cfg, old, cfg.label())
     if encoder.auto_note:  # printed by rag.ingest: a new index says which encoder auto chose
@@ -150,15 +158,16 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
             cfg, encoder, on_batch=lambda n: _checkpoint("mid-encode"), notes=report.notes
         )
     try:
-        return _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine)
+        return _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine, walk)
     finally:
         if engine is not None:
             engine.close()
 
 
-def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine) -> IngestReport:
-    """Plan, embed, write and publish (``engine``: None = chunk and embed in this process)."""
-    plan = plan_changes(cfg, old, chunking, encoder, report, engine=engine)
+def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine, walk) -> IngestReport:
+    """Plan, embed, write and publish (``engine``: None = chunk and embed in this process;
+    ``walk``: what the DOCS hold, :func:`rag.ingest.plan.walk_sources`)."""
+    plan = plan_changes(cfg, old, chunking, encoder, report, engine=engine, walk=walk)
     report.timings["load_chunk"] = time.perf_counter() - t0
     chunks = read_chunks(gen) if gen else {}
     if gen is not None:

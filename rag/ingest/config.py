@@ -13,15 +13,24 @@ of the package.
 from __future__ import annotations
 
 import importlib.util
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from indexes import BACKENDS, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
-from rag.documents import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, DEFAULT_MAX_TEXT_CHARS, Limits
-from rag.manifest import CURRENT, index_dir
+from rag.documents import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_PAGES,
+    DEFAULT_MAX_SECONDS,
+    DEFAULT_MAX_TEXT_CHARS,
+    Limits,
+    iter_files,
+)
+from rag.manifest import CURRENT, Manifest, index_dir
 from rag.models import default_encoder, resolve_model
+from rag.paths import printable
 from rag.precision import PRECISION_SETTINGS
 from rag.retrieval.encoder import ENCODER_BACKENDS, check_backend
 
@@ -30,6 +39,90 @@ AUTO_ENCODER = "auto"  # --encoder auto (= not given): the index's own, else def
 FAISS_KINDS = ("auto", "flat", "hnsw", "ivf")
 ENGINES = ("local", "ray")  # ray: rag.ingest.ray_engine, the optional `ray` extra
 MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
+# Files one run may find under its DOCS: 20,000 tiny files took 196 s; more is refused before
+# anything is read (--max-files raises it), so `rag.ingest ~` is one line, not an hour.
+DEFAULT_MAX_FILES = 50_000
+
+
+class SourceRootError(ValueError):
+    """A DOCS path that is missing, cannot be read, or is now empty where the index holds
+    documents from it (an unmounted disk, a renamed folder, a typo): the run is refused before
+    anything is written, so the index keeps every document (``--allow-empty`` goes on)."""
+
+
+def under(path: str, roots: list[str] | list[Path]) -> bool:
+    """Whether the absolute ``path`` is one of ``roots`` or lies under one."""
+    return any(path == str(r) or path.startswith(str(r).rstrip(os.sep) + os.sep) for r in roots)
+
+
+def held_from(old: Manifest | None, root: str) -> int:
+    """How many documents of ``old`` come from the DOCS path ``root`` (absolute)."""
+    return sum(1 for key in old.sources if under(key, [root])) if old else 0
+
+
+def unreadable(path: str) -> str | None:
+    """Why the folder ``path`` cannot be listed (permission denied), or None."""
+    if not os.path.isdir(path):
+        return None
+    try:
+        with os.scandir(path) as it:
+            next(it, None)
+    except OSError as e:
+        return f"folder cannot be read ({e.strerror or e})"
+    return None
+
+
+def check_sources(cfg: IngestConfig, old: Manifest | None, label: str) -> None:
+    """Refuse the run (:class:`SourceRootError`, exit 2, nothing written) when a DOCS path is
+    missing or cannot be listed. An unmounted disk or a renamed folder used to be reported as
+    one failure while every document from it was removed and the emptied index published (and
+    a typo created an empty index). With ``allow_empty`` an existing index goes on: the
+    documents of a missing path go, those of an unreadable folder stay; a new index is refused
+    either way (there is nothing to create it from)."""
+    for given in cfg.paths:
+        path = os.path.abspath(given)
+        reason = unreadable(path) if os.path.lexists(path) else "no such file or directory"
+        if reason is None:
+            continue
+        shown = printable(given)
+        if old is None:
+            raise SourceRootError(
+                f"{shown}: {reason}; nothing was ingested and index {label!r} was not created"
+            )
+        if cfg.allow_empty:
+            continue
+        held = held_from(old, path)
+        holds = f", but index {label!r} holds {held} document(s) from it" if held else ""
+        hint = (
+            " (an unmounted disk or a renamed folder? --allow-empty removes them)"
+            if held and reason.startswith("no such")
+            else ""
+        )
+        raise SourceRootError(f"{shown}: {reason}{holds}; nothing was changed{hint}")
+
+
+def check_found(cfg: IngestConfig, old: Manifest | None, label: str, found: dict[str, int]) -> None:
+    """After the walk, before anything is read: refuse (:class:`SourceRootError`) a DOCS folder
+    that now holds no supported file where the index holds documents from it (its files
+    deleted or moved: ``--allow-empty`` removes them), and a new index whose DOCS hold no
+    supported file at all (it would publish an empty index). ``found``: supported files (and
+    files that failed the walk) per DOCS path as given."""
+    for given in cfg.paths:
+        if found.get(given, 0):
+            continue
+        shown = printable(given)
+        held = held_from(old, os.path.abspath(given))
+        if held and not cfg.allow_empty:
+            raise SourceRootError(
+                f"{shown}: holds no supported file now, but index {label!r} holds {held} "
+                "document(s) from it; nothing was changed (--allow-empty removes them)"
+            )
+    if old is None and not any(found.values()):
+        names = ", ".join(printable(p) for p in cfg.paths)
+        raise SourceRootError(
+            f"{names}: no supported file to ingest; nothing was ingested and index {label!r} "
+            "was not created"
+        )
 
 
 def check_chunking(chunk_tokens: int | None, overlap: int) -> None:
@@ -105,9 +198,16 @@ class IngestConfig:
     # a file whose extracted text is longer is reported and skipped: bounds chunking and
     # embedding (a 160 KB .docx can expand to 21M characters, an hour of embedding)
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS
-    # a file that takes longer to load (parse + extract text) is reported and skipped; checked
-    # between a loader's steps (PDF pages, HTML slices, .docx paragraphs)
+    # a file that takes longer to load (parse + extract text) and chunk is reported and
+    # skipped; checked between a loader's steps (HTML slices, .docx paragraphs, every few
+    # hundred operators of a PDF page) and chunking's
     max_load_seconds: float = DEFAULT_MAX_SECONDS
+    max_pages: int = DEFAULT_MAX_PAGES  # a PDF with more pages is reported and skipped
+    max_files: int = DEFAULT_MAX_FILES  # a run whose DOCS hold more files is refused
+    # go on although a DOCS path is missing, unreadable or now empty where the index holds
+    # documents from it (refused by default, the index untouched): the documents of a missing
+    # or emptied path are removed, those of an unreadable folder kept
+    allow_empty: bool = False
     follow_links: bool = False  # read links that leave the folder, walk linked folders
     progress: bool = True  # progress on stderr (rag.progress: a bar on a terminal, else lines)
     engine: str = "local"  # local (this process) | ray (Ray Data chunks, encoder actors embed)
@@ -120,7 +220,7 @@ class IngestConfig:
 
     def limits(self) -> Limits:
         """What loading one file may cost (rag.documents.Limits)."""
-        return Limits(self.max_bytes, self.max_text_chars, self.max_load_seconds)
+        return Limits(self.max_bytes, self.max_text_chars, self.max_load_seconds, self.max_pages)
 
     def label(self) -> str:
         """How reports and messages name the index."""
@@ -195,6 +295,8 @@ def validate_config(cfg: IngestConfig) -> Path:
         ("--max-bytes", cfg.max_bytes),
         ("--max-text-chars", cfg.max_text_chars),
         ("--max-load-seconds", cfg.max_load_seconds),
+        ("--max-pages", cfg.max_pages),
+        ("--max-files", cfg.max_files),
     ):
         if not value > 0:
             raise ValueError(f"{flag} must be positive, not {value}")
@@ -223,6 +325,10 @@ def validate_config(cfg: IngestConfig) -> Path:
     root = cfg.root()  # IndexNameError for a name that is a path
     if root.exists() and not root.is_dir():
         raise ValueError(f"index folder {root} is a file")
+    if not (root / CURRENT).exists():  # a new index: a missing DOCS path creates nothing
+        check_sources(cfg, None, cfg.label())
+        if next(iter_files(cfg.paths, follow_links=cfg.follow_links), None) is None:
+            check_found(cfg, None, cfg.label(), {})  # nothing to ingest: refused, no model loaded
     wanted = cfg.requested_encoder()
     if wanted or not (root / CURRENT).exists():  # fails now, listing the known models
         resolve_model(wanted or default_encoder())

@@ -16,15 +16,23 @@ out. To keep a file out of an index, remove it from the folder you ingest (or in
 folder).
 
 Documents are named as people see them: the path relative to the ingested folder that
-:func:`rag.paths.display_source` gives (``library/io.rst.txt``), or a folder of such paths
-(``library`` or ``library/``: every document under it), or the absolute path the manifest keys
-it by. A path that names no document is refused before anything is written, naming it.
+:func:`rag.paths.display_names` gives (``library/io.rst.txt``; with the folder's name in front
+where two ingested folders hold the same relative path), or a folder of such paths
+(``library`` or ``library/``: every document under it). Every path is checked by one function,
+:func:`check_document_path`, for every front end (``rag.docs``, ``DELETE /v1/documents``, MCP's
+resources, the UI): never an absolute path (``/tmp/x``, nor ``\\tmp\\x``, which reads as one
+once a backslash is a separator), never the whole index (``\\``, ``.``, ``''``), never out of it
+(``..``). A path that names no document is refused before anything is written, naming it, and
+so is a removal that would leave the index without documents unless asked for in so many words
+(``remove_documents(..., everything=True)``, ``rag.docs remove --all``; the API and the UI never
+empty an index).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import posixpath
+import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -45,7 +53,7 @@ from rag.manifest import (
     open_generation,
     read_chunks,
 )
-from rag.paths import display_source, printable
+from rag.paths import display_names, printable
 
 LIST_HINT = "python -m rag.docs list"
 
@@ -56,6 +64,47 @@ class DocumentNotFoundError(LookupError):
     def __init__(self, message: str, paths: list[str]) -> None:
         super().__init__(message)
         self.paths = paths
+
+
+class DocumentPathError(ValueError):
+    """A path no removal (or document resource) takes: absolute, the whole index, out of it."""
+
+
+class WouldEmptyIndexError(ValueError):
+    """A removal that would leave the index without a single document, not asked for as such
+    (``rag.docs remove --all``); the API and the UI refuse it always."""
+
+
+_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")  # C:\x or C:/x: absolute on Windows
+
+
+def check_document_path(path: str) -> str:
+    """``path`` as a removal or a document resource names a document (or a folder of them),
+    checked once for every front end, and made canonical: backslashes read as separators,
+    ``./`` and doubled slashes dropped (``library//io.md`` -> ``library/io.md``).
+    :class:`DocumentPathError` for a path that is absolute (``/tmp/x``; ``\\tmp\\x`` and ``C:\\x``,
+    which are once a backslash is a separator: the API checked for ``/`` before turning ``\\``
+    into ``/``, so ``DELETE /v1/documents/%5C`` removed all 1,512 documents and
+    ``%5Ctmp%5C...`` one by its server path), that names the whole index (``\\``, ``.``, ``''``)
+    or leads out of it (``..``), or holds a NUL."""
+    if not isinstance(path, str) or not path.strip():
+        raise DocumentPathError(f"{path!r} names no document (an empty path)")
+    if "\x00" in path:
+        raise DocumentPathError(f"{path!r} holds a NUL character, which no file name holds")
+    slashed = path.replace("\\", "/")
+    if slashed.startswith("/") or _DRIVE.match(path):
+        raise DocumentPathError(
+            f"{path!r} is an absolute path: name a document as the list shows it, relative to "
+            "its ingested folder"
+        )
+    norm = posixpath.normpath(slashed)
+    if norm in ("", "."):
+        raise DocumentPathError(
+            f"{path!r} names the whole index, not a document or a folder of them"
+        )
+    if norm == ".." or norm.startswith("../"):
+        raise DocumentPathError(f"{path!r} leads out of the index's documents")
+    return norm
 
 
 @dataclass(frozen=True)
@@ -152,9 +201,10 @@ def iso_time(t: float) -> str | None:
 def _documents(manifest: Manifest) -> dict[str, DocumentInfo]:
     """Every document of ``manifest`` by its manifest key."""
     encoder = str(manifest.encoder.get("name", ""))
+    names = display_names(manifest.sources, manifest.roots)
     return {
         key: DocumentInfo(
-            path=display_source(key, manifest.roots),
+            path=names[key],
             source=key,
             type=document_type(key),
             chunks=len(entry.chunk_ids),
@@ -176,22 +226,12 @@ def list_documents(index: str | Path) -> IndexDocuments:
     return IndexDocuments(str(index), gen.name, docs)
 
 
-def _clean(path: str) -> str:
-    """A relative path as typed (``./library/``, ``library//io.rst.txt``) in the form
-    :func:`rag.paths.display_source` gives; an absolute path made canonical."""
-    if os.path.isabs(path):
-        return os.path.normpath(path)
-    norm = os.path.normpath(path.replace("\\", "/")).replace(os.sep, "/")
-    return "" if norm == "." else norm
-
-
 def _named_by(asked: str, doc: DocumentInfo, shown: bool = False) -> bool:
-    """Whether the path ``asked`` (cleaned; with ``shown``, as typed) names ``doc``: its relative
-    or absolute path, or a folder above either; with ``shown``, that path as ``list`` shows it,
-    control characters escaped (:func:`rag.paths.printable`), so a name holding a newline is
-    typed back as ``\\n``."""
-    own = doc.source if os.path.isabs(asked) else doc.path
-    own = printable(own) if shown else own
+    """Whether the path ``asked`` (checked, :func:`check_document_path`; with ``shown``, as
+    typed) names ``doc``: its path, or a folder above it; with ``shown``, that path as ``list``
+    shows it, control characters escaped (:func:`rag.paths.printable`), so a name holding a
+    newline is typed back as ``\\n``."""
+    own = printable(doc.path) if shown else doc.path
     return own == asked or own.startswith(asked.rstrip("/") + "/")
 
 
@@ -199,12 +239,13 @@ def match_documents(manifest: Manifest, paths: list[str], index: str | Path) -> 
     """The manifest keys ``paths`` name (each a document or a folder of documents, see the
     module docstring; a name may be given as ``list`` shows it, escaped), sorted;
     :class:`DocumentNotFoundError` naming every path that names none (or is empty)."""
+    paths = [str(p) for p in paths]
+    checked = [check_document_path(p) for p in paths]  # all of them, before any lookup
     docs = _documents(manifest)
     keys: set[str] = set()
     unknown = []
-    for asked in map(str, paths):
-        clean = _clean(asked)
-        found = {k for k, d in docs.items() if clean and _named_by(clean, d)}
+    for asked, clean in zip(paths, checked):
+        found = {k for k, d in docs.items() if _named_by(clean, d)}
         # else the escaped form `list` shows (not normalised: the escapes hold backslashes)
         if not found and (typed := asked.removeprefix("./")):
             found = {k for k, d in docs.items() if _named_by(typed, d, shown=True)}
@@ -224,20 +265,36 @@ def match_documents(manifest: Manifest, paths: list[str], index: str | Path) -> 
     return sorted(keys)
 
 
-def remove_documents(index: str | Path, paths: list[str]) -> RemovalReport:
+def remove_documents(
+    index: str | Path, paths: list[str], *, everything: bool = False
+) -> RemovalReport:
     """Remove the documents ``paths`` name from ``index`` and publish the generation without
     them (see the module docstring). Every path is checked before anything is written: one
-    that names no document raises :class:`DocumentNotFoundError` and the index is unchanged.
-    RuntimeError when an ingest (or another removal) holds the index's lock."""
+    that may not be taken raises :class:`DocumentPathError`, one that names no document
+    :class:`DocumentNotFoundError`, and a removal that would leave no document
+    :class:`WouldEmptyIndexError` unless ``everything`` (``rag.docs remove --all``; with no
+    ``paths``, every document goes); the index is then unchanged. RuntimeError when an ingest
+    (or another removal) holds the index's lock."""
     t0 = time.perf_counter()
     label = str(index)
-    if not paths:
-        raise ValueError("no document paths given (PATH ...)")
+    paths = [str(p) for p in paths]
+    if not paths and not everything:
+        raise ValueError("no document paths given (PATH ..., or --all for every document)")
+    for p in paths:
+        check_document_path(p)  # a bad path is refused before the index is even opened
     root, _, _ = open_generation(index)  # no index: refused before the lock creates a folder
     with ingest_lock(root):
         clean_stale(root)  # what a killed ingest or removal left
         root, gen, manifest = open_generation(index)
-        keys = match_documents(manifest, [str(p) for p in paths], index)
+        keys = match_documents(manifest, paths, index) if paths else sorted(manifest.sources)
+        if not keys:
+            raise ValueError(f"index {label!r} holds no documents; nothing was removed")
+        if len(keys) == len(manifest.sources) and not everything:
+            names = ", ".join(repr(p) for p in paths)
+            raise WouldEmptyIndexError(
+                f"removing {names} would remove every document of index {label!r} "
+                f"({len(keys)}); nothing was removed (`rag.docs remove --all` empties an index)"
+            )
         docs = _documents(manifest)
         dropped = {i for k in keys for i in manifest.sources[k].chunk_ids}
         chunks = {i: c for i, c in read_chunks(gen).items() if i not in dropped}
@@ -255,7 +312,7 @@ def remove_documents(index: str | Path, paths: list[str]) -> RemovalReport:
             collection=manifest.collection,
         )
         try:
-            run = RemovalRun(label, [str(p) for p in paths], keys)
+            run = RemovalRun(label, paths or ["--all"], keys)
             empty = np.zeros((0, dim), dtype=np.float32)
             name = _write_generation(run, root, tmp, after, chunks, vindex, [], empty, dropped)
             # as after an ingest: a shared store keeps the previous generation's ids for readers

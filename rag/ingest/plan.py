@@ -16,8 +16,22 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rag.chunking import chunk_document
-from rag.documents import DocumentError, Limits, iter_files, load_document
-from rag.ingest.config import IngestConfig, IngestReport, same_chunking
+from rag.documents import (
+    Deadline,
+    DocumentError,
+    Limits,
+    UnreadableFolderError,
+    failure_reason,
+    iter_files,
+    load_document,
+)
+from rag.ingest.config import (
+    IngestConfig,
+    IngestReport,
+    check_found,
+    same_chunking,
+    under,
+)
 from rag.manifest import Manifest, SourceEntry, file_hash
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
 from rag.progress import track
@@ -34,10 +48,6 @@ def os_reason(e: OSError, path: Path) -> str:
     if e.errno == errno.ENOENT and path.is_symlink():
         return f"broken symbolic link (no such file: {os.readlink(path)})"
     return e.strerror or str(e)
-
-
-def under(path: str, roots: list[Path]) -> bool:
-    return any(path == str(r) or path.startswith(str(r) + os.sep) for r in roots)
 
 
 @dataclass
@@ -68,13 +78,25 @@ class ChunkEngine(Protocol):
 
 
 def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, limits: Limits) -> list[Chunk]:
-    """Load and chunk one file within ``limits``, as every engine does (raises DocumentError /
-    OSError)."""
-    doc = load_document(path, limits=limits)
+    """Load and chunk one file within ``limits``, as every engine does: one deadline
+    (``--max-load-seconds``) covers both. Raises DocumentError (whatever went wrong, a
+    parser's or the chunker's own exception included) or OSError."""
+    deadline = Deadline(path, limits.max_seconds)
+    doc = load_document(path, limits=limits, deadline=deadline)
     doc.path = key
-    chunks = chunk_document(
-        doc, tokenizer, chunking["chunk_tokens"], chunking["overlap"], chunking["max_tokens"]
-    )
+    try:
+        chunks = chunk_document(
+            doc,
+            tokenizer,
+            chunking["chunk_tokens"],
+            chunking["overlap"],
+            chunking["max_tokens"],
+            deadline=deadline.check,
+        )
+    except DocumentError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one file's failure, never the run's
+        raise DocumentError(path, f"could not be chunked ({failure_reason(e)})") from None
     if not chunks:
         raise DocumentError(path, "no text to index after chunking")
     return chunks
@@ -109,18 +131,40 @@ def plan_changes(
     encoder: EncoderHandle,
     report: IngestReport,
     engine: ChunkEngine | None = None,
+    walk: Walk | None = None,
 ) -> Plan:
     """Walk the inputs, classify every file and chunk the new/changed ones: here, one by one,
-    or (``engine`` given) all at once by the engine, recorded in file order either way."""
+    or (``engine`` given) all at once by the engine, recorded in file order either way.
+
+    Any exception one file raises (a loader's, the chunker's, an encoding error) is that
+    file's failure; the run goes on. Before any file is read the walk is checked: more than
+    ``--max-files`` is refused, and so is a DOCS folder now empty where the index holds
+    documents from it (:func:`rag.ingest.config.check_found`). Documents under a folder that
+    could not be listed, and under an earlier DOCS path that is gone altogether (an unmounted
+    disk) are kept unless ``--allow-empty``. ``walk``: the DOCS as :func:`walk_sources` found
+    them (default: walked now)."""
     plan = Plan()
     unchanged_chunking = old is not None and same_chunking(old.chunking, chunking)
     sources = old.sources if old else {}
     roots = [Path(os.path.abspath(p)) for p in cfg.paths]
     seen: set[str] = set()
-    skipped: list[DocumentError] = []
     pending: list[PendingFile] = []
-    files = list(iter_files(cfg.paths, follow_links=cfg.follow_links, skipped=skipped))
-    report.skipped.extend((e.path, e.reason) for e in skipped)
+    walk = walk or walk_sources(cfg, old)
+    files = walk.files
+    report.skipped.extend((e.path, e.reason) for e in walk.skipped)
+    keep_under = [e.path for e in files if isinstance(e, UnreadableFolderError)]
+    if old is not None and not cfg.allow_empty:  # a folder of an earlier run that is gone
+        given = {str(r) for r in roots}
+        for r in old.roots:
+            if r in sources:  # a file given on its own: deleted, it goes as any file does
+                continue
+            if r not in given and not under(r, roots) and not os.path.lexists(r):
+                keep_under.append(r)
+                if n := sum(1 for k in sources if under(k, [r])):
+                    report.notes.append(
+                        f"{r} (ingested earlier) is missing: its {n} document(s) are kept "
+                        "(ingest it with --allow-empty to remove them)"
+                    )
     for item in track(files, "load+chunk", unit="file", enabled=cfg.progress):
         if isinstance(item, DocumentError):
             report.failures.append((item.path, item.reason))
@@ -161,6 +205,9 @@ def plan_changes(
         except OSError as e:
             _record_failure(plan, report, sources, key, os_reason(e, path))
             continue
+        except Exception as e:  # noqa: BLE001 - one file's failure, never the run's
+            _record_failure(plan, report, sources, key, failure_reason(e))
+            continue
         _record_chunks(plan, report, sources, todo, chunks)
     if pending:
         results = engine.chunk(pending, chunking)
@@ -171,10 +218,43 @@ def plan_changes(
             else:
                 _record_chunks(plan, report, sources, f, got)
     for key in sorted(sources):
-        if key not in seen and (not os.path.lexists(key) or under(key, roots)):
+        if key in seen or under(key, keep_under):
+            continue
+        if not os.path.lexists(key) or under(key, roots):
             report.removed.append(key)
             plan.drop_sources.append(key)
     return plan
+
+
+@dataclass
+class Walk:
+    """What the DOCS hold: the files to load (or a failure found by the walk) in order, the
+    files of other types, and how many files each DOCS path (as given) held."""
+
+    files: list[Path | DocumentError]
+    skipped: list[DocumentError]
+    found: dict[str, int]
+
+
+def walk_sources(cfg: IngestConfig, old: Manifest | None) -> Walk:
+    """Walk the run's DOCS before anything is read (or a model loaded): more than
+    ``--max-files`` is refused (ValueError, exit 2), and so is a DOCS folder now empty where
+    the index holds documents from it (:func:`rag.ingest.config.check_found`)."""
+    walk = Walk([], [], {})
+    for given in cfg.paths:
+        before = len(walk.files)
+        for item in iter_files([given], follow_links=cfg.follow_links, skipped=walk.skipped):
+            walk.files.append(item)
+            if len(walk.files) > cfg.max_files:
+                raise ValueError(
+                    f"the DOCS hold more than {cfg.max_files:,} files (--max-files); nothing "
+                    "was changed: raise --max-files to ingest them all"
+                )
+        walk.found[given] = sum(
+            1 for f in walk.files[before:] if not isinstance(f, UnreadableFolderError)
+        )
+    check_found(cfg, old, cfg.label(), walk.found)
+    return walk
 
 
 class EncoderHandle:

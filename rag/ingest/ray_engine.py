@@ -55,7 +55,7 @@ def local_cluster_cpus(workers: int, machine: int) -> int:
 
 def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, limits: Any) -> list[dict]:
     """Ray Data ``flat_map``: one file in, its chunks out (or one row carrying the failure)."""
-    from rag.documents import DocumentError
+    from rag.documents import DocumentError, failure_reason
 
     key = row["key"]
     try:
@@ -64,6 +64,8 @@ def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, limits: Any)
         return [{"key": key, "pos": 0, "error": e.reason, "chunk": "", "text": ""}]
     except OSError as e:
         return [{"key": key, "pos": 0, "error": os_reason(e, Path(key)), "chunk": "", "text": ""}]
+    except Exception as e:  # noqa: BLE001 - one file's failure, never the run's
+        return [{"key": key, "pos": 0, "error": failure_reason(e), "chunk": "", "text": ""}]
     return [
         {"key": key, "pos": i, "error": "", "chunk": json.dumps(c.to_dict()), "text": c.text}
         for i, c in enumerate(chunks)

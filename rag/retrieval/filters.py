@@ -14,6 +14,12 @@ The retriever turns a filter into the set of the generation's chunk ids it allow
 stage (the vector index searches only those ids, BM25 scores only those, the reranker sees only
 their candidates), so ``k`` results come from the filtered documents whenever they hold ``k``.
 
+A filter is bounded, whichever front end sends it (``--where``, ``rag.toml``, the API's
+``rag.filter``, MCP's ``where``, the UI's box): at most :data:`MAX_CLAUSES` clauses,
+:data:`MAX_VALUES` values in all and :data:`MAX_FILTER_CHARS` characters in all, else one
+:class:`FilterError` saying which bound (10,000 ``path=*`` clauses took 30 s on the CLI, a
+minute over MCP and held an answer slot for 54 s in a chat request).
+
 Why not each backend's metadata filter alone: FAISS has none, and Chroma's ``where`` on a
 ``source`` field would also match the chunks a previous generation of the same file left in the
 shared collection; the id set is exactly this generation's chunks on every backend.
@@ -31,6 +37,9 @@ from rag.documents import document_type
 KEYS = ("path", "type")
 TYPES = ("md", "txt", "rst", "html", "pdf", "docx")  # rag.documents.document_type's values
 GLOB_CHARS = "*?["
+MAX_CLAUSES = 16  # clauses of one filter (each ANDed; more say nothing a person means)
+MAX_VALUES = 64  # values of all its clauses together (ORed within a clause)
+MAX_FILTER_CHARS = 4096  # characters of all its clauses together
 
 
 class FilterError(ValueError):
@@ -95,7 +104,28 @@ class Where:
                 items.append((key, value.split(",")))
         else:
             raise FilterError(f"a filter is a list of KEY=VALUE strings, not {spec!r}")
+        _check_size(items)
         return cls(tuple(_clause(key, values) for key, values in items))
+
+
+def _check_size(items: list[tuple[Any, list[Any]]]) -> None:
+    """Refuse a filter past :data:`MAX_CLAUSES`, :data:`MAX_VALUES` or :data:`MAX_FILTER_CHARS`
+    (module docstring), before any clause is read."""
+    if len(items) > MAX_CLAUSES:
+        raise FilterError(
+            f"a filter takes at most {MAX_CLAUSES} clauses (--where), not {len(items):,}"
+        )
+    values = sum(len(v) for _, v in items)
+    if values > MAX_VALUES:
+        raise FilterError(
+            f"a filter takes at most {MAX_VALUES} values in all (--where), not {values:,}"
+        )
+    chars = sum(len(str(k)) + sum(len(str(x)) for x in v) for k, v in items)
+    if chars > MAX_FILTER_CHARS:
+        raise FilterError(
+            f"a filter takes at most {MAX_FILTER_CHARS:,} characters in all (--where), "
+            f"not {chars:,}"
+        )
 
 
 def _clause(key: str, values: list[str]) -> tuple[str, tuple[str, ...]]:

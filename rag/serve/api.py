@@ -3,9 +3,15 @@ of completions, stream chunks and embeddings.
 
 Kept apart from the app so the protocol can be read (and checked against the OpenAI reference)
 in one place. Requests accept unknown fields: OpenAI clients send parameters this server has no
-use for (``user``, ``seed``, ``top_p``, ``stop`` ...), and refusing them would break those clients
-for nothing. Parameters whose meaning would silently change the answer (``n`` > 1, ``tools``)
-are refused instead.
+use for (``user``, ``seed``, ``top_p`` ...), and refusing them would break those clients for
+nothing. Parameters this server would otherwise accept and not honour, so that the client gets
+another answer than it asked for, are refused instead (:func:`check_chat_request`): ``n`` > 1,
+``tools``, a ``stop`` sequence (the answer is not cut at a client's string: its citations and
+verification are the whole answer's), a ``response_format`` other than text, ``logprobs``,
+a ``tool_choice`` or ``function_call`` other than ``none``, and ``functions``. Their empty or
+default values (``stop: null``, ``response_format: {"type": "text"}``, ``logprobs: false``) pass.
+An embedding input longer than the encoder reads is refused, not cut silently
+(:func:`embedding_tokens`).
 
 The extensions to the format, all documented in docs/serving.md:
 
@@ -112,6 +118,15 @@ class ChatRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     n: int | None = Field(default=None, ge=1)
     tools: list[Any] | None = None
+    # accepted only in their empty or default form (check_chat_request): otherwise refused,
+    # never ignored
+    stop: Any = None
+    response_format: Any = None
+    logprobs: Any = None
+    top_logprobs: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
     k: int | None = Field(default=None, ge=1, le=100)  # extension: passages retrieved
     mode: str | None = None  # extension: retrieval mode, one of rag.defaults.MODES
     rag: RagOptions | None = None  # extension: rag.filter
@@ -208,12 +223,36 @@ def check_question(question: str, limit: int) -> None:
         raise ApiError(400, str(e), param="messages") from None
 
 
+def _unsupported(param: str, why: str) -> ApiError:
+    return ApiError(400, f"{param} {why}", param=param, code="unsupported_parameter")
+
+
 def check_chat_request(req: ChatRequest) -> None:
-    """Refuse what this server would otherwise quietly answer differently from OpenAI."""
+    """Refuse what this server would otherwise quietly answer differently from OpenAI (the
+    module docstring): each parameter it cannot honour, unless empty or its default."""
     if req.n is not None and req.n > 1:
         raise ApiError(400, "n > 1 is not supported: one answer per request", param="n")
     if req.tools:
         raise ApiError(400, "tools are not supported by this server", param="tools")
+    if req.stop not in (None, "", []):
+        raise _unsupported(
+            "stop",
+            "is not supported: the answer ends where the decoder ends it, with its citations "
+            "checked over the whole answer; leave stop out",
+        )
+    fmt = req.response_format
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise _unsupported(
+            "response_format", "is not supported: the answer is text with [n] citations"
+        )
+    if req.logprobs not in (None, False) or req.top_logprobs not in (None, 0):
+        param = "top_logprobs" if req.logprobs in (None, False) else "logprobs"
+        raise _unsupported(param, "is not supported by this server")
+    for param in ("tool_choice", "function_call"):
+        if getattr(req, param) not in (None, "none"):
+            raise _unsupported(param, "is not supported: this server calls no tools")
+    if req.functions:
+        raise _unsupported("functions", "are not supported: this server calls no tools")
     if req.mode is not None and req.mode not in MODES:
         raise ApiError(
             400, f"mode must be one of {', '.join(MODES)}, not {req.mode!r}", param="mode"
@@ -265,6 +304,33 @@ def embedding_texts(req: EmbeddingRequest, max_inputs: int) -> list[str]:
     if any(not t.strip() for t in texts):
         raise ApiError(400, "input holds an empty string", param="input")
     return texts
+
+
+def embedding_tokens(encoder: Any, texts: list[str], kind: str) -> int:
+    """The tokens ``encoder`` reads of ``texts`` (with its prompt for ``kind``), for ``usage``.
+    An input longer than the encoder reads is refused, a 400 naming it, rather than cut
+    silently: one 900 KB input was reported as 180,000 prompt tokens while the encoder read
+    256 of them. 0 for an encoder without a tokenizer (nothing to count with)."""
+    tokenizer = getattr(encoder, "tokenizer", None)
+    if tokenizer is None:
+        return 0
+    from rag.chunking import count_tokens
+
+    prompt = getattr(encoder, "query_prompt" if kind == "query" else "document_prompt", "")
+    prompt = prompt if isinstance(prompt, str) else ""
+    counts = count_tokens(tokenizer, [prompt + t for t in texts])
+    limit = getattr(encoder, "max_chunk_tokens", None)
+    if isinstance(limit, int):
+        for i, n in enumerate(counts):
+            if n > limit:
+                raise ApiError(
+                    400,
+                    f"input {i} is {n:,} tokens, over the {limit} this index's encoder reads "
+                    "(it would be cut silently); split it",
+                    param="input",
+                    code="context_length_exceeded",
+                )
+    return sum(counts)
 
 
 # ---- responses -------------------------------------------------------------------------------

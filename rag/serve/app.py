@@ -58,6 +58,7 @@ from rag.serve.api import (
     completion,
     embedding_data,
     embedding_texts,
+    embedding_tokens,
     final_chunks,
     max_new_tokens,
     request_filter,
@@ -309,12 +310,7 @@ def create_app(
                     f"dimensions must be {dim} (this index's encoder) or left out",
                     param="dimensions",
                 )
-            tokens = 0
-            tokenizer = getattr(encoder, "tokenizer", None)
-            if tokenizer is not None:
-                from rag.chunking import count_tokens
-
-                tokens = sum(count_tokens(tokenizer, texts))
+            tokens = embedding_tokens(encoder, texts, body.input_type)  # 400 over the limit
             return encoder.encode(texts, kind=body.input_type), tokens
 
         try:

@@ -5,8 +5,14 @@ index without it, through the library's one implementation (:mod:`rag.ingest.man
 The index is chosen as for chat: the query parameter ``model`` (``rag:<index>``, default
 ``rag``, the server's ``--index``). Like every ``/v1`` route they need the server's API key when
 it has one (:class:`rag.serve.http.Guard`). Paths are relative to the ingested folder; the
-absolute path on the server is never sent, nor taken (docs/security.md). A path naming no document is a
-404 and nothing changes; a removal while an ingest holds the index is a 409 (retry).
+absolute path on the server is never sent, nor taken (docs/security.md). Every path is checked
+by the one check the CLI, MCP and the UI share (:func:`rag.ingest.manage.check_document_path`)
+before the index is opened: an absolute path (``/x``, ``%5Ctmp%5Cx``), the whole index (``%5C``,
+``.``) or ``..`` is the same 404 as a path naming no document, so nothing about the server's
+folders can be told from the answer. A path naming no document is a 404 and nothing changes; a
+removal that would leave the index without documents is a 400 (never done over HTTP: the
+server's operator empties an index with ``rag.docs remove --all``); a removal while an ingest
+holds the index is a 409 (retry).
 """
 
 from __future__ import annotations
@@ -17,7 +23,14 @@ from typing import Any
 import anyio
 from fastapi import FastAPI
 
-from rag.ingest.manage import DocumentNotFoundError, list_documents, remove_documents
+from rag.ingest.manage import (
+    DocumentNotFoundError,
+    DocumentPathError,
+    WouldEmptyIndexError,
+    check_document_path,
+    list_documents,
+    remove_documents,
+)
 from rag.manifest import IndexNotFoundError
 from rag.serve.api import MODEL_PREFIX, ApiError
 
@@ -60,14 +73,24 @@ def add_document_routes(app: FastAPI, index_for: Callable[[str], str]) -> None:
             param="path",
             code="document_not_found",
         )
-        if path.startswith("/"):  # the manifest's absolute keys are the server's own business
-            raise unknown
+        try:
+            check_document_path(path)  # absolute, backslash-absolute, the whole index, '..'
+        except DocumentPathError:
+            raise unknown from None
         try:
             report = await anyio.to_thread.run_sync(remove_documents, index, [path])
         except IndexNotFoundError:
             raise not_ingested(index) from None
-        except DocumentNotFoundError:
+        except (DocumentNotFoundError, DocumentPathError):
             raise unknown from None
+        except WouldEmptyIndexError:
+            raise ApiError(
+                400,
+                f"removing {path!r} would remove every document of {MODEL_PREFIX}{index}; "
+                "nothing was removed (an index is not emptied over HTTP)",
+                param="path",
+                code="would_empty_index",
+            ) from None
         except RuntimeError as e:  # the index's lock: an ingest or removal is running
             raise ApiError(409, str(e).split(": ", 1)[-1], code="index_busy") from None
         return {
