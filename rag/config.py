@@ -27,7 +27,15 @@ import tomllib
 from rag.answer.answerability import DEFAULT_MODEL
 from rag.answer.reader import COMPOSE, DEFAULT_READER, describe_reader, resolve_reader
 from rag.dataclass_cli import add_dataclass_args, field_type
-from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_CACHE_MB, DEVICES, MODES
+from rag.defaults import (
+    DEFAULT_EVIDENCE_PASSAGES,
+    DEFAULT_EVIDENCE_TOKENS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_PROMPT_CACHE_MB,
+    DEVICES,
+    MODES,
+)
+from rag.generate.engines import ENGINES
 from rag.generate.speed import CACHE_IMPLEMENTATIONS, DecodeSpeed, DecodeSpeedError
 from rag.models import (
     DECODER_ALIASES,
@@ -137,6 +145,17 @@ class RAGConfig:
     # who writes the answer around the reader's span: decoder (one to three sentences from the
     # span's passage alone) | extract (that passage's own sentence; nothing decoded: fastest)
     compose: str = "decoder"
+    # decoder tokens of excerpts the encoder keeps from the retrieved passages for the decoder
+    # to answer from (rag.answer.evidence: the sentences that answer, a fraction of the
+    # passages' length); 0 = the whole passages (the k-passage prompt)
+    evidence_tokens: int = DEFAULT_EVIDENCE_TOKENS
+    # passages retrieved for the encoder to read when excerpts are on (k when larger): it reads
+    # more than a prompt of whole passages could hold, so the answer is found further down
+    evidence_passages: int = DEFAULT_EVIDENCE_PASSAGES
+    # the decoder's inference engine (rag.generate.ov_engine): auto = OpenVINO GenAI where it
+    # runs the decoder (a GGUF decoder on the CPU, no LoRA adapter), else torch | torch |
+    # openvino
+    engine: str = "auto"
     device: str = RETRIEVAL.device  # where the models run; auto = cuda when a GPU is visible
     # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.retrieval.encoder)
     encoder_backend: str = RETRIEVAL.encoder_backend
@@ -168,6 +187,7 @@ class RAGConfig:
         "decoder_precision": PRECISION_SETTINGS,
         "profile": ("auto", *PROFILES),
         "cache_implementation": CACHE_IMPLEMENTATIONS,
+        "engine": ENGINES,
     }
 
     def __post_init__(self) -> None:
@@ -193,7 +213,14 @@ def validate(cfg: RAGConfig) -> None:
             raise ConfigError(
                 f"{name} must be one of {', '.join(values)}, not {getattr(cfg, name)!r}"
             )
-    for name in ("k", "max_new_tokens", "max_batch", "max_prefill_tokens", "rerank_depth"):
+    for name in (
+        "k",
+        "max_new_tokens",
+        "max_batch",
+        "max_prefill_tokens",
+        "rerank_depth",
+        "evidence_passages",
+    ):
         if int(getattr(cfg, name)) < 1:
             raise ConfigError(f"{name} must be >= 1, not {getattr(cfg, name)!r}")
     if not 0 <= cfg.alpha <= 1:
@@ -208,6 +235,10 @@ def validate(cfg: RAGConfig) -> None:
         raise ConfigError(f"answerability_threshold must be in (0, 1] or none, not {t}")
     if cfg.temperature < 0:
         raise ConfigError(f"temperature must be >= 0, not {cfg.temperature}")
+    if cfg.evidence_tokens < 0:
+        raise ConfigError(
+            f"evidence_tokens must be >= 0 (0 = whole passages), not {cfg.evidence_tokens}"
+        )
     if cfg.prompt_cache_mb < 0:
         raise ConfigError(f"prompt_cache_mb must be >= 0 (0 = off), not {cfg.prompt_cache_mb}")
     if not 0 < cfg.top_p <= 1:

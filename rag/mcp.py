@@ -251,7 +251,7 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
 CLI_FIELDS = (
     "index", "encoder", "decoder", "adapter", "k", "mode", "where", "rerank", "rerank_depth",
     "rerank_weight", "temperature", "max_new_tokens", "min_score", "reader", "reader_threshold",
-    "compose", "answerability_threshold", "device", "decoder_precision", "batching",
+    "compose", "evidence_tokens", "evidence_passages", "engine", "answerability_threshold", "device", "decoder_precision", "batching",
 )  # fmt: skip
 
 

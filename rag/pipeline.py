@@ -54,13 +54,24 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag.answer.answerability import AnswerabilityDecision, check
+from rag.answer.answerability import FITTED_PASSAGES, AnswerabilityDecision, check
 from rag.answer.refusal import RefusalDecision, decide, supports_gate
 from rag.answer.relevance import relevant_hits
 from rag.answer.rewrite import rewrite_query
 from rag.answer.verify import verify_answer
 from rag.config import RAGConfig
-from rag.prompt import REFUSAL, build_messages, build_span_messages, parse_citations
+from rag.prompt import (
+    DEFAULT_STOP,
+    REFUSAL,
+    SHORT_ANSWER,
+    build_evidence_messages,
+    build_messages,
+    build_span_messages,
+    clean_short_answer,
+    is_refusal,
+    parse_citations,
+    split_short_answer,
+)
 from rag.retrieval.query import check_query
 from rag.types import Answer, AnswerSpan, Citation, Hit
 
@@ -82,6 +93,9 @@ class Prepared:
     answerable: AnswerabilityDecision | None = None  # rag.answer.answerability; None = not checked
     reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
     span: AnswerSpan | None = None  # the reader's trusted short answer (hits[0] = its passage)
+    # the encoder's excerpts of the hits (rag.answer.evidence), one per hit given, in prompt
+    # order; None = whole passages (or a reader span)
+    evidence: list[Any] | None = None
 
 
 def open_retriever(config: RAGConfig, index: str | Path | None = None) -> Retriever:
@@ -307,7 +321,10 @@ class RAGPipeline:
         t0 = time.perf_counter()
         mode = mode or self.config.mode
         query = self.standalone_query(question, history)
-        found = self.retrieve(query, k=k, mode=mode, where=where)
+        n = k or self.config.k
+        if self.reads_evidence:  # the encoder reads more passages than a prompt holds
+            n = max(n, self.config.evidence_passages)
+        found = self.retrieve(query, k=n, mode=mode, where=where)
         hits = relevant_hits(found, mode, self.config.min_score)
         timings = {"retrieve_s": time.perf_counter() - t0}
         name = getattr(getattr(self.retriever, "reranker", None), "name", None)
@@ -322,16 +339,54 @@ class RAGPipeline:
             ordered = [hit, *(h for h in hits if h is not hit)]
             messages = build_span_messages(query, hit.chunk.text, span.text)
             return Prepared(question, query, ordered, messages, timings, None, reranker, span)
-        budget_new = max_new_tokens or self.config.max_new_tokens
         gen = self.fallback_generator
+        threshold = self.config.answerability_threshold
+        # the check reads as many passages as it was fitted on (rag.answer.answerability)
+        answerable = check(self.retriever, query, hits[:FITTED_PASSAGES], threshold)
+        excerpts = self.select_evidence(query, hits, gen, timings)
+        if excerpts:
+            # one excerpt per hit it came from, [1] first; the other hits follow, uncited
+            chosen = [hits[e.passage] for e in excerpts]
+            ordered = [*chosen, *(h for h in hits if not any(h is c for c in chosen))]
+            messages = build_evidence_messages(query, [e.text for e in excerpts])
+            return Prepared(
+                question, query, ordered, messages, timings, answerable, reranker, evidence=excerpts
+            )
+        budget_new = max_new_tokens or self.config.max_new_tokens
+        hits = hits[: k or self.config.k]  # whole passages: the k best that fit
         kept = gen.fit_passages(query, [h.chunk.text for h in hits], budget_new)
         hits = hits[: len(kept)]
         messages = (
             gen.messages(query, kept) if hasattr(gen, "messages") else build_messages(query, kept)
         )
-        threshold = self.config.answerability_threshold
-        answerable = check(self.retriever, query, hits, threshold)
         return Prepared(question, query, hits, messages, timings, answerable, reranker)
+
+    @property
+    def reads_evidence(self) -> bool:
+        """Whether answers are written from the encoder's excerpts (``config.evidence_tokens``
+        > 0 and a retriever with an encoder to read with)."""
+        return bool(self.config.evidence_tokens) and (
+            getattr(self.retriever, "encoder", None) is not None
+        )
+
+    def select_evidence(
+        self, query: str, hits: list[Hit], gen: Any, timings: dict[str, float]
+    ) -> list[Any] | None:
+        """The encoder's excerpts of ``hits`` (:func:`rag.answer.evidence.select`) within
+        ``config.evidence_tokens`` decoder tokens, or None when that is 0 (whole passages) or
+        the retriever has no encoder to read with; ``timings["evidence_s"]`` records the time."""
+        if not self.reads_evidence or not hasattr(gen, "count_tokens"):
+            return None
+        budget, encoder = self.config.evidence_tokens, self.retriever.encoder
+        from rag.answer.evidence import UNIT_BATCH_TOKENS, select
+
+        def embed(texts: list[str], kind: str) -> Any:
+            return encoder.encode(texts, kind, batch_tokens=UNIT_BATCH_TOKENS)
+
+        t0 = time.perf_counter()
+        excerpts = select(query, [h.chunk.text for h in hits], embed, budget, gen.count_tokens)
+        timings["evidence_s"] = time.perf_counter() - t0
+        return excerpts or None
 
     def read(
         self, query: str, hits: list[Hit], timings: dict[str, float]
@@ -381,8 +436,6 @@ class RAGPipeline:
         limit = max_new_tokens or cfg.max_new_tokens
         extra: dict[str, Any] = {}
         if prep is not None and prep.span is not None:
-            from rag.generate.generator import DEFAULT_STOP
-
             limit = min(limit, SPAN_MAX_NEW_TOKENS)
             # the instruction ends the sentences with [1]: decoding stops there (without it the
             # 0.5B decoder ran on to the token cap: python-docs p50 7.0 s)
@@ -420,6 +473,9 @@ class RAGPipeline:
         stats: dict[str, Any] = {}
         if prep.span is not None and self.config.compose == "extract":
             raw = extracted_answer(prep)
+        elif prep.evidence is not None:
+            args = self._decode_args(temperature, max_new_tokens, gate, prep)
+            raw = "".join(evidence_reply(self.decoder_for(prep), prep, args, stats))
         else:
             raw = self.decoder_for(prep).generate(
                 prep.messages,
@@ -461,6 +517,9 @@ class RAGPipeline:
         parts: list[str] = []
         if prep.span is not None and self.config.compose == "extract":
             deltas: Iterator[str] = iter([extracted_answer(prep)])
+        elif prep.evidence is not None:
+            args = self._decode_args(temperature, max_new_tokens, gate, prep)
+            deltas = evidence_reply(self.decoder_for(prep), prep, args, stats)
         else:
             deltas = self.decoder_for(prep).stream(
                 prep.messages,
@@ -522,23 +581,47 @@ class RAGPipeline:
             answer = make_answer(span_reply(raw, prep), prep)
             return verify_answer(answer) if self.verify else answer
         gen = self.fallback_generator
-        if not self.config.complete_citations or not hasattr(gen, "score_continuations"):
+        if prep.evidence is not None and not parse_citations(raw, len(prep.hits)).text:
+            # the decoder wrote nothing (or only markers): the encoder's best sentence answers
+            raw = f"{prep.evidence[0].best} [1]"
+        if not self.config.complete_citations:
             answer = make_answer(raw, prep)
-        else:
+        elif hasattr(gen, "score_continuations") and prep.evidence is None:
             answer = complete_citation(raw, prep, gen)
-            if answer.citations_completed:
-                prep.timings["cite_s"] = time.perf_counter() - t0
+        else:
+            answer = attribute_citation(raw, prep)
+        if answer.citations_completed:
+            prep.timings["cite_s"] = time.perf_counter() - t0
+        if prep.evidence is not None:
+            answer.answer_span = short_answer_span(raw, answer, prep)
         if gate is not None:
             answer.refusal_probability = gate.probability
         return verify_answer(answer) if self.verify else answer
 
 
 def load_decoder(cfg: RAGConfig, adapter: str | Path | None) -> Any:
-    """A :class:`rag.generate.generator.Generator` for ``cfg``'s decoder with ``adapter``
-    (``auto`` / ``none`` / a folder, as ``RAGConfig.adapter``) and every decoding setting."""
+    """The decoder for ``cfg`` with ``adapter`` (``auto`` / ``none`` / a folder, as
+    ``RAGConfig.adapter``) and every decoding setting, on the engine ``cfg.engine`` resolves to
+    (:func:`rag.generate.ov_engine.choose_engine`: OpenVINO GenAI where it can run the decoder,
+    a :class:`rag.generate.generator.Generator` on torch elsewhere)."""
+    from rag.generate.engines import choose_engine
     from rag.generate.generator import Generator
+    from rag.generate.ov_engine import OpenVINOGenerator
     from rag.generate.speed import DecodeSpeed
+    from rag.models import pick_device, resolve_adapter
 
+    resolved = resolve_adapter(cfg.decoder, adapter)
+    if choose_engine(cfg.engine, cfg.decoder, resolved, pick_device(cfg.device)) == "openvino":
+        return OpenVINOGenerator.load(
+            cfg.decoder,
+            device=cfg.device,
+            profile=cfg.profile,
+            prompt_cache_mb=cfg.prompt_cache_mb if cfg.prefix_cache else 0,
+            batching=cfg.batching,
+            max_batch=cfg.max_batch,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            max_context_tokens=cfg.max_context_tokens,
+        )
     return Generator.load(
         cfg.decoder,
         adapter=adapter,
@@ -603,3 +686,95 @@ def _gen_timings(stats: dict[str, Any]) -> dict[str, float]:
     if "new_tokens" in stats:
         out["new_tokens"] = float(stats["new_tokens"])
     return out
+
+
+def attribute_citation(raw: str, prep: Prepared) -> Answer:
+    """:func:`make_answer`, plus a marker for the passage that supports the answer best when the
+    model cited nothing (:func:`rag.answer.verify.attribute`): citation completion for a decoder
+    whose engine gives no marker likelihoods, and for excerpt prompts, whose markers name
+    excerpts the support of the passage's words checks directly."""
+    from rag.answer.verify import attribute
+
+    answer = make_answer(raw, prep)
+    if answer.refused or answer.citations or not prep.hits:
+        return answer
+    given = prep.evidence or []
+    texts = [e.text for e in given] or [h.chunk.text for h in prep.hits]
+    best = attribute(answer.text, texts, prep.query)
+    if best is None:
+        return answer
+    completed = make_answer(f"{raw} [{best}]", prep)
+    completed.raw_text = raw
+    completed.citations_completed = True
+    return completed
+
+
+def short_answer_span(raw: str, answer: Answer, prep: Prepared) -> AnswerSpan | None:
+    """The evidence reply's short answer (:func:`rag.prompt.split_short_answer`) as an
+    :class:`AnswerSpan`, found word for word in a given passage: the cited ones first, then the
+    rest in prompt order; None when the reply has none or no passage holds it (an answer
+    the documents do not contain is never shown as a span of them)."""
+    from rag.answer.verify import locate
+
+    if answer.refused:
+        return None
+    short = split_short_answer(raw).short
+    if not short:
+        return None
+    cited = [c.number for c in answer.citations]
+    order = [*cited, *(n for n in range(1, len(prep.hits) + 1) if n not in cited)]
+    for n in order:
+        c = prep.hits[n - 1].chunk
+        found = locate(short, c.text)
+        if found is None:
+            continue
+        start, end = found
+        return AnswerSpan(
+            text=c.text[start:end],
+            number=n,
+            source=c.source,
+            chunk_id=c.id,
+            start=start,
+            end=end,
+            source_start=c.start + start,
+            source_end=c.start + end,
+            score=0.0,
+            path=c.path,
+            origin="decoder",
+        )
+    return None
+
+
+def evidence_reply(
+    gen: Any, prep: Prepared, args: dict[str, Any], stats: dict[str, Any]
+) -> Iterator[str]:
+    """Text deltas of the reply to an evidence prompt: the explanation, then a last line
+    ``Short answer: ...`` (:data:`rag.prompt.SHORT_ANSWER`). The explanation is decoded up to
+    that line; the short answer is always decoded as a continuation of the explanation
+    (``continuation``: prompt + explanation + the line's label, whose keys and values the
+    engine's prefix cache already holds: a few tokens of prefill), because small decoders
+    often end their turn without it. ``stats`` gets the first call's time to first token and
+    both calls' tokens and time."""
+    first: dict[str, Any] = {}
+    parts: list[str] = []
+    stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER)
+    for delta in gen.stream(prep.messages, **{**args, "stop": stop}, stats=first):
+        parts.append(delta)
+        yield delta
+    stats.update(first)
+    explanation = "".join(parts).strip()
+    if not explanation or is_refusal(explanation):
+        return
+    more: dict[str, Any] = {}
+    short_args = {**args, "max_new_tokens": SHORT_ANSWER_TOKENS, "stop": ("\n", *DEFAULT_STOP)}
+    label = f"{explanation}\n{SHORT_ANSWER}"
+    short = "".join(gen.stream(prep.messages, **short_args, stats=more, continuation=label))
+    short = clean_short_answer(short) or ""
+    if short:
+        yield f"\n{SHORT_ANSWER} {short}"
+    stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
+    stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)
+
+
+# Tokens the decoder may spend on the short answer line of an evidence reply.
+SHORT_ANSWER_TOKENS = 24

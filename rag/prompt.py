@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 REFUSAL = "The documents do not contain the answer."
+DEFAULT_STOP = ("<|im_end|>",)  # decoding stops at the end of the assistant's turn (ChatML)
 
 SYSTEM_PROMPT = (
     "You answer questions using only the numbered passages you are given. "
@@ -180,3 +181,98 @@ def is_refusal(answer: str) -> bool:
     """True when the answer is (or starts with) the fixed refusal text."""
     norm = " ".join(answer.lower().split())
     return norm.startswith(REFUSAL.lower().rstrip("."))
+
+
+# The evidence prompt (rag.answer.evidence): the encoder has kept the sentences of the retrieved
+# passages that bear on the question; the decoder writes the answer from those excerpts: one to
+# three sentences, each ending with the number of the excerpt it rests on, then a last line
+# ``Short answer: ...`` holding the answer in a few words copied from the excerpts (a name,
+# number, command or option). The explanation comes first so that the short answer is read off
+# what the model has just written, not guessed before it. The short answer is what
+# ``Answer.answer_span`` shows when it occurs in a passage (rag.pipeline); it is decoded as a
+# continuation when the model ends its turn without it. Two demonstrations, written by hand on
+# topics outside every evaluation set, sit in the cached prefix.
+SHORT_ANSWER = "Short answer:"
+
+EVIDENCE_SYSTEM_PROMPT = (
+    "You answer questions about the user's documents using only the numbered excerpts you are "
+    "given. Answer in one to three sentences that use only facts from the excerpts; end each "
+    "sentence with the number of the excerpt it comes from in square brackets, like [2]. Then "
+    f"write a last line that starts with '{SHORT_ANSWER}' followed by the answer in a few words "
+    "copied from the excerpts (a name, number, command or option). If the excerpts do not "
+    "answer the question, reply exactly: " + REFUSAL
+)
+
+EVIDENCE_DEMOS: tuple[tuple[tuple[str, ...], str, str], ...] = (
+    (
+        (
+            "The Rhine rises in the Swiss Alps and flows 1,230 km to the North Sea.",
+            "The Danube is Europe's second-longest river. … It rises in the Black Forest in "
+            "Germany and flows for about 2,850 km to the Black Sea.",
+        ),
+        "How long is the Danube?",
+        "The Danube flows for about 2,850 km, from the Black Forest in Germany to the Black "
+        f"Sea [2].\n{SHORT_ANSWER} 2,850 km",
+    ),
+    (
+        (
+            "tar -czf archive.tar.gz DIR creates a gzip-compressed archive of DIR.",
+            "To extract an archive, run tar -xf archive.tar; add -C DIR to extract into "
+            "another folder. … The -v flag lists each file as it is extracted.",
+        ),
+        "How do I unpack a tar file into a different directory?",
+        "Run `tar -xf archive.tar` to extract the archive and add `-C DIR` to put its files "
+        "into the folder DIR instead of the current one [2]."
+        f"\n{SHORT_ANSWER} tar -xf archive.tar -C DIR",
+    ),
+)
+
+
+def evidence_user_message(question: str, excerpts: Sequence[str]) -> str:
+    """The evidence user turn: the numbered excerpts, then the question."""
+    return f"Excerpts:\n\n{format_passages(excerpts)}\n\nQuestion: {question.strip()}"
+
+
+def build_evidence_messages(question: str, excerpts: Sequence[str]) -> list[dict[str, str]]:
+    """Chat messages of the evidence prompt: the fixed head (system turn and the two
+    demonstrations, prefix-cached) and the user turn with the excerpts."""
+    head = [{"role": "system", "content": EVIDENCE_SYSTEM_PROMPT}]
+    for demo_excerpts, demo_question, demo_answer in EVIDENCE_DEMOS:
+        head.append(
+            {"role": "user", "content": evidence_user_message(demo_question, demo_excerpts)}
+        )
+        head.append({"role": "assistant", "content": demo_answer})
+    return head + [{"role": "user", "content": evidence_user_message(question, excerpts)}]
+
+
+@dataclass(frozen=True)
+class ShortAnswer:
+    """An evidence-prompt reply split into its explanation and its short answer."""
+
+    short: str | None  # None when the reply has no usable short answer line
+    rest: str  # the explanation: the reply without the short answer line
+
+
+MAX_SHORT_ANSWER_WORDS = 16  # a "short answer" longer than this is a sentence, not a short answer
+
+
+def clean_short_answer(text: str) -> str | None:
+    """The short answer as given (its first line, citation markers, backticks, bold, quotes
+    and a final full stop removed), or None when empty or longer than
+    :data:`MAX_SHORT_ANSWER_WORDS` words."""
+    first = text.strip().split("\n", 1)[0]
+    clean = CITATION_RUN.sub("", first).strip().strip("`*_\"' ").rstrip(".").strip()
+    if not clean or len(clean.split()) > MAX_SHORT_ANSWER_WORDS:
+        return None
+    return clean
+
+
+def split_short_answer(reply: str) -> ShortAnswer:
+    """The explanation and the short answer of an evidence-prompt reply: the text before the
+    first line that starts with :data:`SHORT_ANSWER`, and that line's answer
+    (:func:`clean_short_answer`); a refusal has none."""
+    text = reply.strip()
+    m = re.search(r"(?im)^[ \t*_]*" + re.escape(SHORT_ANSWER) + r"[*_]*", text)
+    if m is None or is_refusal(text):
+        return ShortAnswer(None, text)
+    return ShortAnswer(clean_short_answer(text[m.end() :]), text[: m.start()].strip())

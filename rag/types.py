@@ -94,7 +94,8 @@ class Citation:
 
 @dataclass(frozen=True)
 class AnswerSpan:
-    """The short answer the extractive reader (:mod:`rag.answer.reader`) found, and where.
+    """The short answer the extractive reader (:mod:`rag.answer.reader`) or the evidence prompt's
+    first line (:func:`rag.prompt.split_short_answer`) gave, and where it is in a passage.
 
     ``start``/``end`` are character offsets into the cited passage's text (``passage_text[start:
     end] == text``); ``source_start``/``source_end`` the same span in the loaded document
@@ -108,8 +109,11 @@ class AnswerSpan:
     end: int
     source_start: int
     source_end: int
-    score: float  # the reader's margin over "not in this passage" (higher = surer)
+    score: float  # the reader's margin over "not in this passage" (higher = surer); 0 = decoder's
     path: str = ""
+    # who found it: "reader" (the extractive reader's span) or "decoder" (the evidence prompt's
+    # short answer, kept only where it occurs word for word in the passage: rag.pipeline)
+    origin: str = "reader"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -72,8 +72,23 @@ def test_completed_citation_is_linked_and_labelled():
     cite = Citation(2, "docs/a.md", ("A",), "text", 0.5, "c2")
     answer = Answer(text="It saves prefill.", citations=[cite], raw_text="It saves prefill.")
     answer.citations_completed = True
+    assert "citation completion" not in reply_markdown(answer)  # chosen by word support
+    answer.citation_logprobs = [-2.0, -0.5]  # chosen by the decoder's likelihoods
     md = reply_markdown(answer)
     assert "[[2]](#src-2)" in md and "citation completion" in md
+
+
+def test_a_decoder_short_answer_goes_on_top_in_bold_and_its_line_is_not_repeated():
+    from rag.types import Answer, AnswerSpan, Citation
+
+    cite = Citation(1, "docs/a.md", ("A",), "Use tar -xf a.tar -C DIR.", 0.5, "c1")
+    span = AnswerSpan("tar -xf a.tar -C DIR", 1, "docs/a.md", "c1", 4, 24, 4, 24, 0.0,
+                      origin="decoder")  # fmt: skip
+    raw = "Extract with -C to choose the folder [1].\nShort answer: tar -xf a.tar -C DIR"
+    answer = Answer(text=raw, citations=[cite], raw_text=raw, answer_span=span)
+    md = reply_markdown(answer)
+    assert md.startswith("**tar -xf a.tar -C DIR**\n\nExtract with -C")
+    assert "Short answer" not in md and md.count("tar -xf a.tar -C DIR") == 1
 
 
 # ---- citation verification, code and escaping in the reply -----------------------------------
@@ -145,6 +160,7 @@ def test_injection_warning_is_shown_and_escaped():
 def test_completed_citation_keeps_its_label_under_verification():
     answer = _verified("It saves prefill.", [3], reattributed=[(2, 3)])
     answer.citations_completed = True
+    answer.citation_logprobs = [-3.0, -1.0, -2.0]
     md = reply_markdown(answer)
     assert "[2→3]" in md and 'href="#src-3"' in md and "citation completion" in md
 

@@ -25,6 +25,9 @@ RAG_FLAGS = (
     "index", "encoder", "decoder", "adapter", "mode", "k", "rerank", "rerank_depth",
     "rerank_weight", "rerank_precision", "temperature", "max_new_tokens", "device", "reader",
     "compose",
+    "evidence_tokens",
+    "evidence_passages",
+    "engine",
 )  # fmt: skip
 # Where the app's starting values differ from rag.ask's: the index `make demo` builds, and
 # shorter answers for a chat (the slider goes up to 512).

@@ -30,7 +30,7 @@ from typing import Any
 from rag.markup import FENCE_START, close_fence, inert, split_code
 
 # One definition of what a citation marker is: the parser's own (``lines[1]`` is code).
-from rag.prompt import CITATION, CITATION_RUN
+from rag.prompt import CITATION, CITATION_RUN, SHORT_ANSWER
 from rag.types import Answer, AnswerSpan, Citation, Hit
 
 UNSUPPORTED_TIP = "not supported by the cited passage"
@@ -188,8 +188,11 @@ def reply_markdown(answer: Answer) -> str:
     check found and for dropped markers."""
     marks = Marks.of(answer)
     text, ends_in_block = render_markdown(answer.raw_text or answer.text, marks)
-    if answer.answer_span is not None:  # the reader's short answer, bold, above the sentence
-        text = f"**{_escape_span(answer.answer_span.text)}**\n\n{text}"
+    span = answer.answer_span
+    if span is not None and span.origin == "decoder":  # the reply's last line goes on top
+        text = re.sub(r"(?im)\n?^[ \t*_]*" + re.escape(SHORT_ANSWER) + r".*$", "", text).rstrip()
+    if span is not None:  # the short answer, bold, above the sentences
+        text = f"**{_escape_span(span.text)}**\n\n{text}"
     if answer.citations_completed and answer.citations:
         # raw_text is the model's own reply, without the marker completion appended.
         targets = {new for _, new in answer.reattributed}
@@ -197,7 +200,8 @@ def reply_markdown(answer: Answer) -> str:
         nums += [c.number for c in answer.citations if c.number not in targets]
         markers = "".join(marks.marker(n) for n in dict.fromkeys(nums))
         text += ("\n\n" if ends_in_block else " ") + markers
-        text += "\n\n*The model did not cite by itself; the marker is the passage it finds most likely (citation completion).*"
+        if answer.citation_logprobs:  # the decoder's own likelihoods chose it; else word support
+            text += "\n\n*The model did not cite by itself; the marker is the passage it finds most likely (citation completion).*"
     if marks.unsupported:
         text += (
             f"\n\n*Citation(s) {_numbers(sorted(marks.unsupported))} (marked ?) are not "

@@ -54,6 +54,9 @@ class AnswerabilityModel:
         return asdict(self)
 
 
+# The passages (the retriever's best) the models below were fitted on, and so read when deciding.
+FITTED_PASSAGES = 5
+
 # Fitted by `python -m evals.answerability --split train --fit --limit 600 --unanswerable-limit
 # 200 --removed-articles 4` (SQuAD train articles, minilm, hybrid k = 5; threshold: the lowest
 # with false refusals <= 5% on answerable questions whose passages hold the answer). Held-out

@@ -366,3 +366,33 @@ def citation_for(n: int, passages: Sequence[Hit]) -> Citation:
     hit = passages[n - 1]
     c = hit.chunk
     return Citation(n, c.source, tuple(c.heading_path), c.text, hit.score, c.id, c.path)
+
+
+def attribute(text: str, passages: Sequence[str], question: str = "") -> int | None:
+    """The passage (1-based) that supports ``text`` best, for an answer that cited nothing on a
+    decoder that cannot score its own markers (:mod:`rag.generate.ov_engine`): the highest
+    support of the whole answer (:mod:`rag.answer.support`), ties to the better-ranked passage;
+    None when no passage supports it at all."""
+    words = claim_words(text, question)
+    best, best_score = None, 0.0
+    for i, p in enumerate(passages, start=1):
+        score = passage_support(text, words, PassageWords.of(p)) or 0.0
+        if score > best_score:
+            best, best_score = i, score
+    return best
+
+
+def locate(phrase: str, passage: str) -> tuple[int, int] | None:
+    """Character offsets of ``phrase`` in ``passage``, matched case-insensitively with any run
+    of whitespace standing for any other (quotes, backticks and a final full stop or comma
+    around the phrase ignored); whole words at each end that is a letter or digit. None when
+    the passage does not hold it word for word."""
+    phrase = phrase.strip().strip("`'\"").rstrip(".,;:!?").strip()
+    words = phrase.split()
+    if not words:
+        return None
+    head = r"(?<!\w)" if phrase[0].isalnum() or phrase[0] == "_" else ""
+    tail = r"(?!\w)" if phrase[-1].isalnum() or phrase[-1] == "_" else ""
+    body = r"\s+".join(re.escape(w) for w in words)
+    m = re.search(head + body + tail, passage, flags=re.IGNORECASE)
+    return (m.start(), m.end()) if m else None

@@ -25,27 +25,21 @@ from typing import Any
 import torch
 
 from rag.defaults import DEFAULT_MAX_NEW_TOKENS
-from rag.generate import context_budget, scoring
+from rag.generate import scoring
 from rag.generate.batching import DEFAULT_MAX_PREFILL_TOKENS, BatchedDecoder, eos_ids
+from rag.generate.chat import DEFAULT_STOP, FALLBACK_CHAT_TEMPLATE, ChatDecoder
 from rag.generate.kv_append import appending
 from rag.generate.prompt_cache import PromptCache
 from rag.generate.speed import DecodeSpeed
-from rag.generate.stopping import DecodingRules, loop_cut, trim_repetition
-from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, cut_at_stop, stream_tokens
-from rag.prompt import build_messages
+from rag.generate.stopping import DecodingRules
+from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, stream_tokens
 
-# ChatML without a default system turn: used only when a tokenizer ships no chat template.
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
-    " + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-DEFAULT_STOP = ("<|im_end|>",)
+__all__ = ["DEFAULT_STOP", "FALLBACK_CHAT_TEMPLATE", "Generator"]
 _MAX_PREFIXES = 4  # distinct system prompts whose KV cache is kept
 
 
-class Generator:
-    """A causal LM + tokenizer that answers chat messages, with the KV and prefix caches.
+class Generator(ChatDecoder):
+    """A causal LM + tokenizer that answers chat messages on torch, with the KV and prefix caches.
 
     One instance is shared by every request (the UI's sessions included): decoding runs under a
     lock, so concurrent callers queue instead of fighting for the same CPU cores, or, opt-in
@@ -69,20 +63,19 @@ class Generator:
         speed: DecodeSpeed | None = None,
         prompt_cache_mb: int = 0,
     ) -> None:
+        super().__init__(
+            tokenizer,
+            profile=profile,
+            max_context_tokens=max_context_tokens,
+            rules=rules,
+            refusal_threshold=refusal_threshold,
+        )
         # decoder speed options (rag.generate.speed); the model comes with them already applied
         self.speed = speed or DecodeSpeed()
         self.speed.check(batching=batching)
         self.model = model
-        self.rules = rules or DecodingRules()  # loop guard and stop rules (rag.generate.stopping)
-        self.profile = profile  # prompt profile of rag.prompt.build_messages
-        # the refusal gate threshold its adapter was tuned with (rag.answer.refusal); None = greedy
-        self.refusal_threshold = refusal_threshold
-        self.tokenizer = tokenizer
         self.device = device
         self.prefix_cache = prefix_cache
-        self.max_context_tokens = max_context_tokens
-        if not getattr(tokenizer, "chat_template", None):
-            tokenizer.chat_template = FALLBACK_CHAT_TEMPLATE
         self._prefixes: dict[tuple[int, ...], Any] = {}
         self._prefix_lock = threading.Lock()
         self._decode_lock = threading.Lock()
@@ -131,53 +124,10 @@ class Generator:
         kwargs.update(profile=profile, refusal_threshold=pick_refusal_threshold(adapter))
         return cls(model, tokenizer, dev, speed=speed, **kwargs)
 
-    # ---- prompt and budget -------------------------------------------------------------------
+    engine = "torch"
 
-    @property
-    def max_positions(self) -> int:
-        """Longest sequence (prompt + answer) the model accepts, capped by ``max_context_tokens``."""
-        cfg = getattr(self.model, "config", None)
-        n = getattr(cfg, "max_position_embeddings", None)
-        if not n:
-            n = getattr(self.tokenizer, "model_max_length", 0)
-            n = n if 0 < n < 1_000_000 else 2048
-        return min(n, self.max_context_tokens) if self.max_context_tokens else n
-
-    def messages(self, question: str, passages: Sequence[str]) -> list[dict[str, str]]:
-        """The grounded prompt in this generator's profile (:func:`rag.prompt.build_messages`)."""
-        return build_messages(question, passages, self.profile)
-
-    def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    def _render(self, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(
-            list(messages), tokenize=False, add_generation_prompt=generation_prompt
-        )
-
-    def prompt_ids(self, messages: Sequence[dict[str, str]]) -> tuple[list[int], int]:
-        """Token ids of the full prompt and how many leading ids are the cacheable system prefix.
-
-        The prefix is every turn before the last (the system turn and any demonstration turns)
-        rendered alone; it is used only when it is a textual prefix of the full rendering (true
-        for ChatML-style templates), else the prefix length is 0.
-        """
-        full = self._render(messages, generation_prompt=True)
-        enc = self.tokenizer
-        if len(messages) > 1 and messages[0].get("role") == "system":
-            prefix = self._render(messages[:-1], generation_prompt=False)
-            if full.startswith(prefix) and len(prefix) < len(full):
-                head = enc(prefix, add_special_tokens=False)["input_ids"]
-                tail = enc(full[len(prefix) :], add_special_tokens=False)["input_ids"]
-                return list(head) + list(tail), len(head)
-        return list(enc(full, add_special_tokens=False)["input_ids"]), 0
-
-    def fit_passages(
-        self, question: str, passages: Sequence[str], max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
-    ) -> list[str]:
-        """The passages (in rank order) that fit the context budget, the last one maybe trimmed
-        (:func:`rag.generate.context_budget.fit_passages`)."""
-        return context_budget.fit_passages(self, question, passages, max_new_tokens)
+    def model_positions(self) -> int | None:
+        return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
 
     # ---- caches --------------------------------------------------------------------------------
 
@@ -349,19 +299,8 @@ class Generator:
             )
         return new
 
-    def finish_reason(
-        self, new: Sequence[int], max_new_tokens: int, stop: Sequence[str] | None = None
-    ) -> str:
-        """Why decoding the new ids ``new`` ended, in OpenAI's words: ``"length"`` when it ran to
-        ``max_new_tokens`` and nothing else ended it there (eos, a stop string of ``stop`` or of
-        :attr:`rules`, the loop guard), else ``"stop"``. Read from the ids, because
-        ``model.generate`` and the batched decoder both return ids only, so both report alike."""
-        if len(new) < max_new_tokens or (new and int(new[-1]) in eos_ids(self.model)):
-            return "stop"
-        if loop_cut(list(new), self.rules) is not None:
-            return "stop"
-        text = self.tokenizer.decode(list(new), skip_special_tokens=False)
-        return "stop" if cut_at_stop(text, self.rules.stops(stop))[1] else "length"
+    def stop_ids(self) -> set[int]:
+        return set(eos_ids(self.model))
 
     def generate(
         self,
@@ -375,10 +314,11 @@ class Generator:
         stats: dict[str, Any] | None = None,
         prompt_cache: Any = None,
         ban: Sequence[Sequence[int]] | None = None,
+        continuation: str = "",
     ) -> str:
         """The assistant's reply to chat ``messages`` (greedy when ``temperature`` is 0), cut at
         the first stop string (``stop`` + :attr:`rules`' own) and trimmed to one copy of a loop."""
-        ids, prefix_len = self.prompt_ids(messages)
+        ids, prefix_len = self.prompt_ids(messages, continuation)
         new = self.generate_ids(
             ids,
             prefix_len,
@@ -391,8 +331,7 @@ class Generator:
             prompt_cache=prompt_cache,
             ban=ban,
         )
-        text = self.tokenizer.decode(trim_repetition(new, self.rules), skip_special_tokens=True)
-        return cut_at_stop(text, self.rules.stops(stop))[0].strip()
+        return self.reply_text(new, stop)
 
     def score_continuations(
         self, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
@@ -418,6 +357,7 @@ class Generator:
         stats: dict[str, Any] | None = None,
         prompt_cache: Any = None,
         ban: Sequence[Sequence[int]] | None = None,
+        continuation: str = "",
     ) -> Iterator[str]:
         """Text deltas of the reply as they are decoded; joined they equal :meth:`generate`.
         ``stats`` as for :meth:`generate_ids`, filled once the reply is complete.
@@ -425,7 +365,7 @@ class Generator:
         Closing the iterator early (e.g. a UI "stop" button) cancels decoding.
         """
         t0 = time.perf_counter()
-        ids, prefix_len = self.prompt_ids(messages)
+        ids, prefix_len = self.prompt_ids(messages, continuation)
         kw = self._generate_kwargs(
             ids,
             prefix_len,

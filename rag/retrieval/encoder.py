@@ -206,8 +206,10 @@ class Encoder:
 
     # ------------------------------------------------------------------ encoding
 
-    def batches(self, texts: list[str]) -> list[list[int]]:
-        """Indices of ``texts`` grouped into batches of similar token length (longest first)."""
+    def batches(self, texts: list[str], batch_tokens: int | None = None) -> list[list[int]]:
+        """Indices of ``texts`` grouped into batches of similar token length (longest first),
+        each at most ``batch_tokens`` padded tokens (default :attr:`batch_tokens`)."""
+        limit = batch_tokens or self.batch_tokens
         cap = int(self.model.max_seq_length)
         lengths = [min(n + 2, cap) for n in count_tokens(self.tokenizer, texts)]
         order = sorted(range(len(texts)), key=lambda i: -lengths[i])
@@ -216,7 +218,7 @@ class Encoder:
             if (
                 out
                 and len(out[-1]) < self.max_batch
-                and lengths[out[-1][0]] * (len(out[-1]) + 1) <= self.batch_tokens
+                and lengths[out[-1][0]] * (len(out[-1]) + 1) <= limit
             ):
                 out[-1].append(i)
             else:
@@ -229,11 +231,13 @@ class Encoder:
         kind: str = "document",
         progress: bool = False,
         on_batch: Callable[[int], None] | None = None,
+        batch_tokens: int | None = None,
     ) -> np.ndarray:
         """L2-normalised float32 embeddings, shape (len(texts), dim), in input order.
         ``kind`` selects the model's document or query prompt; ``on_batch(n)`` is called after
         each batch of ``n`` texts; ``progress`` shows a bar on a terminal, else a line at a
-        steady interval (:mod:`rag.progress`)."""
+        steady interval (:mod:`rag.progress`); ``batch_tokens`` overrides :attr:`batch_tokens`
+        (texts of mixed lengths, such as sentences, pad less in smaller batches)."""
         import torch
 
         from rag.progress import Progress
@@ -244,7 +248,7 @@ class Encoder:
         fn = self.model.encode_query if kind == "query" else self.model.encode_document
         bar = Progress(len(texts), "encode", "chunk", enabled=progress)
         with torch.inference_mode():
-            for batch in self.batches(texts):
+            for batch in self.batches(texts, batch_tokens):
                 vecs = fn(
                     [texts[i] for i in batch],
                     batch_size=len(batch),

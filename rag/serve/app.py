@@ -334,7 +334,7 @@ def create_app(
 CLI_FIELDS = (
     "index", "encoder", "decoder", "adapter", "k", "mode", "where", "rerank", "rerank_depth",
     "rerank_weight", "rerank_precision", "temperature", "top_p", "max_new_tokens", "max_context_tokens", "min_score",
-    "prefix_cache", "prompt_cache_mb", "complete_citations", "reader", "reader_threshold", "compose", "device",
+    "prefix_cache", "prompt_cache_mb", "complete_citations", "reader", "reader_threshold", "compose", "evidence_tokens", "evidence_passages", "engine", "device",
     "decoder_precision", "profile", "batching",
     "decoder_compile", "cache_implementation",
 )  # fmt: skip

@@ -1,0 +1,189 @@
+"""Evidence selection: the encoder reads the retrieved passages and keeps the sentences that answer.
+
+Why: the decoder's time goes to its prompt (prefill is most of an answer on a 2-core CPU), and a
+small decoder reads five whole passages worse than the few sentences that matter. The
+bidirectional encoder that retrieved the passages reads them again at a finer grain, cheaply:
+every passage is cut into units (a sentence, a list item, a code block, a table row), each unit
+is embedded with the index's own encoder and scored against the question, and the best units
+within a token budget are kept, in document order, as one excerpt per passage. The decoder then
+writes from a prompt a fraction of the size (:func:`rag.prompt.build_evidence_messages`).
+
+A unit's score is its cosine to the query (the encoder's reading) plus a lexical term: the share
+of the question's content words the unit holds (what a user typed, an option name or a command,
+often occurs verbatim in the answer). A unit that ends with ``:`` introduces what follows (a
+code block, a list), so the next unit comes with it. The passage ranked first by retrieval
+always contributes its best unit, so an excerpt set is never without the top hit.
+
+Measured in docs/answering.md against five whole passages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from rag.answer.support import content_words
+
+LEXICAL_WEIGHT = 0.3  # weight of the question-word share beside the cosine (chosen on dev sets)
+# padded tokens per encoder batch: units differ in length (a 5-word sentence, a long code block),
+# and a batch is padded to its longest unit, so small batches of similar lengths waste far less
+# than the 8k-token batches that suit chunks of equal size (docs/answering.md measures it)
+UNIT_BATCH_TOKENS = 1024
+MAX_UNIT_WORDS = 60  # longer prose is cut into pieces of about this many words
+
+_BLANK = re.compile(r"\n\s*\n")
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9])")
+_CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A piece of a passage: its character offsets in the passage text."""
+
+    passage: int  # index of the passage among those given
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class Excerpt:
+    """The units kept from one passage, joined in document order (gaps marked with ``…``)."""
+
+    passage: int  # index of the passage among those given
+    text: str
+    units: tuple[Unit, ...]
+    score: float  # the best kept unit's score
+    best: str = ""  # the best kept unit's text (the answer when the decoder writes nothing)
+
+
+def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """Prose ``text[start:end]`` cut into sentences, long ones into ~MAX_UNIT_WORDS pieces."""
+    out = []
+    pos = start
+    for m in [*_SENTENCE.finditer(text, start, end), None]:
+        stop = m.start() if m else end
+        seg = text[pos:stop]
+        if seg.strip():
+            words = list(re.finditer(r"\S+", seg))
+            for i in range(0, len(words), MAX_UNIT_WORDS):
+                group = words[i : i + MAX_UNIT_WORDS]
+                out.append((pos + group[0].start(), pos + group[-1].end()))
+        pos = m.end() if m else end
+    return out
+
+
+def split_units(text: str, passage: int = 0) -> list[Unit]:
+    """A passage's units: blocks are split at blank lines; a block whose lines look like code
+    (indented, ``>>>``, ``$``) stays whole, as does each list item's line; prose is split into
+    sentences. Offsets index ``text``."""
+    units: list[Unit] = []
+    pos = 0
+    for m in [*_BLANK.finditer(text), None]:
+        stop = m.start() if m else len(text)
+        block = text[pos:stop]
+        if block.strip():
+            lines = [ln for ln in block.splitlines() if ln.strip()]
+            lead = pos + (len(block) - len(block.lstrip()))
+            tail = pos + len(block.rstrip())
+            if all(_CODE_LINE.match(ln) for ln in lines) or (
+                len(lines) > 1 and sum(bool(_CODE_LINE.match(ln)) for ln in lines) > len(lines) / 2
+            ):
+                units.append(Unit(passage, lead, tail))
+            elif all(_LIST_ITEM.match(ln) for ln in lines) and len(lines) > 1:
+                off = pos
+                for ln in block.splitlines(keepends=True):
+                    if ln.strip():
+                        s = off + (len(ln) - len(ln.lstrip()))
+                        units.append(Unit(passage, s, off + len(ln.rstrip())))
+                    off += len(ln)
+            else:
+                units.extend(Unit(passage, s, e) for s, e in _pieces(text, lead, tail))
+        pos = m.end() if m else len(text)
+    return units
+
+
+def lexical_share(question_words: set[str], text: str) -> float:
+    """The share of the question's content words that ``text`` holds."""
+    if not question_words:
+        return 0.0
+    return len(question_words & content_words(text)) / len(question_words)
+
+
+def select(
+    question: str,
+    passages: Sequence[str],
+    embed: Callable[[list[str], str], np.ndarray],
+    budget: int,
+    count_tokens: Callable[[str], int],
+    lexical_weight: float = LEXICAL_WEIGHT,
+) -> list[Excerpt]:
+    """The excerpts to give the decoder: the best-scoring units of ``passages`` (in retrieval
+    order) whose tokens fit ``budget``, grouped per passage in document order; passages ordered
+    by their best unit. ``embed(texts, kind)`` returns L2-normalised rows (``kind`` "query" or
+    "document": :meth:`rag.retrieval.encoder.Encoder.encode`)."""
+    units = [u for i, p in enumerate(passages) for u in split_units(p, i)]
+    if not units:
+        return []
+    texts = [" ".join(passages[u.passage][u.start : u.end].split()) for u in units]
+    q = embed([question], "query")[0]
+    vecs = embed(texts, "document")
+    qwords = content_words(question)
+    scores = vecs @ q + lexical_weight * np.array([lexical_share(qwords, t) for t in texts])
+    order = sorted(range(len(units)), key=lambda i: -scores[i])
+    # the first passage's best unit first: retrieval's best guess is never dropped
+    first = next((i for i in order if units[i].passage == 0), None)
+    if first is not None:
+        order.remove(first)
+        order.insert(0, first)
+    kept: set[int] = set()
+    used = 0
+    for i in order:
+        group = [i]
+        nxt = i + 1
+        if texts[i].endswith(":") and nxt < len(units) and units[nxt].passage == units[i].passage:
+            group.append(nxt)  # "Use it like this:" brings its example
+        cost = sum(count_tokens(texts[j]) + 2 for j in group if j not in kept)
+        if used + cost > budget:
+            if kept:
+                continue
+            group = [i]  # the best unit alone, whatever its size: cut to the budget below
+        kept.update(group)
+        used += cost
+        if used >= budget:
+            break
+    out = []
+    for p in sorted({units[i].passage for i in kept}):
+        idx = sorted(i for i in kept if units[i].passage == p)
+        parts: list[str] = []
+        for a, b in zip([None, *idx], idx):
+            if a is not None and b != a + 1:
+                parts.append("…")
+            parts.append(texts[b])
+        text = " ".join(parts)
+        if not parts[0:1] or idx[0] != min(j for j, u in enumerate(units) if u.passage == p):
+            text = "… " + text
+        top = max(idx, key=lambda j: scores[j])
+        kept_units = tuple(units[j] for j in idx)
+        clipped = _clip(text, budget, count_tokens)
+        out.append(Excerpt(p, clipped, kept_units, float(scores[top]), texts[top]))
+    out.sort(key=lambda e: (e.passage != 0, -e.score))
+    return out
+
+
+def _clip(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:
+    """``text`` cut at a word boundary to about ``budget`` tokens (one unit over the budget)."""
+    if count_tokens(text) <= budget:
+        return text
+    words = text.split()
+    lo, hi = 1, len(words)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count_tokens(" ".join(words[:mid])) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo]) + " …"

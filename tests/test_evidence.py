@@ -1,0 +1,235 @@
+"""Evidence selection (rag.answer.evidence), the evidence prompt's short answer
+(rag.prompt.split_short_answer), locating it in a passage and attributing an uncited answer
+(rag.answer.verify), and the pipeline's evidence path with its two-part reply."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from rag.answer.evidence import select, split_units
+from rag.answer.verify import attribute, locate
+from rag.config import RAGConfig
+from rag.pipeline import RAGPipeline
+from rag.prompt import REFUSAL, split_short_answer
+from rag.types import Chunk, Hit
+
+VOCAB = [
+    "tar", "extract", "folder", "archive", "danube", "river", "length", "km", "compress",
+    "list", "flag", "python", "file", "line", "loop", "open", "read", "sort", "key",
+]  # fmt: skip
+
+
+def bag(text: str) -> np.ndarray:
+    """A deterministic stand-in for an encoder: L2-normalised counts of VOCAB words."""
+    words = re.findall(r"\w+", text.lower())
+    v = np.array([sum(w.startswith(t) for w in words) for t in VOCAB], dtype=np.float32) + 1e-3
+    return v / np.linalg.norm(v)
+
+
+def embed(texts: list[str], kind: str) -> np.ndarray:
+    return np.stack([bag(t) for t in texts])
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+# ---------------------------------------------------------------------------- units
+
+
+def test_units_split_prose_into_sentences_and_keep_code_and_list_items_whole():
+    text = (
+        "Open the file first. Then read it line by line.\n\n"
+        "    with open(p) as f:\n        for line in f:\n            print(line)\n\n"
+        "- read() returns everything\n- readline() returns one line\n"
+    )
+    units = [text[u.start : u.end] for u in split_units(text)]
+    assert units[0] == "Open the file first."
+    assert units[1] == "Then read it line by line."
+    assert units[2].startswith("with open(p) as f:") and units[2].endswith("print(line)")
+    assert units[3:] == ["- read() returns everything", "- readline() returns one line"]
+
+
+def test_a_long_sentence_is_cut_into_bounded_pieces():
+    text = " ".join(f"w{i}" for i in range(150)) + "."
+    units = split_units(text)
+    assert len(units) == 3 and all(words(text[u.start : u.end]) <= 60 for u in units)
+    assert text[units[0].start : units[-1].end] == text  # nothing lost
+
+
+# ---------------------------------------------------------------------------- selection
+
+
+PASSAGES = [
+    "The Rhine is long. It flows to the North Sea. Boats carry coal on it.",
+    "Many rivers cross Europe. The Danube river has a length of 2,850 km. It ends in the "
+    "Black Sea. Vienna stands on it.",
+    "Sort a list with sorted(). Use the key argument to sort by a field.",
+]
+
+
+def test_selection_keeps_the_answering_sentence_within_the_budget_in_document_order():
+    excerpts = select("What is the length of the Danube river?", PASSAGES, embed, 20, words)
+    texts = " ".join(e.text for e in excerpts)
+    assert "The Danube river has a length of 2,850 km." in texts
+    assert sum(words(e.text.replace("…", "")) for e in excerpts) <= 20 + 2
+    assert "Sort a list" not in texts  # an unrelated passage contributes nothing here
+    for e in excerpts:  # units of one passage stay in document order
+        starts = [u.start for u in e.units]
+        assert starts == sorted(starts)
+
+
+def test_the_first_passage_always_contributes_and_gaps_are_marked():
+    excerpts = select("What is the length of the Danube river?", PASSAGES, embed, 22, words)
+    assert excerpts[0].passage == 0  # retrieval's best stays first
+    danube = next(e for e in excerpts if e.passage == 1)
+    assert danube.text.startswith("…")  # its first sentence was not kept
+
+
+def test_a_unit_ending_with_a_colon_brings_what_it_introduces():
+    passage = (
+        "Archives are handy. To extract into a folder, run:\n\n    tar -xf a.tar -C folder\n\n"
+        "Compression is optional."
+    )
+    (excerpt,) = select("extract tar folder", [passage], embed, 30, words)
+    assert "run:" in excerpt.text and "tar -xf a.tar -C folder" in excerpt.text
+
+
+def test_an_oversized_best_unit_is_clipped_to_the_budget():
+    passage = "Danube river length " + " ".join(["km"] * 200) + "."
+    (excerpt,) = select("Danube river length", [passage], embed, 12, words)
+    assert words(excerpt.text) <= 13 and excerpt.text.endswith("…")
+
+
+# ---------------------------------------------------------------------------- the reply
+
+
+def test_short_answer_is_the_last_line_after_the_explanation():
+    s = split_short_answer("Run it with -C to pick the folder [2].\nShort answer: `tar -xf a -C D`")
+    assert (s.short, s.rest) == ("tar -xf a -C D", "Run it with -C to pick the folder [2].")
+    assert split_short_answer("It flows 2,850 km [1].\n**Short answer:** 2,850 km.").short == (
+        "2,850 km"
+    )
+
+
+def test_no_short_answer_without_the_line_for_a_sentence_or_a_refusal():
+    assert split_short_answer("Tanzania borders Kenya [1].").short is None
+    long_line = " ".join(["word"] * 20)
+    assert split_short_answer(f"It is so [1].\nShort answer: {long_line}").short is None
+    assert split_short_answer(f"{REFUSAL}\nShort answer: x").short is None
+
+
+def test_locate_finds_the_phrase_across_case_and_whitespace_only_word_for_word():
+    passage = "To extract, run tar -xf archive.tar\n  -C DIR into another folder."
+    start, end = locate("TAR -XF archive.tar -c dir", passage)
+    assert passage[start:end] == "tar -xf archive.tar\n  -C DIR"
+    assert locate("2,850 km.", "It flows 2,850 km to the sea.") is not None
+    assert locate("tar -xzf", passage) is None
+    assert locate("act", "extract") is None  # whole words only
+
+
+def test_attribute_names_the_passage_that_supports_the_answer_best():
+    passages = ["Boats carry coal.", "The Danube is 2,850 km long.", "Danube facts."]
+    assert attribute("The Danube is 2,850 km long.", passages, "How long is the Danube?") == 2
+    assert attribute("Elephants are grey.", passages) is None
+
+
+# ---------------------------------------------------------------------------- pipeline
+
+
+class Encoder:
+    def encode(self, texts, kind="document", batch_tokens=None):
+        return embed(list(texts), kind)
+
+
+class Retriever:
+    encoder = Encoder()
+
+    def __init__(self, hits):
+        self.hits = hits
+
+    def search(self, query, k=5, mode="hybrid"):
+        return self.hits[:k]
+
+
+class TwoPartDecoder:
+    """Ends its turn after the explanation; the short answer comes when asked for it through
+    the continuation, like the 0.5B."""
+
+    def __init__(self, explanation: str, short: str):
+        self.explanation, self.short = explanation, short
+        self.calls: list[dict] = []
+
+    def fit_passages(self, question, passages, max_new_tokens=256):
+        return list(passages)
+
+    def count_tokens(self, text):
+        return words(text)
+
+    def stream(self, messages, continuation="", stats=None, **kw):
+        self.calls.append({"messages": messages, "continuation": continuation, **kw})
+        text = (" " + self.short) if continuation else self.explanation
+        if stats is not None:
+            stats.update(new_tokens=len(text.split()), total_s=0.1, ttft_s=0.05)
+        yield from [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
+
+
+def hit(i: int, text: str) -> Hit:
+    return Hit(Chunk(f"id{i}", text, f"/docs/f{i}.md", ("Guide",), 100, 100 + len(text)), 0.9, i)
+
+
+def evidence_pipeline(explanation: str, short: str) -> tuple[RAGPipeline, TwoPartDecoder]:
+    hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
+    gen = TwoPartDecoder(explanation, short)
+    cfg = RAGConfig(evidence_tokens=40, answerability_threshold=None, k=3)
+    return RAGPipeline(cfg, retriever=Retriever(hits), generator=gen), gen
+
+
+def test_the_short_answer_is_decoded_as_a_continuation_of_the_explanation():
+    pipe, gen = evidence_pipeline("The Danube river is 2,850 km long [2].", "2,850 km")
+    answer = pipe.answer("What is the length of the Danube river?")
+    explanation = "The Danube river is 2,850 km long [2]."
+    assert [c["continuation"] for c in gen.calls] == ["", f"{explanation}\nShort answer:"]
+    assert "Short answer:" in gen.calls[0]["stop"]  # the visible reply ends at that line
+    assert answer.text == "The Danube river is 2,850 km long.\nShort answer: 2,850 km"
+    user = gen.calls[0]["messages"][-1]["content"]
+    assert user.startswith("Excerpts:") and "Sort a list" not in user
+    # [2] names the second excerpt, which is the Danube passage; the span is found in it
+    assert [c.chunk_id for c in answer.citations] == ["id2"]
+    span = answer.answer_span
+    assert (span.text, span.number, span.origin) == ("2,850 km", 2, "decoder")
+    assert PASSAGES[1][span.start : span.end] == "2,850 km"
+    assert span.source_start == 100 + span.start
+    streamed = list(pipe.stream("What is the length of the Danube river?"))
+    assert "".join(streamed[:-1]) == f"{explanation}\nShort answer: 2,850 km"
+
+
+def test_a_short_answer_no_passage_holds_is_no_span_and_an_uncited_answer_is_attributed():
+    pipe, _ = evidence_pipeline("The Danube river has a length of 2,850 km.", "3,000 miles")
+    answer = pipe.answer("What is the length of the Danube river?")
+    assert answer.answer_span is None
+    assert answer.citations_completed and [c.chunk_id for c in answer.citations] == ["id2"]
+
+
+def test_a_refusal_is_not_continued():
+    pipe, gen = evidence_pipeline(REFUSAL, "unused")
+    answer = pipe.answer("What is the length of the Danube river?")
+    assert answer.refused and len(gen.calls) == 1 and answer.answer_span is None
+
+
+def test_evidence_tokens_zero_gives_the_whole_passages():
+    hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
+    gen = TwoPartDecoder("x", "y")
+    gen.generate = lambda messages, **kw: gen.calls.append(messages) or "It is long [1]."
+    cfg = RAGConfig(evidence_tokens=0, answerability_threshold=None, k=3)
+    RAGPipeline(cfg, retriever=Retriever(hits), generator=gen).answer("Danube length?")
+    assert gen.calls[0][-1]["content"].startswith("Passages:")
+
+
+def test_an_empty_reply_is_answered_by_the_best_sentence_of_the_first_excerpt():
+    pipe, _ = evidence_pipeline("", "")
+    answer = pipe.answer("What is the length of the Danube river?")
+    assert not answer.refused and answer.text
+    assert answer.text in PASSAGES[answer.citations[0].number - 1]
