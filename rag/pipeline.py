@@ -58,7 +58,7 @@ from rag.answer.answerability import FITTED_PASSAGES, AnswerabilityDecision, che
 from rag.answer.refusal import RefusalDecision, decide, supports_gate
 from rag.answer.relevance import relevant_hits
 from rag.answer.rewrite import rewrite_query
-from rag.answer.verify import verify_answer
+from rag.answer.verify import locate, verify_answer
 from rag.config import RAGConfig
 from rag.prompt import (
     DEFAULT_STOP,
@@ -343,7 +343,8 @@ class RAGPipeline:
         threshold = self.config.answerability_threshold
         # the check reads as many passages as it was fitted on (rag.answer.answerability)
         answerable = check(self.retriever, query, hits[:FITTED_PASSAGES], threshold)
-        excerpts = self.select_evidence(query, hits, gen, timings)
+        budget_new = max_new_tokens or self.config.max_new_tokens
+        excerpts = self.select_evidence(query, hits, gen, timings, budget_new)
         if excerpts:
             # one excerpt per hit it came from, [1] first; the other hits follow, uncited
             chosen = [hits[e.passage] for e in excerpts]
@@ -352,7 +353,6 @@ class RAGPipeline:
             return Prepared(
                 question, query, ordered, messages, timings, answerable, reranker, evidence=excerpts
             )
-        budget_new = max_new_tokens or self.config.max_new_tokens
         hits = hits[: k or self.config.k]  # whole passages: the k best that fit
         kept = gen.fit_passages(query, [h.chunk.text for h in hits], budget_new)
         hits = hits[: len(kept)]
@@ -370,18 +370,41 @@ class RAGPipeline:
         )
 
     def select_evidence(
-        self, query: str, hits: list[Hit], gen: Any, timings: dict[str, float]
+        self,
+        query: str,
+        hits: list[Hit],
+        gen: Any,
+        timings: dict[str, float],
+        max_new_tokens: int | None = None,
     ) -> list[Any] | None:
         """The encoder's excerpts of ``hits`` (:func:`rag.answer.evidence.select`) within
-        ``config.evidence_tokens`` decoder tokens, or None when that is 0 (whole passages) or
-        the retriever has no encoder to read with; ``timings["evidence_s"]`` records the time."""
+        ``config.evidence_tokens`` decoder tokens (fewer when the context window has less room
+        beside the evidence prompt and ``max_new_tokens``), or None when excerpts are off (0),
+        the retriever has no encoder to read with, or the decoder's context has no room for
+        the evidence prompt (the k-passage prompt, shorter, is used); ``timings["evidence_s"]``
+        records the time."""
         if not self.reads_evidence or not hasattr(gen, "count_tokens"):
             return None
         budget, encoder = self.config.evidence_tokens, self.retriever.encoder
+        if hasattr(gen, "prompt_ids") and hasattr(gen, "max_positions"):
+            from rag.generate.context_budget import QuestionTooLongError, space_left
+
+            new = max_new_tokens or self.config.max_new_tokens
+            try:
+                left = space_left(gen, build_evidence_messages(query, []), new)
+            except QuestionTooLongError:
+                left = 0
+            budget = min(budget, left - 8 * len(hits))  # markers and gaps
+            if budget < 16:  # no room (a small context): the k-passage path trims or refuses
+                return None
+
         from rag.answer.evidence import UNIT_BATCH_TOKENS, select
+        from rag.retrieval.encoder import Encoder
 
         def embed(texts: list[str], kind: str) -> Any:
-            return encoder.encode(texts, kind, batch_tokens=UNIT_BATCH_TOKENS)
+            if isinstance(encoder, Encoder):  # small batches of similar length pad less
+                return encoder.encode(texts, kind, batch_tokens=UNIT_BATCH_TOKENS)
+            return encoder.encode(texts, kind)
 
         t0 = time.perf_counter()
         excerpts = select(query, [h.chunk.text for h in hits], embed, budget, gen.count_tokens)
@@ -714,8 +737,6 @@ def short_answer_span(raw: str, answer: Answer, prep: Prepared) -> AnswerSpan | 
     :class:`AnswerSpan`, found word for word in a given passage: the cited ones first, then the
     rest in prompt order; None when the reply has none or no passage holds it (an answer
     the documents do not contain is never shown as a span of them)."""
-    from rag.answer.verify import locate
-
     if answer.refused:
         return None
     short = split_short_answer(raw).short
@@ -749,7 +770,8 @@ def evidence_reply(
     gen: Any, prep: Prepared, args: dict[str, Any], stats: dict[str, Any]
 ) -> Iterator[str]:
     """Text deltas of the reply to an evidence prompt: the explanation, then a last line
-    ``Short answer: ...`` (:data:`rag.prompt.SHORT_ANSWER`). The explanation is decoded up to
+    ``Short answer: ...`` (:data:`rag.prompt.SHORT_ANSWER`) when a given passage holds that
+    answer word for word (an answer the documents do not hold is not shown as theirs). The explanation is decoded up to
     that line; the short answer is always decoded as a continuation of the explanation
     (``continuation``: prompt + explanation + the line's label, whose keys and values the
     engine's prefix cache already holds: a few tokens of prefill), because small decoders
@@ -763,15 +785,18 @@ def evidence_reply(
         yield delta
     stats.update(first)
     explanation = "".join(parts).strip()
-    if not explanation or is_refusal(explanation):
+    left = min(SHORT_ANSWER_TOKENS, args["max_new_tokens"] - first.get("new_tokens", 0))
+    if not explanation or is_refusal(explanation) or first.get("finish_reason") == "length":
+        return  # nothing to read it off, or the answer's token limit already reached
+    if left < 1:
         return
     more: dict[str, Any] = {}
-    short_args = {**args, "max_new_tokens": SHORT_ANSWER_TOKENS, "stop": ("\n", *DEFAULT_STOP)}
+    short_args = {**args, "max_new_tokens": left, "stop": ("\n", *DEFAULT_STOP)}
     label = f"{explanation}\n{SHORT_ANSWER}"
     short = "".join(gen.stream(prep.messages, **short_args, stats=more, continuation=label))
     short = clean_short_answer(short) or ""
-    if short:
-        yield f"\n{SHORT_ANSWER} {short}"
+    if short and any(locate(short, h.chunk.text) for h in prep.hits):
+        yield f"\n{SHORT_ANSWER} {short}"  # shown only where a passage holds it word for word
     stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
     stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)
 

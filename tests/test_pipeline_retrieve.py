@@ -68,7 +68,8 @@ def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
 def test_citations_resolve_to_retrieved_chunks(pipe, mode):
     q = "how do I read a file line by line"
-    hits = pipe.retrieve(q, mode=mode)
+    read = max(pipe.config.k, pipe.config.evidence_passages)  # what the encoder reads
+    hits = pipe.retrieve(q, k=read if pipe.reads_evidence else None, mode=mode)
     assert hits[0].chunk.source.endswith("files.md")
     ans = pipe.answer(q, mode=mode)
     assert not ans.refused

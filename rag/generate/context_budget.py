@@ -21,6 +21,20 @@ class QuestionTooLongError(ValueError):
     """The question alone does not fit the decoder's context (rag.serve answers it with a 400)."""
 
 
+def space_left(generator: Any, bare: Sequence[dict[str, str]], max_new_tokens: int) -> int:
+    """Tokens left for passages (or excerpts) beside the prompt ``bare`` (the prompt without
+    any) and ``max_new_tokens``; :class:`QuestionTooLongError` when the question alone does not
+    fit."""
+    budget = generator.max_positions - max_new_tokens
+    overhead = len(generator.prompt_ids(bare)[0])
+    if overhead > budget:
+        raise QuestionTooLongError(
+            f"the question alone takes {overhead} tokens, over the budget of {budget} "
+            f"({generator.max_positions} positions - {max_new_tokens} new tokens)"
+        )
+    return budget - overhead
+
+
 def fit_passages(
     generator: Any,
     question: str,
@@ -30,13 +44,7 @@ def fit_passages(
     """The passages (in rank order) that fit ``generator``'s context budget, the last one maybe
     trimmed; :class:`QuestionTooLongError` when the question alone does not fit."""
     budget = generator.max_positions - max_new_tokens
-    overhead = len(generator.prompt_ids(generator.messages(question, []))[0])
-    if overhead > budget:
-        raise QuestionTooLongError(
-            f"the question alone takes {overhead} tokens, over the budget of {budget} "
-            f"({generator.max_positions} positions - {max_new_tokens} new tokens)"
-        )
-    left = budget - overhead
+    left = space_left(generator, generator.messages(question, []), max_new_tokens)
     kept: list[str] = []
     for i, text in enumerate(passages, start=1):
         text = " ".join(text.split())
