@@ -420,6 +420,21 @@ def check_models(cfg: RAGConfig) -> None:
     except ValueError as e:
         raise ValueError(f"--rerank: {e}") from None
     resolve_reader(cfg.reader)  # auto and none never fail; a missing one names --reader
+    if cfg.engine == "openvino":  # where it cannot run the decoder: one line saying why
+        engine_for(cfg, "cuda" if cfg.device == "cuda" else "cpu")
+
+
+def engine_for(cfg: RAGConfig, device: str | None = None) -> str:
+    """The engine the decoder runs on (``torch`` or ``openvino``): ``cfg.engine`` resolved for
+    its decoder, adapter and ``device`` (None: the config's, ``auto`` resolved, which imports
+    torch) by :func:`rag.generate.engines.choose_engine`."""
+    from rag.generate.engines import choose_engine
+
+    if device is None:
+        from rag.models import pick_device
+
+        device = pick_device(cfg.device)
+    return choose_engine(cfg.engine, cfg.decoder, resolve_adapter(cfg.decoder, cfg.adapter), device)
 
 
 @dataclass(frozen=True)
@@ -438,9 +453,12 @@ def resolve_models(cfg: RAGConfig) -> ResolvedModels:
     and one line on each for people, so the server and the UI say which models answer."""
     rerank = resolve_reranker(cfg.rerank)
     adapter = resolve_adapter(cfg.decoder, cfg.adapter)
+    engine = "OpenVINO GenAI" if engine_for(cfg) == "openvino" else "torch"
     return ResolvedModels(
         replace(cfg, adapter=adapter, rerank=rerank),
-        describe_decoder(cfg.decoder, cfg.adapter),
+        describe_decoder(cfg.decoder, cfg.adapter).replace(
+            str(cfg.decoder), f"{cfg.decoder} on {engine}", 1
+        ),
         describe_reranker(cfg.rerank, rerank),
         describe_reader(cfg.reader),
     )

@@ -286,8 +286,7 @@ def describe_decoder(decoder: str | Path, adapter: str | Path | None) -> str:
         )
     if resolved:
         return f"{decoder} + LoRA adapter {Path(resolved).name} (tuned here for cited answers)"
-    hint = " (no adapter trained yet: `make models`)" if str(adapter) == "auto" else ""
-    return f"{decoder}, zero-shot{hint}"
+    return f"{decoder}, zero-shot"  # the first-run default: nothing needs training
 
 
 def span_only_adapter(adapter: str | Path | None) -> bool:

@@ -14,8 +14,9 @@ from pathlib import Path
 ENGINES = ("auto", "torch", "openvino")  # RAGConfig.engine
 
 
-class EngineUnavailable(RuntimeError):
-    """The OpenVINO engine cannot serve this decoder here (message says why and what to do)."""
+class EngineUnavailable(ValueError):
+    """``--engine openvino`` cannot serve this decoder here (message says why): the command as
+    given cannot run (exit 2)."""
 
 
 def openvino_available() -> bool:
