@@ -141,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer.to_dict(), indent=2, ensure_ascii=False))
         return 0
-    if answer.answer_span is not None:
+    if answer.answer_span is not None and answer.answer_span.origin != "decoder":
+        # the reader's span; a decoder's short answer is the reply's own last line already
         print(f"Short answer: {answer.answer_span.text} [{answer.answer_span.number}]")
     if not args.stream:
         print(answer.text + "\n")
