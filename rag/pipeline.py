@@ -625,16 +625,14 @@ class RAGPipeline:
 def load_decoder(cfg: RAGConfig, adapter: str | Path | None) -> Any:
     """The decoder for ``cfg`` with ``adapter`` (``auto`` / ``none`` / a folder, as
     ``RAGConfig.adapter``) and every decoding setting, on the engine ``cfg.engine`` resolves to
-    (:func:`rag.generate.ov_engine.choose_engine`: OpenVINO GenAI where it can run the decoder,
-    a :class:`rag.generate.generator.Generator` on torch elsewhere)."""
-    from rag.generate.engines import choose_engine
+    (:func:`rag.config.engine_for`: OpenVINO GenAI where it can run the decoder, a
+    :class:`rag.generate.generator.Generator` on torch elsewhere)."""
+    from rag.config import engine_for
     from rag.generate.generator import Generator
     from rag.generate.ov_engine import OpenVINOGenerator
     from rag.generate.speed import DecodeSpeed
-    from rag.models import pick_device, resolve_adapter
 
-    resolved = resolve_adapter(cfg.decoder, adapter)
-    if choose_engine(cfg.engine, cfg.decoder, resolved, pick_device(cfg.device)) == "openvino":
+    if engine_for(replace(cfg, adapter=adapter)) == "openvino":
         return OpenVINOGenerator.load(
             cfg.decoder,
             device=cfg.device,
@@ -742,27 +740,37 @@ def short_answer_span(raw: str, answer: Answer, prep: Prepared) -> AnswerSpan | 
     short = split_short_answer(raw).short
     if not short:
         return None
-    cited = [c.number for c in answer.citations]
-    order = [*cited, *(n for n in range(1, len(prep.hits) + 1) if n not in cited)]
+    found = find_short_answer(short, prep.hits, [c.number for c in answer.citations])
+    if found is None:
+        return None
+    n, start, end = found
+    c = prep.hits[n - 1].chunk
+    return AnswerSpan(
+        text=c.text[start:end],
+        number=n,
+        source=c.source,
+        chunk_id=c.id,
+        start=start,
+        end=end,
+        source_start=c.start + start,
+        source_end=c.start + end,
+        score=0.0,
+        path=c.path,
+        origin="decoder",
+    )
+
+
+def find_short_answer(
+    short: str, hits: list[Hit], first: list[int] | tuple[int, ...] = ()
+) -> tuple[int, int, int] | None:
+    """(passage number, start, end) of the first given passage that holds ``short`` word for
+    word (:func:`rag.answer.verify.locate`): the numbers in ``first`` (the cited ones) before
+    the rest in prompt order; None when none does."""
+    order = [*first, *(n for n in range(1, len(hits) + 1) if n not in first)]
     for n in order:
-        c = prep.hits[n - 1].chunk
-        found = locate(short, c.text)
-        if found is None:
-            continue
-        start, end = found
-        return AnswerSpan(
-            text=c.text[start:end],
-            number=n,
-            source=c.source,
-            chunk_id=c.id,
-            start=start,
-            end=end,
-            source_start=c.start + start,
-            source_end=c.start + end,
-            score=0.0,
-            path=c.path,
-            origin="decoder",
-        )
+        found = locate(short, hits[n - 1].chunk.text)
+        if found is not None:
+            return n, *found
     return None
 
 
@@ -788,14 +796,14 @@ def evidence_reply(
     left = min(SHORT_ANSWER_TOKENS, args["max_new_tokens"] - first.get("new_tokens", 0))
     if not explanation or is_refusal(explanation) or first.get("finish_reason") == "length":
         return  # nothing to read it off, or the answer's token limit already reached
-    if left < 1:
+    if left < 1:  # no token left of the limit for it
         return
     more: dict[str, Any] = {}
     short_args = {**args, "max_new_tokens": left, "stop": ("\n", *DEFAULT_STOP)}
     label = f"{explanation}\n{SHORT_ANSWER}"
     short = "".join(gen.stream(prep.messages, **short_args, stats=more, continuation=label))
     short = clean_short_answer(short) or ""
-    if short and any(locate(short, h.chunk.text) for h in prep.hits):
+    if short and find_short_answer(short, prep.hits) is not None:
         yield f"\n{SHORT_ANSWER} {short}"  # shown only where a passage holds it word for word
     stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
     stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)

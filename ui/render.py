@@ -30,7 +30,7 @@ from typing import Any
 from rag.markup import FENCE_START, close_fence, inert, split_code
 
 # One definition of what a citation marker is: the parser's own (``lines[1]`` is code).
-from rag.prompt import CITATION, CITATION_RUN, SHORT_ANSWER
+from rag.prompt import CITATION, CITATION_RUN, split_short_answer
 from rag.types import Answer, AnswerSpan, Citation, Hit
 
 UNSUPPORTED_TIP = "not supported by the cited passage"
@@ -187,10 +187,11 @@ def reply_markdown(answer: Answer) -> str:
     """The chat reply: the model's text with linked markers, plus a note for what the citations
     check found and for dropped markers."""
     marks = Marks.of(answer)
-    text, ends_in_block = render_markdown(answer.raw_text or answer.text, marks)
+    raw = answer.raw_text or answer.text
     span = answer.answer_span
     if span is not None and span.origin == "decoder":  # the reply's last line goes on top
-        text = re.sub(r"(?im)\n?^[ \t*_]*" + re.escape(SHORT_ANSWER) + r".*$", "", text).rstrip()
+        raw = split_short_answer(raw).rest
+    text, ends_in_block = render_markdown(raw, marks)
     if span is not None:  # the short answer, bold, above the sentences
         text = f"**{_escape_span(span.text)}**\n\n{text}"
     if answer.citations_completed and answer.citations:

@@ -155,17 +155,18 @@ def select(
         used += cost
         if used >= budget:
             break
+    first_unit: dict[int, int] = {}  # each passage's first unit
+    for i, u in enumerate(units):
+        first_unit.setdefault(u.passage, i)
     out = []
     for p in sorted({units[i].passage for i in kept}):
         idx = sorted(i for i in kept if units[i].passage == p)
-        parts: list[str] = []
+        parts = ["…"] if idx[0] != first_unit[p] else []  # the passage's start was left out
         for a, b in zip([None, *idx], idx):
             if a is not None and b != a + 1:
                 parts.append("…")
             parts.append(texts[b])
         text = " ".join(parts)
-        if not parts[0:1] or idx[0] != min(j for j, u in enumerate(units) if u.passage == p):
-            text = "… " + text
         top = max(idx, key=lambda j: scores[j])
         kept_units = tuple(units[j] for j in idx)
         clipped = _clip(text, budget, count_tokens)

@@ -17,7 +17,7 @@ so HTTP handlers and the retriever keep running beside it).
 What the engine does not offer: the log-probability of a given continuation (citation scores,
 the refusal gate of :mod:`rag.answer.refusal`) and LoRA adapters trained by ``training.lora``
 on the dequantised weights. A decoder with an adapter runs on torch (``engine = "auto"`` picks
-it, :func:`choose_engine`); an answer with no citation of its own is attributed by the passages'
+it, :func:`rag.generate.engines.choose_engine`); an answer with no citation of its own is attributed by the passages'
 support of its words (:func:`rag.answer.verify.attribute`), not by decoder likelihoods.
 """
 
@@ -35,7 +35,12 @@ from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 from rag.generate.chat import DEFAULT_STOP, ChatDecoder
 from rag.generate.engines import EngineUnavailable, engine_gguf, engine_reason
 from rag.generate.stopping import DecodingRules, loop_cut
-from rag.generate.streaming import cut_at_stop, stream_tokens
+from rag.generate.streaming import stream_tokens
+
+
+def _running(handle: Any) -> bool:
+    """Whether the engine is still decoding the request behind ``handle``."""
+    return handle.get_status().name == "RUNNING"
 
 
 class _Request:
@@ -91,8 +96,6 @@ class _Stepper:
         return req
 
     def _run(self) -> None:
-        from openvino_genai import GenerationStatus
-
         while True:
             with self._cond:
                 while not self._active and not self._closed:
@@ -118,7 +121,7 @@ class _Stepper:
                         if new:
                             req.ids.extend(new)
                             req.chunks.put(new)
-                if handle.get_status() != GenerationStatus.RUNNING and not handle.can_read():
+                if not _running(handle) and not handle.can_read():
                     with self._cond:
                         self._active.pop(rid, None)
                     req.chunks.put(None)
@@ -260,7 +263,8 @@ class OpenVINOGenerator(ChatDecoder):
         return cfg
 
     def _chunks(self, req: _Request) -> Iterator[list[int]]:
-        """The request's new ids as they come; stops the request when the loop guard fires."""
+        """The request's new ids as they come; stops the request when the loop guard fires and
+        cancels it when the consumer goes away (a closed stream, a stop string already met)."""
         seen: list[int] = []
         try:
             for chunk in req:
@@ -269,8 +273,8 @@ class OpenVINOGenerator(ChatDecoder):
                 if self.rules.loop_guard and loop_cut(seen, self.rules) is not None:
                     req.handle.stop()
         finally:
-            if req.handle.get_status().name == "RUNNING":
-                req.handle.cancel()  # the consumer went away (a closed stream)
+            if _running(req.handle):
+                req.handle.cancel()
 
     def generate_ids(
         self,
@@ -284,29 +288,36 @@ class OpenVINOGenerator(ChatDecoder):
         stats: dict[str, Any] | None = None,
         **_: Any,
     ) -> list[int]:
-        """New token ids for a prompt given as ids; ``stats`` as
-        :meth:`rag.generate.generator.Generator.generate_ids` fills it (the engine keeps no
-        per-request count of reused prompt ids here, so ``cached_prefix_tokens`` is absent)."""
+        """New token ids for a prompt given as ids (the engine stops at ``stop`` itself);
+        ``stats`` as :meth:`rag.generate.generator.Generator.generate_ids` fills it."""
         t0 = time.perf_counter()
         req = self._stepper.submit(ids, self._config(max_new_tokens, temperature, top_p, stop))
-        new: list[int] = []
         first = None
-        stops = self.rules.stops(stop)
-        for chunk in self._chunks(req):
+        for _chunk in self._chunks(req):
             first = first or time.perf_counter()
-            new.extend(chunk)
-            if stops and cut_at_stop(self.decode(new), stops)[1]:
-                req.handle.stop()
+        self._stats(stats, ids, req, t0, max_new_tokens, stop)
         if stats is not None:
-            total = time.perf_counter() - t0
+            stats["ttft_s"] = (first or time.perf_counter()) - t0
+        return list(req.ids)
+
+    def _stats(
+        self,
+        stats: dict[str, Any] | None,
+        ids: Sequence[int],
+        req: _Request,
+        t0: float,
+        max_new_tokens: int,
+        stop: Sequence[str] | None,
+    ) -> None:
+        """Fill ``stats`` as the torch engine does (the engine keeps no per-request count of
+        reused prompt ids, so no ``cached_prefix_tokens``; ``ttft_s`` is the caller's)."""
+        if stats is not None:
             stats.update(
                 prompt_tokens=len(ids),
-                new_tokens=len(new),
-                ttft_s=(first - t0) if first else total,
-                total_s=total,
-                finish_reason=self.finish_reason(new, max_new_tokens, stop),
+                new_tokens=len(req.ids),
+                total_s=time.perf_counter() - t0,
+                finish_reason=self.finish_reason(req.ids, max_new_tokens, stop),
             )
-        return new
 
     def stop_ids(self) -> set[int]:
         return self._eos
@@ -354,17 +365,13 @@ class OpenVINOGenerator(ChatDecoder):
         t0 = time.perf_counter()
         ids, _prefix = self.prompt_ids(messages, continuation)
         req = self._stepper.submit(ids, self._config(max_new_tokens, temperature, top_p, stop))
+        chunks = self._chunks(req)
         stops = self.rules.stops(stop)
-        yield from stream_tokens(self._chunks(req), self.decode, stops, t0, stats, self.rules)
-        if req.handle.get_status().name == "RUNNING":
-            req.handle.stop()  # a stop string ended the text: the engine need not go on
-        if stats is not None:
-            stats.update(
-                prompt_tokens=len(ids),
-                new_tokens=len(req.ids),
-                total_s=time.perf_counter() - t0,
-                finish_reason=self.finish_reason(req.ids, max_new_tokens, stop),
-            )
+        try:
+            yield from stream_tokens(chunks, self.decode, stops, t0, stats, self.rules)
+        finally:
+            chunks.close()  # a stop string ended the text, or the consumer left: cancel the rest
+        self._stats(stats, ids, req, t0, max_new_tokens, stop)
 
     def close(self) -> None:
         """Cancel running requests and stop the worker thread."""
