@@ -318,26 +318,31 @@ def context_length(gguf: Path) -> int | None:
     return int(field.contents()) if field is not None else None
 
 
-def build_engine_folder(gguf: Path, out: Path, info: dict | None = None) -> Path:
+def build_engine_folder(
+    gguf: Path, out: Path, info: dict | None = None, *, move: bool = False
+) -> Path:
     """``out``: the GGUF an inference engine reads (``model.gguf``, tensor types it cannot read
     re-encoded: :func:`transcode_gguf`) beside the Hugging Face tokenizer read from the same file
     (prompts are tokenised exactly as the torch path does) and ``run.json``. Atomic, like
-    :func:`convert_gguf`."""
+    :func:`convert_gguf`. ``move``: ``gguf`` is a scratch file (the joined parts) that may be
+    moved in rather than copied when no tensor needs re-encoding."""
     from transformers import AutoTokenizer
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        target = tmp / ENGINE_GGUF
-        changed = 0
-        if engine_types_ok(gguf):
-            shutil.copyfile(gguf, target)
-        else:
-            changed = transcode_gguf(gguf, target)
         with MODEL_LOAD_LOCK:
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         tokenizer.save_pretrained(tmp)
+        target = tmp / ENGINE_GGUF
+        changed = 0
+        if not engine_types_ok(gguf):
+            changed = transcode_gguf(gguf, target)
+        elif move:
+            os.replace(gguf, target)
+        else:
+            shutil.copyfile(gguf, target)
         run = {"source": str(gguf), "reencoded_q8_0": changed}
         return _publish(tmp, out, {**run, "max_positions": context_length(target), **(info or {})})
     finally:
@@ -354,7 +359,7 @@ def package_engine_path(pkg: GGUFPackage) -> Path:
     out = models_dir() / f"{pkg.alias}-gguf"
     if is_engine_folder(out):
         return out
-    return _from_parts(pkg, lambda gguf, info: build_engine_folder(gguf, out, info))
+    return _from_parts(pkg, lambda gguf, info: build_engine_folder(gguf, out, info, move=True))
 
 
 def gguf_file_engine_path(gguf: Path, alias: str | None = None) -> Path:

@@ -1,7 +1,7 @@
 """The prompt side every decoder engine shares: chat template, token ids, context budget.
 
 Both engines (:class:`rag.generate.generator.Generator` on torch and
-:class:`rag.generate.engine.OpenVINOGenerator` on OpenVINO GenAI) build a prompt the same way,
+:class:`rag.generate.ov_engine.OpenVINOGenerator` on OpenVINO GenAI) build a prompt the same way,
 with the same Hugging Face tokenizer, so a question gives both the same token ids and the only
 difference between them is how those ids are decoded. What lives here is that shared part: the
 grounded prompt in a profile, its rendering through the chat template, the ids split into the
@@ -32,8 +32,6 @@ FALLBACK_CHAT_TEMPLATE = (
 class ChatDecoder:
     """A tokenizer with a chat template and the prompt rules of one decoder; engines subclass it
     and add decoding (``generate``, ``stream``, ``generate_ids``)."""
-
-    engine = "base"  # the engine's name, shown by the front ends (rag.models.describe_decoder)
 
     def __init__(
         self,

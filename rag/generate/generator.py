@@ -124,8 +124,6 @@ class Generator(ChatDecoder):
         kwargs.update(profile=profile, refusal_threshold=pick_refusal_threshold(adapter))
         return cls(model, tokenizer, dev, speed=speed, **kwargs)
 
-    engine = "torch"
-
     def model_positions(self) -> int | None:
         return getattr(getattr(self.model, "config", None), "max_position_embeddings", None)
 

@@ -148,8 +148,6 @@ class OpenVINOGenerator(ChatDecoder):
     ``generate_ids``, the prompt side). One instance serves every request; concurrent requests
     are batched by the engine (``batching=False``: one at a time)."""
 
-    engine = "openvino"
-
     def __init__(
         self,
         pipe: Any,
@@ -160,13 +158,11 @@ class OpenVINOGenerator(ChatDecoder):
         profile: str = "plain",
         max_context_tokens: int | None = None,
         rules: DecodingRules | None = None,
-        name: str = "",
     ) -> None:
         super().__init__(
             tokenizer, profile=profile, max_context_tokens=max_context_tokens, rules=rules
         )
         self.pipe = pipe
-        self.name = name
         self._positions = max_positions
         self._stepper = _Stepper(pipe, serial=not batching)
         self.batcher = None  # the torch batcher's slot (benchmarks read it): the engine batches
@@ -221,7 +217,6 @@ class OpenVINOGenerator(ChatDecoder):
             profile=pick_profile(name) if profile == "auto" else profile,
             max_context_tokens=max_context_tokens,
             rules=rules,
-            name=str(name),
         )
 
     def model_positions(self) -> int | None:
