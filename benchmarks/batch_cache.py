@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cli import command, results_dir, save_result
-from rag.dataclass_cli import config_parser, run_config_cli
+from rag.cli.flags import config_parser, run_config_cli
 
 
 @dataclass
@@ -68,7 +68,7 @@ def check(cfg: BatchCacheBenchConfig) -> None:
 
 def cpu() -> dict[str, Any]:
     """CPU model and the flags that decide float speed here (AVX512, bf16 units, AMX)."""
-    from rag.precision import probe_key
+    from rag.models.precision import probe_key
 
     try:
         info = Path("/proc/cpuinfo").read_text()

@@ -1,4 +1,4 @@
-"""What the benchmarks' command lines share besides :func:`rag.dataclass_cli.run_config_cli`
+"""What the benchmarks' command lines share besides :func:`rag.cli.flags.run_config_cli`
 (the one ``main`` of every config command: flags, ``--json``, ``check(cfg)`` before any model
 loads, the exit rule): the command as typed, the results folder, and ``results.json``.
 
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from rag.paths import rag_home
+from rag.storage.paths import rag_home
 
 
 def command(prog: str, argv: list[str] | None) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 from benchmarks.cli import command, results_dir, save_result
 from benchmarks.decode import hardware, source_passages
 from benchmarks.loadgen import fmt_s, machine_counters, run_sessions, summarise
-from rag.dataclass_cli import config_parser, run_config_cli
+from rag.cli.flags import config_parser, run_config_cli
 
 PROG = "benchmarks.concurrent_load"
 MODES = ("off", "on")  # batching off (one generate at a time) and on (rag.generate.batching)
@@ -61,7 +61,7 @@ class LoadConfig:
     prompts_per_session: int = 3  # distinct prompts a session cycles through
     threads: int = 2  # torch CPU threads
     device: str = "cpu"  # cpu | cuda | auto
-    precision: str = "fp32"  # decoder weights (rag.precision): fp32 | bf16 | int8 | auto
+    precision: str = "fp32"  # decoder weights (rag.models.precision): fp32 | bf16 | int8 | auto
     out: str | None = None  # output folder (default $RAG_HOME/benchmarks/concurrent_load)
 
 

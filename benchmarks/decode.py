@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cli import command
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.paths import rag_home, shared_data_dir
+from rag.cli.flags import config_parser, run_config_cli
+from rag.storage.paths import rag_home, shared_data_dir
 
 PROG = "benchmarks.decode"
 PARTS = ("kv", "nokv", "ttft")  # KV cache on, KV cache off, TTFT without/with the prefix cache
@@ -74,7 +74,7 @@ def source_passages(n: int = 40) -> list[str]:
 
 def build_prompt(gen: Any, n_tokens: int) -> tuple[list[int], int]:
     """Prompt ids of at most ``n_tokens`` (passages fitted by the generator's own budget logic)."""
-    from rag.prompt import build_messages
+    from rag.answer.prompt import build_messages
 
     saved = gen.max_context_tokens
     gen.max_context_tokens = n_tokens + 1
@@ -148,7 +148,7 @@ def run(cfg: DecodeBenchConfig) -> dict[str, Any]:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     t0 = time.perf_counter()
-    gen = Generator.load(cfg.decoder, device=cfg.device)
+    gen = Generator.load(cfg.decoder, device=cfg.device, precision="fp32")
     log(f"loaded {cfg.decoder} in {time.perf_counter() - t0:.1f}s on {gen.device}")
     ids, prefix = build_prompt(gen, cfg.prompt_tokens)
     short_ids, short_prefix = build_prompt(gen, cfg.short_prompt_tokens)

@@ -5,7 +5,7 @@
 
 Each variant is a ``+``-joined set of ``int8``, ``compile``, ``static`` (the options of
 :mod:`rag.generate.speed`) and optionally ``fp32`` / ``bf16`` (the float weights' precision,
-:mod:`rag.precision`; otherwise ``--precision``, whose ``auto`` is what the product runs: bf16 on
+:mod:`rag.models.precision`; otherwise ``--precision``, whose ``auto`` is what the product runs: bf16 on
 a CPU with AMX; ``int8`` is ``--decoder-precision int8``: int8 decode layers over those
 weights); ``eager`` is none.
 The first variant is the baseline. Every variant is loaded once, as its own
@@ -38,10 +38,10 @@ from typing import Any
 
 from benchmarks.cli import command
 from benchmarks.decode import build_prompt, decode_speed, hardware, timed
-from rag.dataclass_cli import config_parser, run_config_cli
+from rag.cli.flags import config_parser, run_config_cli
 from rag.generate.speed import DecodeSpeed
-from rag.paths import rag_home
-from rag.precision import FLOAT_PRECISIONS
+from rag.models.precision import FLOAT_PRECISIONS
+from rag.storage.paths import rag_home
 
 DEFAULT_VARIANTS = "eager,int8,compile,static,compile+static"
 GOAL = 25.0  # tokens/s for one stream on 2 cores (issue 12, item 3)
@@ -78,7 +78,7 @@ def parse_variant(spec: str, precision: str) -> tuple[DecodeSpeed, str]:
         )
     named = [t for t in tokens if t in FLOAT_PRECISIONS]
     speed = DecodeSpeed(
-        quantize="int8" if "int8" in tokens else "none",
+        int8="int8" in tokens,
         compile="compile" in tokens,
         cache="static" if "static" in tokens else "dynamic",
     )

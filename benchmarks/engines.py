@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cli import command, results_dir, save_result
-from rag.dataclass_cli import config_parser, run_config_cli
+from rag.cli.flags import config_parser, run_config_cli
 
 PROG = "benchmarks.engines"
 QUESTIONS = Path(__file__).parent / "data" / "docs_questions.txt"
@@ -76,12 +76,12 @@ def cpu_line() -> str:
 
 def prompts(index: str, n: int, gen: Any) -> dict[str, list[list[dict[str, str]]]]:
     """The three prompts for ``n + 1`` questions of ``benchmarks/data/docs_questions.txt``."""
+    from rag.answer.prompt import build_messages, build_span_messages
     from rag.config import RAGConfig
     from rag.pipeline import RAGPipeline
-    from rag.prompt import build_messages, build_span_messages
 
     qs = [q.strip() for q in QUESTIONS.read_text().splitlines() if q.strip()][: n + 1]
-    pipe = RAGPipeline(RAGConfig(index=index, answerability_threshold=None), generator=gen)
+    pipe = RAGPipeline(RAGConfig.of(index=index, answerability_threshold=None), generator=gen)
     out: dict[str, list[list[dict[str, str]]]] = {p: [] for p in PROMPTS}
     for q in qs:
         prep = pipe.prepare(q)
@@ -115,11 +115,11 @@ def measure(gen: Any, batch: list[list[dict[str, str]]], max_new: int) -> tuple[
 
 
 def load(decoder: str, engine: str) -> Any:
-    from rag.config import RAGConfig
-    from rag.pipeline import load_decoder
+    from rag.generate.load import load_decoder
+    from rag.generate.settings import GenerationSettings
 
-    cfg = RAGConfig(decoder=decoder, engine=engine, batching=False)
-    return load_decoder(cfg, "none")
+    settings = GenerationSettings(decoder=decoder, engine=engine, batching=False)
+    return load_decoder(settings, "auto", "none")
 
 
 def run(cfg: EngineBenchConfig, argv: list[str] | None = None) -> dict[str, Any]:

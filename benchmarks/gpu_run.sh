@@ -4,8 +4,8 @@
 #   1. alone on the GPU (timings): the pretraining throughput / MFU benchmark at the base preset
 #      (B = 64, T = 512), eager and with torch.compile (benchmarks/pretrain_throughput.py);
 #   2. together on the GPU (quality runs; each too small to fill an H200): the larger extractive
-#      reader (training.reader, 4 distractors per question, 3 epochs, every dev question), the
-#      reader-first LoRA recipe on the default decoder (training.lora --prompt-format span,
+#      reader (training.finetune.reader, 4 distractors per question, 3 epochs, every dev question), the
+#      reader-first LoRA recipe on the default decoder (training.finetune.lora --prompt-format span,
 #      2,000 distilled examples, every layer) and the base-preset division-of-labour run
 #      (evals.division_of_labor).
 #
@@ -89,7 +89,7 @@ if [ $DRY = 1 ]; then
   TP="--presets tiny --batch-size 2 --seq-len 32 --steps 1 --rounds 1 --warmup 0 --threads 1"
   TP_COMPILE=""  # torch.compile takes minutes on a CPU: the dry run checks the plumbing
   READER="--max-steps 2 --batch-size 2 --max-questions 8 --negatives 1 --calibration-questions 4
-    --calibration-negatives 1 --max-length 96 --stride 32 --eval-max-questions 4 --bf16 no
+    --calibration-negatives 1 --max-length 96 --stride 32 --eval-max-questions 4 --precision fp32
     --threads 1 --logging-steps 1"
   LORA="--prompt-format span --span-targets distill --max-steps 1 --batch-size 1
     --grad-accum 1 --max-examples 2 --eval-examples 2 --eval-batch-size 2
@@ -104,7 +104,7 @@ else
   TP_COMPILE="--compile"
   # the reader: the make-models recipe with k = 5 passages in training too, longer
   READER="--negatives 4 --epochs 3 --eval-max-questions 0"
-  # training.lora.span_preset_config(..., preset="base"): make models' reader-first recipe at
+  # training.finetune.lora.span_preset_config(..., preset="base"): make models' reader-first recipe at
   # GPU size, as flags (tests/test_gpu_run.py checks they do not drift)
   LORA="--prompt-format span --span-targets distill --docs $DATA/corpus/linux-doc
     --doc-fraction 0.2 --max-examples 2000 --top-layers 0 --r 16 --alpha 32
@@ -140,10 +140,10 @@ wanted throughput-compile && run_job throughput-compile $T_TPC \
 LIMIT=$(($(left) - 30))  # 30 s kept for copying results and the summary
 if [ "$LIMIT" -lt 60 ]; then LIMIT=60; fi
 # shellcheck disable=SC2086
-wanted reader && run_job reader $LIMIT "$PY" -m training.reader --model "$READER_MODEL" \
+wanted reader && run_job reader $LIMIT "$PY" -m training.finetune.reader --model "$READER_MODEL" \
   --squad "$SQUAD" --out "$WORK/reader" --device $DEV $READER --json &
 # shellcheck disable=SC2086
-wanted lora && run_job lora $LIMIT "$PY" -m training.lora --model "$LORA_MODEL" \
+wanted lora && run_job lora $LIMIT "$PY" -m training.finetune.lora --model "$LORA_MODEL" \
   --data "$SQUAD" --out "$WORK/lora" --device $DEV $LORA --json &
 # shellcheck disable=SC2086
 wanted dol && run_job dol $LIMIT "$PY" -m evals.division_of_labor $DOL --device $DEV \

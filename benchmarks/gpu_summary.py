@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.dataclass_cli import config_parser, run_config_cli
+from rag.cli.flags import config_parser, run_config_cli
 
 TIMEOUT_EXITS = (124, 137)  # timeout(1): the limit was reached (137: killed after the grace)
 

@@ -30,10 +30,10 @@ import numpy as np
 
 from benchmarks.cli import command
 from benchmarks.loadgen import free_port
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.manifest import index_dir
-from rag.paths import rag_home
-from rag.precision import PRECISIONS
+from rag.cli.flags import config_parser, run_config_cli
+from rag.models.precision import PRECISIONS
+from rag.storage.manifest import index_dir
+from rag.storage.paths import rag_home
 
 PROG = "benchmarks.ingest_engines"
 
@@ -114,8 +114,8 @@ def ingest_run(cfg: EnginesConfig, index: str, extra: list[str], env: dict[str, 
 def index_state(index: str) -> tuple[dict, dict, dict[str, np.ndarray]]:
     """(chunks by id, manifest sources as (hash, chunk ids), vectors by id) of an index, the
     vectors read from wherever the manifest says they live (FAISS file or Chroma server)."""
-    from rag.manifest import open_generation, read_chunks
     from rag.retrieval.retriever import generation_vectors
+    from rag.storage.manifest import open_generation, read_chunks
 
     root, gen, m = open_generation(index)
     chunks = {i: c.to_dict() for i, c in read_chunks(gen).items()}

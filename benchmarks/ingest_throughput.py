@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.paths import rag_home, shared_data_dir
-from rag.precision import PRECISIONS
+from rag.cli.flags import config_parser, run_config_cli
+from rag.models.precision import PRECISIONS
 from rag.retrieval.encoder import ENCODER_BACKENDS
+from rag.storage.paths import rag_home, shared_data_dir
 
 PROG = "benchmarks.ingest_throughput"
 

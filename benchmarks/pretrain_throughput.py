@@ -2,7 +2,7 @@
 
     python -m benchmarks.pretrain_throughput --presets tiny small --objectives mlm clm
 
-"ours" is ``training.step.Stepper`` — the exact step function ``training.pretrain`` runs: dynamic
+"ours" is ``training.pretrain.step.Stepper`` — the exact step function ``training.pretrain`` runs: dynamic
 masking on the device, ModernBERT's ``sparse_prediction`` for MLM (vocabulary projection only at
 masked positions), bf16 autocast + fused AdamW on CUDA, optional ``torch.compile``, no host sync
 inside the step. "plain" is the textbook loop on the same freshly built model: dense logits,
@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from rag.dataclass_cli import config_parser, run_config_cli
-from training.config import OBJECTIVES, PRESETS, get_preset
-from training.masking import make_spec
-from training.model import build_model, count_parameters
-from training.step import Stepper, autocast_for, make_optimizer, make_scheduler
+from rag.cli.flags import config_parser, run_config_cli
+from training.pretrain.config import OBJECTIVES, PRESETS, get_preset
+from training.pretrain.masking import make_spec
+from training.pretrain.model import build_model, count_parameters
+from training.pretrain.step import Stepper, autocast_for, make_optimizer, make_scheduler
 
 PROG = "benchmarks.pretrain_throughput"
 # bf16 dense tensor-core peaks (FLOP/s), from the vendors' datasheets

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.manifest import index_dir
-from rag.paths import rag_home
+from rag.cli.flags import config_parser, run_config_cli
+from rag.storage.manifest import index_dir
+from rag.storage.paths import rag_home
 
 PROG = "benchmarks.reingest"
 

@@ -51,8 +51,8 @@ from benchmarks.replicas import (
     summary,
     wait_ready,
 )
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.manifest import CURRENT, index_dir
+from rag.cli.flags import config_parser, run_config_cli
+from rag.storage.manifest import CURRENT, index_dir
 
 PROG = "benchmarks.replicas_load"
 QUESTIONS = [
@@ -83,7 +83,7 @@ class ReplicasConfig:
     before: float = 20.0  # seconds of load before the re-ingest starts
     after: float = 20.0  # seconds of load after it has finished
     device: str = "cpu"  # cpu | cuda | auto (every replica and the ingest)
-    decoder_precision: str = "auto"  # decoder weights of the replicas (rag.precision)
+    decoder_precision: str = "auto"  # decoder weights of the replicas (rag.models.precision)
     threads: int = 1  # OMP/MKL threads per process
     startup_timeout: float = 600.0  # seconds for the replicas to load their models
     replace: bool = False  # remove an existing --index folder first

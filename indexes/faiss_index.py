@@ -2,8 +2,8 @@
 
 Kinds (``kind``) and the choice by size:
 
-- ``flat``: ``IndexFlatIP``, exact. The choice below ~200k vectors: a flat search of 200k x 384
-  takes ~40 ms per query on 2 CPU cores, and building it is a memory copy.
+- ``flat``: ``IndexFlatIP``, exact. The choice below ~200k vectors, where a flat search is still
+  fast (docs/retrieval.md), and building it is a memory copy.
 - ``hnsw``: ``IndexHNSWFlat`` (M = 32, efSearch = 128), approximate, CPU only. The CPU choice
   for large sets: no training, high recall, fast queries; but building is slow, it cannot
   delete (we rebuild after a change) and it holds a graph beside the vectors.
@@ -63,14 +63,14 @@ GENERATION_DIR = "vectors"  # gen-NNNNNN/vectors/faiss.npz: each generation hold
 # rag.ingest.config.FAISS_KINDS repeats these, so that checking settings does not import faiss
 KINDS = ("auto", "flat", "hnsw", "ivf")
 GPU_CHOICES = ("auto", "yes", "no")
-HNSW_AUTO_THRESHOLD = 200_000  # flat search of 200k x 384 takes ~40 ms per query on 2 cores
+HNSW_AUTO_THRESHOLD = 200_000  # flat search stays fast below this many vectors (docs/retrieval.md)
 DEFAULT_NPROBE = 16
 GPU_MAX_K = 2048  # faiss-gpu's largest k and nprobe per query
 IVF_MIN_POINTS_PER_LIST = 39  # faiss's k-means warns below this many training points per list
 IVF_MAX_POINTS_PER_LIST = 256  # and samples down to this many itself; we sample, seeded, first
 IVF_SEED = 0
 # a filtered search over at most this many vectors is exact inner products over just those
-# (20k x 384 floats: ~2 ms per query on one core), more go through the index with a selector
+# (cheap at this size), more go through the index with a selector
 EXACT_SUBSET_MAX = 20_000
 GPU_EXTRA_HINT = "install the `gpu` extra: pip install -e '.[gpu]' (faiss-gpu-cu12)"
 

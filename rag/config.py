@@ -1,59 +1,63 @@
-"""RAG configuration: one dataclass shared by ``rag.ask``, the pipeline and the UI.
+"""RAG configuration: the index, the device and one settings section per concern.
 
-Values come from three layers, later ones winning: the dataclass defaults, a ``rag.toml`` in the
-working directory (or ``--config PATH``), then CLI flags. The TOML file holds the same field names
-as the dataclass (snake_case or kebab-case), either at the top level or under a ``[rag]`` table::
+:class:`RAGConfig` is ``(index, device, retrieval, answer, generate)``; each section is owned by
+its subpackage and passed whole to the code it configures:
+
+- ``retrieval``: :class:`rag.retrieval.settings.RetrievalSettings` (mode, k, fusion, rerank, ...);
+- ``answer``: :class:`rag.answer.settings.AnswerSettings` (reader, excerpts, thresholds, citations);
+- ``generate``: :class:`rag.generate.settings.GenerationSettings` (decoder, adapter, engine,
+  precision, sampling, token limits, caches, batching).
+
+Values come from three layers, later ones winning: the sections' defaults, a ``rag.toml`` in the
+working directory (or ``--config PATH``), then CLI flags. The TOML file has a table per section,
+with ``index`` and ``device`` at the top (or all of it under a ``[rag]`` table)::
 
     index = "pydocs"
-    decoder = "smollm2"
+
+    [retrieval]
     k = 5
     mode = "hybrid"
 
-An unknown key is an error that names the key and the file, so a typo never silently falls back
-to a default.
+    [generate]
+    decoder = "qwen2.5-coder-1.5b"
+
+The flat form of older files (``k = 5`` at the top) still loads, with a one-line note naming the
+new place of each key. Every field name is unique across the sections, so a flag is the field's
+name (``--k``, ``--decoder``, ``--fusion``) and every entry point builds its flags from the
+sections with :func:`add_config_args`; an entry point leaves a field out only with a stated
+reason. An unknown key is an error that names the key and the file, so a typo never silently
+falls back to a default.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 import tomllib
 
-from rag.answer.answerability import DEFAULT_MODEL
-from rag.answer.reader import COMPOSE, DEFAULT_READER, describe_reader, resolve_reader
-from rag.dataclass_cli import add_dataclass_args, field_type
-from rag.defaults import (
-    DEFAULT_EVIDENCE_PASSAGES,
-    DEFAULT_EVIDENCE_TOKENS,
-    DEFAULT_MAX_NEW_TOKENS,
-    DEFAULT_PROMPT_CACHE_MB,
-    DEVICES,
-    MODES,
-)
-from rag.generate.engines import ENGINES
-from rag.generate.speed import CACHE_IMPLEMENTATIONS, DecodeSpeed, DecodeSpeedError
+from rag.answer.reader import describe_reader, resolve_reader
+from rag.answer.settings import AnswerSettings
+from rag.cli.flags import add_dataclass_args, field_type
+from rag.defaults import DEVICES
+from rag.generate.settings import GenerationSettings
 from rag.models import (
     DECODER_ALIASES,
-    DEFAULT_ADAPTER,
-    DEFAULT_DECODER,
     ENCODER_ALIASES,
     ModelNotFoundError,
     describe_decoder,
     resolve_adapter,
     resolve_model,
 )
-from rag.precision import PRECISION_SETTINGS
-from rag.prompt import PROFILES
-from rag.retrieval.encoder import ENCODER_BACKENDS
-from rag.retrieval.fusion import FUSIONS
 from rag.retrieval.rerank import describe_reranker, resolve_reranker
-from rag.retrieval.settings import DEFAULTS as RETRIEVAL
 from rag.retrieval.settings import RetrievalSettings
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG_FILE = "rag.toml"
 # Keys older rag.toml files may hold that answering never read: they are rag.ingest flags.
@@ -66,209 +70,146 @@ class ConfigError(ValueError):
 
 @dataclass
 class RAGConfig:
-    """Everything needed to answer a question from an index.
-
-    The retrieval fields (``k``, ``mode``, ``fusion``, ``alpha``, ``rerank*``, ``encoder``,
-    ``encoder_backend``, ``device``) are :class:`~rag.retrieval.settings.RetrievalSettings`'s,
-    with its defaults (the only retrieval defaults); :attr:`retrieval` builds the settings.
-    """
+    """Everything needed to answer a question from an index: where, on what device, and one
+    settings section per concern (module docstring)."""
 
     index: str = "default"  # index name under $RAG_HOME/indexes (or a folder path)
-    # query encoder alias/folder; None = the one the index was built with
-    encoder: str | None = RETRIEVAL.encoder
-    decoder: str = DEFAULT_DECODER  # causal LM alias or folder that writes the answer
-    # peft LoRA adapter for the decoder: auto = <decoder>-span-lora under $RAG_HOME/models, the
-    # reader-first adapter `make models` trains (the base model alone when absent); none = the
-    # base model alone; or a folder/name (docs/answering.md)
-    adapter: str | None = DEFAULT_ADAPTER
-    k: int = RETRIEVAL.k  # passages retrieved and given to the decoder
-    # cross-encoder reranking the first stage's best (rag.retrieval.rerank.resolve_reranker):
-    # auto = minilm-rerank under $RAG_HOME/models when `make models` trained it, else no rerank;
-    # none = no rerank; or a cross-encoder folder/artefact name
-    rerank: str | None = RETRIEVAL.rerank
-    # candidates the reranker re-scores (one forward pass each: latency)
-    rerank_depth: int = RETRIEVAL.rerank_depth
-    # tokens per query+passage pair; None = the length the reranker was trained and saved with
-    rerank_max_length: int | None = RETRIEVAL.rerank_max_length
-    # reranker's share of a reranked passage's score: w * norm(rerank) + (1 - w) * norm(first
-    # stage), in [0, 1]; 1 = reranker order only, 0 = first-stage order
-    # (rag.retrieval.fusion.interpolate)
-    rerank_weight: float = RETRIEVAL.rerank_weight
-    # the reranker's weights (rag.precision): auto = bf16 on CUDA or a CPU with bf16 units (AMX),
-    # else fp32 | fp32 | bf16 | int8 (CPU); same ranking quality, measured in docs/retrieval.md
-    rerank_precision: str = RETRIEVAL.rerank_precision
-    # hybrid fusion: convex (min-max normalised scores) or rrf (ranks; rag.retrieval.fusion).
-    # convex with alpha 0.5 is the best measured (docs/retrieval.md: SciFact dev ties RRF, SQuAD
-    # dev +0.03)
-    fusion: str = RETRIEVAL.fusion  # hybrid fusion: convex (normalised scores) | rrf (ranks)
-    # dense weight in hybrid fusion (chosen on train queries: 0.5 / 0.4)
-    alpha: float = RETRIEVAL.alpha
-    mode: str = RETRIEVAL.mode  # retrieval mode
-    # document filter (rag.retrieval.filters): path=GLOB on the relative path, type=pdf,md;
-    # several clauses are ANDed (values within one ORed)
-    where: list[str] = field(default_factory=lambda: list(RETRIEVAL.where))
-    temperature: float = 0.0  # 0 = greedy decoding (deterministic); > 0 samples
-    top_p: float = 1.0  # nucleus sampling mass when temperature > 0
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS  # answer length limit in decoder tokens
-    max_context_tokens: int | None = 2048  # prompt+answer cap below the decoder's max positions
-    min_score: float | None = None  # relevance threshold on hit scores; None = per-mode default
-    prefix_cache: bool = True  # reuse the KV cache of the fixed system prompt across questions
-    # keys and values of recent prompts kept per decoder and reused by their longest shared token
-    # prefix (passages another request already read: rag.generate.prompt_cache); MB, 0 = off
-    prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
-    batching: bool = (
-        True  # decode concurrent requests together (rag.generate.batching; 3.2x req/s measured)
-    )
-    max_batch: int = 16  # rows per decode step when batching is on
-    # requests that arrive together are prefilled in padded forwards of at most this many tokens
-    # (rows x longest suffix; rag.generate.batching.plan_prefill): bounds the memory of one forward
-    max_prefill_tokens: int = 4096
-    # check each cited sentence against the passage it names; re-attribute or flag (rag.answer.verify)
-    verify_citations: bool = True
-    # when the answer cites nothing (and is no refusal), append the passage marker [i] the decoder
-    # itself scores likeliest after its answer; Answer.citations_completed records it
-    complete_citations: bool = True
-    # refusal gate (rag.answer.refusal): refuse only when p(refusal | prompt) >= this, else decode the
-    # answer with the refusal barred; None = the adapter's tuned threshold (its run.json), and
-    # without one the decoder's greedy choice stands
-    refusal_threshold: float | None = None
-    # answerability check (rag.answer.answerability): refuse without decoding when p(unanswerable),
-    # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
-    answerability_threshold: float | None = DEFAULT_MODEL.threshold
-    # extractive reader (rag.answer.reader) that finds the answer span before anything is
-    # decoded: auto = minilm-reader under $RAG_HOME/models when `make models` trained it, else
-    # none; none = off (the decoder answers over every passage); or a reader folder/artefact
-    reader: str | None = DEFAULT_READER
-    # the reader answers when its best span beats "not in this passage" by this margin; None =
-    # the threshold its training run chose on train questions (reader.json)
-    reader_threshold: float | None = None
-    # who writes the answer around the reader's span: decoder (one to three sentences from the
-    # span's passage alone) | extract (that passage's own sentence; nothing decoded: fastest)
-    compose: str = "decoder"
-    # decoder tokens of excerpts the encoder keeps from the retrieved passages for the decoder
-    # to answer from (rag.answer.evidence: the sentences that answer, a fraction of the
-    # passages' length); 0 = the whole passages (the k-passage prompt)
-    evidence_tokens: int = DEFAULT_EVIDENCE_TOKENS
-    # passages retrieved for the encoder to read when excerpts are on (k when larger): it reads
-    # more than a prompt of whole passages could hold, so the answer is found further down
-    evidence_passages: int = DEFAULT_EVIDENCE_PASSAGES
-    # the decoder's inference engine (rag.generate.ov_engine): auto = OpenVINO GenAI where it
-    # runs the decoder (a GGUF decoder on the CPU, no LoRA adapter), else torch | torch |
-    # openvino
-    engine: str = "auto"
-    device: str = RETRIEVAL.device  # where the models run; auto = cuda when a GPU is visible
-    # query encoder runtime: onnx = ONNX Runtime on CPU, same embeddings (rag.retrieval.encoder)
-    encoder_backend: str = RETRIEVAL.encoder_backend
-    # decoder weights (rag.precision): auto = bf16 on CUDA or a CPU with bf16 units (AMX), else
-    # fp32 | fp32 | bf16 | int8 = decode steps through int8 copies of the linear layers (CPU;
-    # the prompt runs on the auto float weights; measured by benchmarks.decode_variants)
-    decoder_precision: str = "auto"
-    # prompt format (rag.prompt.PROFILES): auto = the decoder's measured best (rag.models)
-    profile: str = "auto"
-    # decoder speed (rag.generate.speed; measured by benchmarks.decode_variants), off by default:
-    # torch.compile the decoder's forward (dynamic cache) or generate's decode step (static cache)
-    decoder_compile: bool = False
-    # KV cache: dynamic (grows per token) | static (preallocated; needs --no-batching)
-    cache_implementation: str = "dynamic"
+    device: str = "auto"  # where the models run; auto = cuda when a GPU is visible
+    retrieval: RetrievalSettings = field(default_factory=RetrievalSettings)
+    answer: AnswerSettings = field(default_factory=AnswerSettings)
+    generate: GenerationSettings = field(default_factory=GenerationSettings)
     # Hook (not from TOML/CLI): turns (question, history) into a standalone retrieval query.
     rewrite_query: Callable[[str, list[tuple[str, str]]], str] | None = field(
         default=None, repr=False, compare=False
     )
 
-    # The value sets of the fields that have one: validate() checks them (values from TOML or
-    # code) and the CLIs take them as argparse choices (rag.dataclass_cli).
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "mode": MODES,
-        "compose": COMPOSE,
-        "fusion": FUSIONS,
-        "device": DEVICES,
-        "encoder_backend": ENCODER_BACKENDS,
-        "rerank_precision": PRECISION_SETTINGS,
-        "decoder_precision": PRECISION_SETTINGS,
-        "profile": ("auto", *PROFILES),
-        "cache_implementation": CACHE_IMPLEMENTATIONS,
-        "engine": ENGINES,
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"device": DEVICES}
+    # section attribute -> its settings class, in the order flags and tables are listed
+    SECTIONS: ClassVar[dict[str, type]] = {
+        "retrieval": RetrievalSettings,
+        "answer": AnswerSettings,
+        "generate": GenerationSettings,
     }
 
     def __post_init__(self) -> None:
-        validate(self)
+        for name, cls in self.SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(f"RAGConfig.{name} must be a {cls.__name__}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device must be one of {', '.join(DEVICES)}, not {self.device!r}")
+        if self.retrieval.device != self.device:  # one device for every model of the config
+            self.retrieval = self.retrieval.replace(device=self.device)
+        if self.device == "cuda":
+            try:
+                self.generate.check_device("cuda")
+            except ValueError as e:
+                raise ConfigError(str(e)) from e
 
-    @property
-    def retrieval(self) -> RetrievalSettings:
-        """The retrieval settings of this config: how every path opens its index."""
-        return RetrievalSettings.from_config(self)
+    @classmethod
+    def of(cls, **values: Any) -> RAGConfig:
+        """A config from flat field names (``RAGConfig.of(index="docs", k=3, decoder="x")``), as
+        flags and old flat rag.toml files name them: each goes to its section."""
+        return build_config(values)
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain values for ``run.json`` / ``--json`` (the rewrite hook is shown by name)."""
-        d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "rewrite_query"}
+        """Plain values for ``run.json`` / ``--json``: the sections as tables (the rewrite hook is
+        shown by name)."""
+        d: dict[str, Any] = {"index": self.index, "device": self.device}
+        for name in self.SECTIONS:
+            d[name] = getattr(self, name).to_dict()
+        d["retrieval"]["where"] = list(d["retrieval"]["where"])
         hook = self.rewrite_query
         d["rewrite_query"] = getattr(hook, "__qualname__", repr(hook)) if hook else None
         return d
 
-
-def validate(cfg: RAGConfig) -> None:
-    """Reject values that would only fail later, deep inside retrieval or decoding."""
-    for name, values in RAGConfig.CHOICES.items():
-        if getattr(cfg, name) not in values:
-            raise ConfigError(
-                f"{name} must be one of {', '.join(values)}, not {getattr(cfg, name)!r}"
-            )
-    for name in (
-        "k",
-        "max_new_tokens",
-        "max_batch",
-        "max_prefill_tokens",
-        "rerank_depth",
-        "evidence_passages",
-    ):
-        if int(getattr(cfg, name)) < 1:
-            raise ConfigError(f"{name} must be >= 1, not {getattr(cfg, name)!r}")
-    if not 0 <= cfg.alpha <= 1:
-        raise ConfigError(f"alpha must be in [0, 1], not {cfg.alpha}")
-    if not 0 <= cfg.rerank_weight <= 1:
-        raise ConfigError(f"rerank_weight must be in [0, 1], not {cfg.rerank_weight}")
-    t = cfg.refusal_threshold
-    if t is not None and not 0 < t <= 1:
-        raise ConfigError(f"refusal_threshold must be in (0, 1] or none, not {t}")
-    t = cfg.answerability_threshold
-    if t is not None and not 0 < t <= 1:
-        raise ConfigError(f"answerability_threshold must be in (0, 1] or none, not {t}")
-    if cfg.temperature < 0:
-        raise ConfigError(f"temperature must be >= 0, not {cfg.temperature}")
-    if cfg.evidence_tokens < 0:
-        raise ConfigError(
-            f"evidence_tokens must be >= 0 (0 = whole passages), not {cfg.evidence_tokens}"
-        )
-    if cfg.prompt_cache_mb < 0:
-        raise ConfigError(f"prompt_cache_mb must be >= 0 (0 = off), not {cfg.prompt_cache_mb}")
-    if not 0 < cfg.top_p <= 1:
-        raise ConfigError(f"top_p must be in (0, 1], not {cfg.top_p}")
-    try:
-        DecodeSpeed.from_config(cfg).check(device=cfg.device, batching=cfg.batching)
-    except DecodeSpeedError as e:
-        raise ConfigError(str(e)) from e
-    try:
-        cfg.retrieval  # noqa: B018 - the retrieval settings' own checks
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
+    def flat(self) -> dict[str, Any]:
+        """Every setting by its flat name (the flag's), section by section."""
+        out: dict[str, Any] = {"index": self.index, "device": self.device}
+        for name in self.SECTIONS:
+            section = getattr(self, name)
+            out.update({n: getattr(section, n) for n in section_fields(name)})
+        return out
 
 
-def settings() -> dict[str, tuple[type, bool]]:
-    """Field -> (type, accepts None) for every setting (the rewrite hook is code, not a setting)."""
-    hints = typing.get_type_hints(RAGConfig)
-    out = {}
-    for f in fields(RAGConfig):
-        tp, _, optional = field_type(hints[f.name])
-        if tp in (str, int, float, bool):
-            out[f.name] = (tp, optional)
+TOP_FIELDS = ("index", "device")
+# Fields of a section that a config sets elsewhere: the retrieval section's device is the
+# config's own (one device for every model).
+SET_ELSEWHERE = {"retrieval": {"device": "RAGConfig.device"}}
+
+
+def section_fields(section: str) -> tuple[str, ...]:
+    """The fields of ``section`` that are settings (flags, TOML keys) of a RAGConfig."""
+    cls = RAGConfig.SECTIONS[section]
+    skip = SET_ELSEWHERE.get(section, {})
+    return tuple(f.name for f in fields(cls) if f.init and f.name not in skip)
+
+
+def field_sections() -> dict[str, str | None]:
+    """Flat setting name -> its section (None: a top-level field of RAGConfig)."""
+    out: dict[str, str | None] = dict.fromkeys(TOP_FIELDS)
+    for section in RAGConfig.SECTIONS:
+        for name in section_fields(section):
+            if name in out:  # the flat names (flags) must stay unambiguous
+                raise AssertionError(f"setting {name!r} is in two sections")
+            out[name] = section
     return out
 
 
-def _coerce(name: str, value: Any, source: str) -> Any:
+def build_config(values: Mapping[str, Any], base: RAGConfig | None = None) -> RAGConfig:
+    """``base`` (else the defaults) with ``values`` applied: flat setting names (``k``,
+    ``decoder``), ``rewrite_query``, or whole sections (``retrieval=RetrievalSettings(...)``).
+    A bad name or value raises :class:`ConfigError` naming it."""
+    where = field_sections()
+    top: dict[str, Any] = {}
+    per: dict[str, dict[str, Any]] = {s: {} for s in RAGConfig.SECTIONS}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name == "rewrite_query" or name in RAGConfig.SECTIONS:
+            top[name] = value
+        elif name not in where:
+            raise ConfigError(f"unknown setting {key!r}")
+        elif where[name] is None:
+            top[name] = value
+        else:
+            per[where[name]][name] = value
+    base = base or RAGConfig()
+    try:
+        for section, changes in per.items():
+            current = top.get(section, getattr(base, section))
+            if changes:
+                top[section] = replace(current, **changes)
+            elif section not in top:
+                top[section] = current
+        return replace(base, **top)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from e
+
+
+def with_overrides(cfg: RAGConfig, **kwargs: Any) -> RAGConfig:
+    """A copy of ``cfg`` with the non-None ``kwargs`` (flat names) applied (validated)."""
+    return build_config({k: v for k, v in kwargs.items() if v is not None}, cfg)
+
+
+def _hints(section: str | None) -> dict[str, Any]:
+    return typing.get_type_hints(RAGConfig if section is None else RAGConfig.SECTIONS[section])
+
+
+def settings() -> dict[str, tuple[type, bool]]:
+    """Flat name -> (type, accepts None) for every setting (the rewrite hook is code)."""
+    out = {}
+    for name, section in field_sections().items():
+        tp, _, optional = field_type(_hints(section)[name])
+        out[name] = (tp, optional)
+    return out
+
+
+def _coerce(name: str, section: str | None, value: Any, source: str) -> Any:
     """Check a TOML value against the field's annotated type (TOML has no null: use "none");
     a list field takes a list of its type, or one value."""
-    tp, optional = settings()[name]
-    if field_type(typing.get_type_hints(RAGConfig)[name])[1]:
+    tp, is_list, optional = field_type(_hints(section)[name])
+    if is_list:
         items = [value] if isinstance(value, tp) else value
         if not isinstance(items, list) or not all(isinstance(v, tp) for v in items):
             raise ConfigError(f"{source}: {name} must be a list of {tp.__name__}, not {value!r}")
@@ -288,7 +229,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
-    """Field values from a TOML file (top level or ``[rag]``); unknown keys are an error."""
+    """Setting values (flat names) from a TOML file: ``index``/``device`` and the section tables
+    ``[retrieval]``, ``[answer]``, ``[generate]`` (at the top or under ``[rag]``); a flat key of
+    an older file is read too, with a one-line note naming its table. Unknown keys, and a key in
+    the wrong table, are errors."""
     path = Path(path)
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -301,47 +245,79 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         if extra:
             raise ConfigError(f"{path}: unknown key {extra[0]!r} beside the [rag] table")
         data = data["rag"]
-    known = settings()
+    where = field_sections()
     out: dict[str, Any] = {}
-    for key, value in data.items():
+    moved: list[str] = []
+
+    def take(key: str, value: Any, table: str | None) -> None:
         name = key.replace("-", "_")
         if name in INGEST_KEYS:
             raise ConfigError(
                 f"{path}: {key!r} is an ingest setting, not read when answering: pass "
                 f"--{name.replace('_', '-')} to python -m rag.ingest instead"
             )
-        if name not in known:
-            raise ConfigError(f"{path}: unknown key {key!r} (known: {', '.join(sorted(known))})")
-        out[name] = _coerce(name, value, str(path))
+        if name not in where:
+            known = ", ".join(sorted(where)) if table is None else ", ".join(section_fields(table))
+            place = f"[{table}] " if table else ""
+            raise ConfigError(f"{path}: unknown key {place}{key!r} (known: {known})")
+        home = where[name]
+        if table is not None and home != table:
+            raise ConfigError(
+                f"{path}: {key!r} belongs to "
+                + (f"[{home}]" if home else "the top level")
+                + f", not [{table}]"
+            )
+        if table is None and home is not None:
+            moved.append(f"{key} -> [{home}]")
+        if name in out:
+            raise ConfigError(f"{path}: {key!r} is set twice")
+        out[name] = _coerce(name, home, value, str(path))
+
+    for key, value in data.items():
+        if key in RAGConfig.SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{path}: {key} must be a table ([{key}]), not {value!r}")
+            for sub, v in value.items():
+                take(sub, v, key)
+        else:
+            take(key, value, None)
+    if moved:
+        log.warning(
+            "%s: flat keys still read; they now live in section tables: %s", path, ", ".join(moved)
+        )
     return out
 
 
-def _layers(path: str | Path | None, given: dict[str, Any]) -> RAGConfig:
-    """Defaults ← ``path`` (or ``./rag.toml`` when present) ← ``given`` (every value wins)."""
-    values: dict[str, Any] = {}
-    if path is not None:
+def _layers(
+    path: str | Path | None,
+    given: Mapping[str, Any],
+    base: Mapping[str, Any],
+    read_file: bool = True,
+) -> RAGConfig:
+    """Defaults ← ``base`` ← ``path`` (or ``./rag.toml`` when present) ← ``given``;
+    ``read_file=False`` reads no file at all (an eval's settings come from its flags alone)."""
+    values: dict[str, Any] = dict(base)
+    if read_file and path is not None:
         if not Path(path).is_file():
             raise ConfigError(f"--config {path}: no such file")
         values.update(read_toml(path))
-    elif Path(DEFAULT_CONFIG_FILE).is_file():
+    elif read_file and Path(DEFAULT_CONFIG_FILE).is_file():
         values.update(read_toml(DEFAULT_CONFIG_FILE))
-    known = set(settings()) | {"rewrite_query"}
     for key, value in given.items():
         name = key.replace("-", "_")
-        if name not in known:
+        if name not in field_sections() and name != "rewrite_query":
             raise ConfigError(f"unknown config override {key!r}")
         values[name] = value
-    return RAGConfig(**values)
+    return build_config(values)
 
 
 def load_config(
-    path: str | Path | None = None, overrides: dict[str, Any] | None = None
+    path: str | Path | None = None, overrides: Mapping[str, Any] | None = None
 ) -> RAGConfig:
-    """Defaults ← ``path`` (or ``./rag.toml`` when present) ← ``overrides`` (None values skipped).
-
-    An explicit ``path`` that does not exist is an error; a missing ``./rag.toml`` is not.
-    """
-    return _layers(path, {k: v for k, v in (overrides or {}).items() if v is not None})
+    """Defaults ← ``path`` (or ``./rag.toml`` when present) ← ``overrides`` (flat names; None
+    values skipped). An explicit ``path`` that does not exist is an error; a missing
+    ``./rag.toml`` is not."""
+    return _layers(path, {k: v for k, v in (overrides or {}).items() if v is not None}, {})
 
 
 # What --help says for fields whose comment is written for the code rather than the command line.
@@ -350,7 +326,6 @@ CLI_HELP = {
     "encoder": "query encoder alias/folder; none = the one the index was built with",
     "rerank": "cross-encoder reranking the retrieved candidates: auto = minilm-rerank when "
     "`make models` trained it (else no rerank); none = off; or a folder/artefact name",
-    "rerank_depth": "candidates the reranker re-scores (one forward pass each: latency)",
     "rerank_weight": "reranker's share of a reranked passage's score, in [0, 1]: 1 = the "
     "reranker's order, 0 = the first stage's",
     "rerank_precision": "reranker weights: auto = bf16 on CUDA or a CPU with bf16 units, else "
@@ -361,7 +336,6 @@ CLI_HELP = {
     "refusal barred; none = the decoder's own choice (rag.answer.refusal)",
 }
 
-
 # ``--where`` takes one clause per flag, repeated (a list flag's ``nargs="+"`` would swallow the
 # question or query that may follow it on the command line)
 FLAG_KWARGS = {"where": {"nargs": None, "action": "append", "metavar": "KEY=VALUE"}}
@@ -369,26 +343,59 @@ FLAG_KWARGS = {"where": {"nargs": None, "action": "append", "metavar": "KEY=VALU
 
 def add_config_args(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
-    names: Sequence[str] | None = None,
-    **options: Any,
+    exclude: Mapping[str, str] | None = None,
+    *,
+    help: Mapping[str, str] | None = None,  # noqa: A002 - argparse's own word
+    defaults: Mapping[str, Any] | None = None,
+    kwargs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[str]:
-    """``--kebab-case`` flags for RAGConfig fields (all, or ``names``), built like every flag of
-    the project (rag.dataclass_cli) but layered: a flag not given stays out of the namespace,
-    so the TOML value or the dataclass default stays in force (``--help`` shows the default)."""
-    kwargs = {**FLAG_KWARGS, **options.pop("kwargs", {})}
-    options = {"help": {**CLI_HELP, **options.pop("help", {})}, "kwargs": kwargs, **options}
-    return add_dataclass_args(parser, RAGConfig, only=names, layered=True, **options)
+    """A ``--kebab-case`` flag for every setting of every section (:func:`field_sections`),
+    except the ``exclude`` ones (setting -> the reason this entry point has no such flag). Built
+    by the project's one builder (rag.cli.flags), layered: a flag not given stays out of the
+    namespace, so the TOML value or the section's default stays in force (``--help`` shows the
+    default, or ``defaults``' value where the entry point starts elsewhere)."""
+    skip = dict(exclude or {})
+    unknown = sorted(set(skip) - set(field_sections()))
+    if unknown:
+        raise AssertionError(f"excluded settings that do not exist: {', '.join(unknown)}")
+    texts = {**CLI_HELP, **(help or {})}
+    extra = {**FLAG_KWARGS, **(kwargs or {})}
+    added = add_dataclass_args(
+        parser,
+        RAGConfig,
+        only=[n for n in TOP_FIELDS if n not in skip],
+        help=texts,
+        defaults=defaults,
+        layered=True,
+        kwargs=extra,
+    )
+    for section in RAGConfig.SECTIONS:
+        names = [n for n in section_fields(section) if n not in skip]
+        added += add_dataclass_args(
+            parser,
+            RAGConfig.SECTIONS[section],
+            only=names,
+            help=texts,
+            defaults=defaults,
+            layered=True,
+            kwargs=extra,
+        )
+    return added
 
 
-def config_from_args(args: argparse.Namespace, config_path: str | Path | None = None) -> RAGConfig:
-    """RAGConfig from the flags given over the TOML file over the defaults; a flag given as
-    ``none`` overrides the file too."""
-    return _layers(config_path, {n: getattr(args, n) for n in settings() if hasattr(args, n)})
-
-
-def with_overrides(cfg: RAGConfig, **kwargs: Any) -> RAGConfig:
-    """A copy of ``cfg`` with the non-None ``kwargs`` applied (validated)."""
-    return replace(cfg, **{k: v for k, v in kwargs.items() if v is not None})
+def config_from_args(
+    args: argparse.Namespace,
+    config_path: str | Path | None = None,
+    *,
+    base: Mapping[str, Any] | None = None,
+    read_file: bool = True,
+) -> RAGConfig:
+    """RAGConfig from the flags given over the TOML file over ``base`` (an entry point's own
+    starting values, flat names) over the defaults; a flag given as ``none`` overrides the file
+    too. ``read_file=False``: no TOML layer, not even ``./rag.toml`` (the evals: a result JSON
+    then says everything that produced it)."""
+    given = {n: getattr(args, n) for n in field_sections() if hasattr(args, n)}
+    return _layers(config_path, given, base or {}, read_file)
 
 
 # ---- the models a config names ------------------------------------------------------------------
@@ -401,9 +408,9 @@ def check_models(cfg: RAGConfig) -> None:
     documents do not answer. Every front end (rag.ask, rag.serve, the UI) checks through here."""
     aliases = {*ENCODER_ALIASES, *DECODER_ALIASES}
     for flag, name in (
-        ("--encoder", cfg.encoder),
-        ("--decoder", cfg.decoder),
-        ("--adapter", cfg.adapter),
+        ("--encoder", cfg.retrieval.encoder),
+        ("--decoder", cfg.generate.decoder),
+        ("--adapter", cfg.generate.adapter),
     ):
         if not name or name in aliases or name in ("auto", "none"):
             continue
@@ -414,27 +421,28 @@ def check_models(cfg: RAGConfig) -> None:
         except ModelNotFoundError as e:
             raise ModelNotFoundError(f"{flag}: {e}") from None
     try:  # auto and none never fail; an explicit cross-encoder must exist and be one
-        resolve_reranker(cfg.rerank)
+        resolve_reranker(cfg.retrieval.rerank)
     except ModelNotFoundError as e:
         raise ModelNotFoundError(f"--rerank: {e}") from None
     except ValueError as e:
         raise ValueError(f"--rerank: {e}") from None
-    resolve_reader(cfg.reader)  # auto and none never fail; a missing one names --reader
-    if cfg.engine == "openvino":  # where it cannot run the decoder: one line saying why
+    resolve_reader(cfg.answer.reader)  # auto and none never fail; a missing one names --reader
+    if cfg.generate.engine == "openvino":  # where it cannot run the decoder: one line saying why
         engine_for(cfg, "cuda" if cfg.device == "cuda" else "cpu")
 
 
 def engine_for(cfg: RAGConfig, device: str | None = None) -> str:
-    """The engine the decoder runs on (``torch`` or ``openvino``): ``cfg.engine`` resolved for
-    its decoder, adapter and ``device`` (None: the config's, ``auto`` resolved, which imports
-    torch) by :func:`rag.generate.engines.choose_engine`."""
+    """The engine the decoder runs on (``torch`` or ``openvino``): the generation settings'
+    ``engine`` resolved for their decoder and adapter on ``device`` (None: the config's,
+    ``auto`` resolved, which imports torch) by :func:`rag.generate.engines.choose_engine`."""
     from rag.generate.engines import choose_engine
 
     if device is None:
         from rag.models import pick_device
 
         device = pick_device(cfg.device)
-    return choose_engine(cfg.engine, cfg.decoder, resolve_adapter(cfg.decoder, cfg.adapter), device)
+    gen = cfg.generate
+    return choose_engine(gen.engine, gen.decoder, resolve_adapter(gen.decoder, gen.adapter), device)
 
 
 @dataclass(frozen=True)
@@ -451,14 +459,15 @@ def resolve_models(cfg: RAGConfig) -> ResolvedModels:
     """``cfg`` with its adapter and reranker settings resolved (``auto`` → the trained artefact
     when present, else none; rag.models.resolve_adapter, rag.retrieval.rerank.resolve_reranker),
     and one line on each for people, so the server and the UI say which models answer."""
-    rerank = resolve_reranker(cfg.rerank)
-    adapter = resolve_adapter(cfg.decoder, cfg.adapter)
+    gen, ret = cfg.generate, cfg.retrieval
+    rerank = resolve_reranker(ret.rerank)
+    adapter = resolve_adapter(gen.decoder, gen.adapter)
     engine = "OpenVINO GenAI" if engine_for(cfg) == "openvino" else "torch"
     return ResolvedModels(
-        replace(cfg, adapter=adapter, rerank=rerank),
-        describe_decoder(cfg.decoder, cfg.adapter).replace(
-            str(cfg.decoder), f"{cfg.decoder} on {engine}", 1
+        replace(cfg, generate=gen.replace(adapter=adapter), retrieval=ret.replace(rerank=rerank)),
+        describe_decoder(gen.decoder, gen.adapter).replace(
+            str(gen.decoder), f"{gen.decoder} on {engine}", 1
         ),
-        describe_reranker(cfg.rerank, rerank),
-        describe_reader(cfg.reader),
+        describe_reranker(ret.rerank, rerank),
+        describe_reader(cfg.answer.reader),
     )

@@ -8,9 +8,9 @@ importing them costs nothing (no torch, no index library).
 
 Sets of values owned by one subsystem stay beside it and are imported from there:
 ``indexes.BACKENDS``, ``rag.retrieval.encoder.ENCODER_BACKENDS``, ``rag.retrieval.fusion.FUSIONS``,
-``rag.prompt.PROFILES``, and the one precision vocabulary of every model,
-``rag.precision.PRECISION_SETTINGS``; the retrieval defaults are
-``rag.retrieval.settings.RetrievalSettings``'s.
+``rag.answer.prompt.PROFILES``, and the one precision vocabulary of every model,
+``rag.models.precision.PRECISION_SETTINGS``; the settings' defaults are their sections'
+(``rag.retrieval.settings``, ``rag.answer.settings``, ``rag.generate.settings``).
 """
 
 from __future__ import annotations
@@ -24,8 +24,3 @@ DEFAULT_MAX_NEW_TOKENS = 256  # answer length limit in decoder tokens (rag.ask, 
 # decoding: MB of recent prompts' keys and values kept per decoder (rag.generate.prompt_cache);
 # about 40 prompts of ~1,000 tokens for Qwen2.5-0.5B in bf16, 20 for SmolLM2-135M
 DEFAULT_PROMPT_CACHE_MB = 512
-# answering: decoder tokens of the excerpts the encoder keeps from the retrieved passages
-# (rag.answer.evidence); 0 = whole passages
-DEFAULT_EVIDENCE_TOKENS = 320
-# answering: passages retrieved for the encoder to read when excerpts are on (k when larger)
-DEFAULT_EVIDENCE_PASSAGES = 10

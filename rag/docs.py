@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rag.cli import OneLineParser, add_index_args, run_cli
-from rag.dataclass_cli import add_dataclass_args, config_from_args
+from rag.cli.flags import add_dataclass_args, config_from_args
 from rag.ingest.manage import IndexDocuments, iso_time, list_documents, remove_documents
-from rag.paths import printable
+from rag.storage.paths import printable
 
 PROG = "rag.docs"
 REINGEST_NOTE = (
@@ -68,7 +68,7 @@ def build_parser() -> OneLineParser:
 
 def format_table(docs: IndexDocuments) -> str:
     """One aligned line per document (path first: what `remove` takes; control characters
-    escaped, :func:`rag.paths.printable`)."""
+    escaped, :func:`rag.storage.paths.printable`)."""
     rows = [("PATH", "TYPE", "CHUNKS", "BYTES", "INGESTED", "SHA256")]
     rows += [
         (

@@ -115,7 +115,7 @@ class IndexRetriever(BaseRetriever):
 
 
 def format_docs(docs: Sequence[Document]) -> str:
-    """Number documents ``[1] …`` the way :mod:`rag.prompt` numbers passages."""
-    from rag.prompt import format_passages
+    """Number documents ``[1] …`` the way :mod:`rag.answer.prompt` numbers passages."""
+    from rag.answer.prompt import format_passages
 
     return format_passages([d.page_content for d in docs])

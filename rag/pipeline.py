@@ -8,8 +8,8 @@ Grounding rules, in one place:
 
 - nothing relevant retrieved (no hits, or every hit under the relevance threshold), or the
   answerability check (:mod:`rag.answer.answerability`) judges the passages unable to hold the answer
-  → the answer is :data:`rag.prompt.REFUSAL` and the model is not called;
-- citation markers ``[n]`` are parsed with :func:`rag.prompt.parse_citations`; each valid number
+  → the answer is :data:`rag.answer.prompt.REFUSAL` and the model is not called;
+- citation markers ``[n]`` are parsed with :func:`rag.answer.prompt.parse_citations`; each valid number
   maps to the passage given at that position; a number that names no given passage is dropped
   from the text, never shown as a source, and listed in ``Answer.invalid_citations``;
 - an answer that is no refusal and carries no valid marker gets one by *citation completion*
@@ -36,13 +36,15 @@ configured, it reads the question against every relevant passage before anything
   passages, as without a reader.
 
 Each prompt gets the decoder tuned for it: an adapter trained on the reader-first prompt alone
-(``training.lora --prompt-format span``, what ``make models`` trains; rag.models.span_only_adapter)
+(``training.finetune.lora --prompt-format span``, what ``make models`` trains; rag.models.span_only_adapter)
 phrases spans only, and the k-passage fallback is answered by the decoder without it
 (:attr:`RAGPipeline.fallback_generator`, a second copy: loaded on the first such question, or at
-start-up by the UI and the server). Why:
-on the 40 Python-docs questions, where the reader trusts a span for 8, the span adapter over the
-k-passage prompt it never saw lost 2 keyword hits and 2 right-page citations against the
-decoder alone (docs/answering.md).
+start-up by the UI and the server): over a prompt it never saw, the span adapter answered worse
+than the decoder alone (measured in docs/answering.md).
+
+How the answer is put together from the decoder's text (markers, completion, the span reply,
+the evidence reply's short answer) is :mod:`rag.answer.compose`; the settings each step reads
+are the config's sections (``config.retrieval``, ``config.answer``, ``config.generate``).
 """
 
 from __future__ import annotations
@@ -50,52 +52,46 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag.answer.answerability import FITTED_PASSAGES, AnswerabilityDecision, check
-from rag.answer.refusal import RefusalDecision, decide, supports_gate
-from rag.answer.relevance import relevant_hits
-from rag.answer.rewrite import rewrite_query
-from rag.answer.verify import locate, verify_answer
-from rag.config import RAGConfig
-from rag.prompt import (
+from rag.answer.answerability import FITTED_PASSAGES, check
+from rag.answer.compose import (
+    SPAN_CITATION,
+    SPAN_MAX_NEW_TOKENS,
+    Prepared,
+    attribute_citation,
+    complete_citation,
+    evidence_reply,
+    extracted_answer,
+    finish_reason,
+    gen_timings,
+    make_answer,
+    refusal,
+    short_answer_span,
+    span_reply,
+)
+from rag.answer.prompt import (
     DEFAULT_STOP,
     REFUSAL,
-    SHORT_ANSWER,
     build_evidence_messages,
     build_messages,
     build_span_messages,
-    clean_short_answer,
-    is_refusal,
     parse_citations,
-    split_short_answer,
 )
+from rag.answer.refusal import RefusalDecision, decide, supports_gate
+from rag.answer.relevance import relevant_hits
+from rag.answer.rewrite import rewrite_query
+from rag.answer.verify import verify_answer
+from rag.config import RAGConfig
 from rag.retrieval.query import check_query
-from rag.types import Answer, AnswerSpan, Citation, Hit
+from rag.types import Answer, AnswerSpan, Hit
 
 if TYPE_CHECKING:
     from rag.retrieval.retriever import Retriever
 
 RewriteFn = Callable[[str, list[tuple[str, str]]], str]
-
-
-@dataclass
-class Prepared:
-    """Everything decided before decoding: the query used, the hits given, the prompt."""
-
-    question: str
-    query: str
-    hits: list[Hit]  # passages given to the model, in prompt order ([1] first)
-    messages: list[dict[str, str]]
-    timings: dict[str, float]
-    answerable: AnswerabilityDecision | None = None  # rag.answer.answerability; None = not checked
-    reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
-    span: AnswerSpan | None = None  # the reader's trusted short answer (hits[0] = its passage)
-    # the encoder's excerpts of the hits (rag.answer.evidence), one per hit given, in prompt
-    # order; None = whole passages (or a reader span)
-    evidence: list[Any] | None = None
 
 
 def open_retriever(config: RAGConfig, index: str | Path | None = None) -> Retriever:
@@ -129,57 +125,6 @@ def normalise_history(history: Any) -> list[tuple[str, str]]:
     return turns
 
 
-def make_answer(raw: str, prep: Prepared) -> Answer:
-    """Answer from the model's raw text: markers parsed, each valid one mapped to its passage."""
-    parsed = parse_citations(raw, len(prep.hits))
-    citations = []
-    for n in parsed.cited:
-        hit = prep.hits[n - 1]
-        c = hit.chunk
-        citations.append(Citation(n, c.source, tuple(c.heading_path), c.text, hit.score, c.id))
-    return Answer(
-        text=REFUSAL if parsed.refused else parsed.text,
-        citations=citations,
-        raw_text=raw,
-        refused=parsed.refused,
-        invalid_citations=parsed.invalid,
-        passages=list(prep.hits),
-        query=prep.query,
-        timings=prep.timings,
-        reranker=prep.reranker,
-        unanswerable_probability=prep.answerable.probability if prep.answerable else None,
-        answer_span=prep.span,
-    )
-
-
-def complete_citation(raw: str, prep: Prepared, generator: Any) -> Answer:
-    """:func:`make_answer`, plus the likeliest marker when the model cited nothing by itself.
-
-    Fires only when the answer is no refusal and holds no valid marker (invalid ones alone do not
-    count). ``generator.score_continuations`` gives log p(`` [i]`` | prompt, answer) for each
-    passage i; the argmax is appended to the raw text and parsed like a marker the model wrote.
-    ``Answer.raw_text`` stays the model's own text.
-    """
-    answer = make_answer(raw, prep)
-    if answer.refused or answer.citations or not prep.hits:
-        return answer
-    n = len(prep.hits)
-    scores = generator.score_continuations(prep.messages, raw, [f" [{i}]" for i in range(1, n + 1)])
-    best = max(range(n), key=lambda i: scores[i]) + 1
-    completed = make_answer(f"{raw} [{best}]", prep)
-    completed.raw_text = raw
-    completed.citations_completed = True
-    completed.citation_logprobs = [float(x) for x in scores]
-    return completed
-
-
-def refusal(prep: Prepared) -> Answer:
-    """The answer when nothing relevant was retrieved (the model is not called)."""
-    return Answer(
-        REFUSAL, refused=True, query=prep.query, timings=prep.timings, reranker=prep.reranker
-    )
-
-
 class RAGPipeline:
     """Answers questions from an index with citations; share one instance across threads.
 
@@ -203,7 +148,7 @@ class RAGPipeline:
         fallback_generator: Any = None,
     ) -> None:
         self.config = config or RAGConfig()
-        self.verify = getattr(self.config, "verify_citations", True) if verify is None else verify
+        self.verify = self.config.answer.verify_citations if verify is None else verify
         self._retriever = retriever
         self._generator = generator
         self._fallback = (
@@ -232,7 +177,7 @@ class RAGPipeline:
         if self._generator is None:
             with self._generator_lock:
                 if self._generator is None:
-                    self._generator = load_decoder(self.config, self.config.adapter)
+                    self._generator = self._load_decoder(self.config.generate.adapter)
         return self._generator
 
     @property
@@ -243,13 +188,13 @@ class RAGPipeline:
         if self._fallback is None:
             from rag.models import resolve_adapter, span_only_adapter
 
-            cfg = self.config
-            if not span_only_adapter(resolve_adapter(cfg.decoder, cfg.adapter)):
+            gen = self.config.generate
+            if not span_only_adapter(resolve_adapter(gen.decoder, gen.adapter)):
                 self._fallback = self.generator
                 return self._fallback
             with self._generator_lock:
                 if self._fallback is None:
-                    self._fallback = load_decoder(cfg, None)
+                    self._fallback = self._load_decoder(None)
         return self._fallback
 
     def decoder_for(self, prep: Prepared) -> Any:
@@ -267,13 +212,22 @@ class RAGPipeline:
                     from rag.answer.reader import SpanReader, resolve_reader
                     from rag.models import pick_device
 
-                    path = resolve_reader(self.config.reader)
+                    path = resolve_reader(self.config.answer.reader)
                     self._reader = (
-                        SpanReader.load(path, device=pick_device(self.config.device))
+                        SpanReader.load(
+                            path, device=pick_device(self.config.device), precision="fp32"
+                        )
                         if path
                         else False
                     )
         return self._reader or None
+
+    def _load_decoder(self, adapter: str | Path | None) -> Any:
+        """The decoder of the generation settings with ``adapter`` (``auto`` / ``none`` / a
+        folder), on the engine they resolve to (:func:`rag.generate.load.load_decoder`)."""
+        from rag.generate.load import load_decoder
+
+        return load_decoder(self.config.generate, self.config.device, adapter)
 
     @property
     def generation(self) -> str | None:
@@ -291,7 +245,10 @@ class RAGPipeline:
         extra = {} if where is None else {"where": where}  # retrievers without filters stay fine
         return list(
             self.retriever.search(
-                query, k=k or self.config.k, mode=mode or self.config.mode, **extra
+                query,
+                k=k or self.config.retrieval.k,
+                mode=mode or self.config.retrieval.mode,
+                **extra,
             )
         )
 
@@ -319,13 +276,15 @@ class RAGPipeline:
         """
         check_query(question or "", "question")  # empty or punctuation only: nothing to find
         t0 = time.perf_counter()
-        mode = mode or self.config.mode
+        settings = self.config.answer
+        mode = mode or self.config.retrieval.mode
+        k = k or self.config.retrieval.k
         query = self.standalone_query(question, history)
-        n = k or self.config.k
+        n = k
         if self.reads_evidence:  # the encoder reads more passages than a prompt holds
-            n = max(n, self.config.evidence_passages)
+            n = max(n, settings.evidence_passages)
         found = self.retrieve(query, k=n, mode=mode, where=where)
-        hits = relevant_hits(found, mode, self.config.min_score)
+        hits = relevant_hits(found, mode, settings.min_score)
         timings = {"retrieve_s": time.perf_counter() - t0}
         name = getattr(getattr(self.retriever, "reranker", None), "name", None)
         reranker = name if isinstance(name, str) else None
@@ -340,10 +299,10 @@ class RAGPipeline:
             messages = build_span_messages(query, hit.chunk.text, span.text)
             return Prepared(question, query, ordered, messages, timings, None, reranker, span)
         gen = self.fallback_generator
-        threshold = self.config.answerability_threshold
+        threshold = settings.answerability_threshold
         # the check reads as many passages as it was fitted on (rag.answer.answerability)
         answerable = check(self.retriever, query, hits[:FITTED_PASSAGES], threshold)
-        budget_new = max_new_tokens or self.config.max_new_tokens
+        budget_new = max_new_tokens or self.config.generate.max_new_tokens
         excerpts = self.select_evidence(query, hits, gen, timings, budget_new)
         if excerpts:
             # one excerpt per hit it came from, [1] first; the other hits follow, uncited
@@ -353,7 +312,7 @@ class RAGPipeline:
             return Prepared(
                 question, query, ordered, messages, timings, answerable, reranker, evidence=excerpts
             )
-        hits = hits[: k or self.config.k]  # whole passages: the k best that fit
+        hits = hits[:k]  # whole passages: the k best that fit
         kept = gen.fit_passages(query, [h.chunk.text for h in hits], budget_new)
         hits = hits[: len(kept)]
         messages = (
@@ -363,9 +322,9 @@ class RAGPipeline:
 
     @property
     def reads_evidence(self) -> bool:
-        """Whether answers are written from the encoder's excerpts (``config.evidence_tokens``
-        > 0 and a retriever with an encoder to read with)."""
-        return bool(self.config.evidence_tokens) and (
+        """Whether answers are written from the encoder's excerpts (``evidence_tokens`` > 0 in
+        the answer settings, and a retriever with an encoder to read with)."""
+        return bool(self.config.answer.evidence_tokens) and (
             getattr(self.retriever, "encoder", None) is not None
         )
 
@@ -385,11 +344,11 @@ class RAGPipeline:
         records the time."""
         if not self.reads_evidence or not hasattr(gen, "count_tokens"):
             return None
-        budget, encoder = self.config.evidence_tokens, self.retriever.encoder
+        budget, encoder = self.config.answer.evidence_tokens, self.retriever.encoder
         if hasattr(gen, "prompt_ids") and hasattr(gen, "max_positions"):
             from rag.generate.context_budget import QuestionTooLongError, space_left
 
-            new = max_new_tokens or self.config.max_new_tokens
+            new = max_new_tokens or self.config.generate.max_new_tokens
             try:
                 left = space_left(gen, build_evidence_messages(query, []), new)
             except QuestionTooLongError:
@@ -416,15 +375,14 @@ class RAGPipeline:
     ) -> tuple[AnswerSpan, Hit] | None:
         """The reader's trusted span over ``hits`` and the hit it is in, or None when there is no
         reader or it trusts no span (abstains); ``timings["read_s"]`` records its time. The
-        threshold is the config's, else the one the reader's training chose."""
+        threshold is the config's, else the one the reader's training chose
+        (:meth:`rag.answer.reader.SpanReader.threshold_for`)."""
         reader = self.reader
         if reader is None:
             return None
         from rag.answer.reader import pick
 
-        threshold = self.config.reader_threshold
-        if threshold is None:
-            threshold = reader.threshold
+        threshold = reader.threshold_for(self.config.answer.reader_threshold)
         t0 = time.perf_counter()
         best = pick(reader.read(query, [h.chunk.text for h in hits]), threshold)
         timings["read_s"] = time.perf_counter() - t0
@@ -455,8 +413,8 @@ class RAGPipeline:
     ) -> dict[str, Any]:
         """``generate``/``stream`` keywords: sampling settings, plus the gate's cache and ban;
         the sentence around a reader span is capped at :data:`SPAN_MAX_NEW_TOKENS`."""
-        cfg = self.config
-        limit = max_new_tokens or cfg.max_new_tokens
+        gen = self.config.generate
+        limit = max_new_tokens or gen.max_new_tokens
         extra: dict[str, Any] = {}
         if prep is not None and prep.span is not None:
             limit = min(limit, SPAN_MAX_NEW_TOKENS)
@@ -465,8 +423,8 @@ class RAGPipeline:
             extra["stop"] = (*DEFAULT_STOP, SPAN_CITATION)
         return {
             "max_new_tokens": limit,
-            "temperature": cfg.temperature if temperature is None else temperature,
-            "top_p": cfg.top_p,
+            "temperature": gen.temperature if temperature is None else temperature,
+            "top_p": gen.top_p,
             **extra,
             **(gate.generate_kwargs if gate else {}),
         }
@@ -485,30 +443,20 @@ class RAGPipeline:
         where: Any = None,
     ) -> Answer:
         """A grounded answer with citations (or the refusal when nothing relevant is found);
-        ``where`` restricts retrieval to some documents (None: the config's filter)."""
-        t0 = time.perf_counter()
-        prep = self.prepare(
-            question, history=history, k=k, mode=mode, max_new_tokens=max_new_tokens, where=where
-        )
-        early, gate = self._refuse_early(prep, t0)
-        if early is not None:
-            return early
-        stats: dict[str, Any] = {}
-        if prep.span is not None and self.config.compose == "extract":
-            raw = extracted_answer(prep)
-        elif prep.evidence is not None:
-            args = self._decode_args(temperature, max_new_tokens, gate, prep)
-            raw = "".join(evidence_reply(self.decoder_for(prep), prep, args, stats))
-        else:
-            raw = self.decoder_for(prep).generate(
-                prep.messages,
-                **self._decode_args(temperature, max_new_tokens, gate, prep),
-                stats=stats,
-            )
-        answer = self._finish(raw, prep, gate)
-        answer.finish_reason = finish_reason(stats, answer, prep)
-        prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
-        return answer
+        ``where`` restricts retrieval to some documents (None: the config's filter). The
+        :class:`Answer` that :meth:`stream` ends with: one body for both."""
+        for item in self.stream(
+            question,
+            history=history,
+            k=k,
+            mode=mode,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+            where=where,
+        ):
+            if isinstance(item, Answer):
+                return item
+        raise AssertionError("stream() ended without an Answer")
 
     def stream(
         self,
@@ -538,7 +486,7 @@ class RAGPipeline:
             return
         stats: dict[str, Any] = {}
         parts: list[str] = []
-        if prep.span is not None and self.config.compose == "extract":
+        if prep.span is not None and self.config.answer.compose == "extract":
             deltas: Iterator[str] = iter([extracted_answer(prep)])
         elif prep.evidence is not None:
             args = self._decode_args(temperature, max_new_tokens, gate, prep)
@@ -556,7 +504,7 @@ class RAGPipeline:
         answer.finish_reason = finish_reason(stats, answer, prep)
         if answer.citations_completed:
             yield f" [{answer.citations[0].number}]"
-        prep.timings.update(_gen_timings(stats), total_s=time.perf_counter() - t0)
+        prep.timings.update(gen_timings(stats), total_s=time.perf_counter() - t0)
         yield answer
 
     def _refuse_early(
@@ -584,7 +532,7 @@ class RAGPipeline:
         refusal barred: with the check deciding, the decoder's own refusals only added false
         refusals, SQuAD train: 86.7% of unanswerable refused either way, false refusals 6.9%
         barred vs 9.0% at the adapter's 0.6; docs/answering.md); else the adapter's own."""
-        threshold = self.config.refusal_threshold
+        threshold = self.config.answer.refusal_threshold
         gen = self.decoder_for(prep)
         if threshold is None:
             own = getattr(gen, "refusal_threshold", None)
@@ -607,7 +555,7 @@ class RAGPipeline:
         if prep.evidence is not None and not parse_citations(raw, len(prep.hits)).text:
             # the decoder wrote nothing (or only markers): the encoder's best sentence answers
             raw = f"{prep.evidence[0].best} [1]"
-        if not self.config.complete_citations:
+        if not self.config.answer.complete_citations:
             answer = make_answer(raw, prep)
         elif hasattr(gen, "score_continuations") and prep.evidence is None:
             answer = complete_citation(raw, prep, gen)
@@ -620,194 +568,3 @@ class RAGPipeline:
         if gate is not None:
             answer.refusal_probability = gate.probability
         return verify_answer(answer) if self.verify else answer
-
-
-def load_decoder(cfg: RAGConfig, adapter: str | Path | None) -> Any:
-    """The decoder for ``cfg`` with ``adapter`` (``auto`` / ``none`` / a folder, as
-    ``RAGConfig.adapter``) and every decoding setting, on the engine ``cfg.engine`` resolves to
-    (:func:`rag.config.engine_for`: OpenVINO GenAI where it can run the decoder, a
-    :class:`rag.generate.generator.Generator` on torch elsewhere)."""
-    from rag.config import engine_for
-    from rag.generate.generator import Generator
-    from rag.generate.ov_engine import OpenVINOGenerator
-    from rag.generate.speed import DecodeSpeed
-
-    if engine_for(replace(cfg, adapter=adapter)) == "openvino":
-        return OpenVINOGenerator.load(
-            cfg.decoder,
-            device=cfg.device,
-            profile=cfg.profile,
-            prompt_cache_mb=cfg.prompt_cache_mb if cfg.prefix_cache else 0,
-            batching=cfg.batching,
-            max_batch=cfg.max_batch,
-            max_prefill_tokens=cfg.max_prefill_tokens,
-            max_context_tokens=cfg.max_context_tokens,
-        )
-    return Generator.load(
-        cfg.decoder,
-        adapter=adapter,
-        device=cfg.device,
-        prefix_cache=cfg.prefix_cache,
-        prompt_cache_mb=cfg.prompt_cache_mb if cfg.prefix_cache else 0,
-        max_context_tokens=cfg.max_context_tokens,
-        precision=cfg.decoder_precision,
-        profile=cfg.profile,
-        batching=cfg.batching,
-        max_batch=cfg.max_batch,
-        max_prefill_tokens=cfg.max_prefill_tokens,
-        speed=DecodeSpeed.from_config(cfg),
-    )
-
-
-# Tokens the decoder may spend on the one to three sentences around a reader span.
-SPAN_MAX_NEW_TOKENS = 80
-SPAN_CITATION = "[1]"  # how the reader-first reply ends (rag.prompt.SPAN_SYSTEM_PROMPT)
-
-
-def extracted_answer(prep: Prepared) -> str:
-    """The passage's own sentence(s) holding the reader's span, cited: the answer when nothing is
-    decoded (``compose="extract"``), or when the decoder's reply lost the span."""
-    from rag.answer.reader import sentence_around
-
-    span = prep.span
-    return f"{sentence_around(prep.hits[0].chunk.text, span.start, span.end)} {SPAN_CITATION}"
-
-
-def span_reply(raw: str, prep: Prepared) -> str:
-    """The decoder's sentence around the span, cited [1]; the extracted sentence instead when
-    the reply refuses or does not hold the span word for word (normalised)."""
-    from rag.evaluation.metrics import normalize_answer
-
-    parsed = parse_citations(raw, 1)  # the markers it wrote come out; [1] is appended
-    if parsed.refused or normalize_answer(prep.span.text) not in normalize_answer(parsed.text):
-        return extracted_answer(prep)
-    return f"{parsed.text} {SPAN_CITATION}"
-
-
-def finish_reason(stats: dict[str, Any], answer: Answer, prep: Prepared) -> str:
-    """``"length"`` when the decoder stopped at its token limit (``stats["finish_reason"]``,
-    :meth:`rag.generate.generator.Generator.finish_reason`) and its reply is the answer, else
-    ``"stop"``: a reply around a reader span that was replaced by the passage's own sentence
-    was not cut, nor is text nothing decoded."""
-    if stats.get("finish_reason") != "length":
-        return "stop"
-    if prep.span is not None and answer.raw_text == extracted_answer(prep):
-        return "stop"
-    return "length"
-
-
-def _gen_timings(stats: dict[str, Any]) -> dict[str, float]:
-    out = {}
-    if "prompt_tokens" in stats:
-        out["prompt_tokens"] = float(stats["prompt_tokens"])
-    if "ttft_s" in stats:
-        out["ttft_s"] = stats["ttft_s"]
-    if "total_s" in stats:
-        out["generate_s"] = stats["total_s"]
-    if "new_tokens" in stats:
-        out["new_tokens"] = float(stats["new_tokens"])
-    return out
-
-
-def attribute_citation(raw: str, prep: Prepared) -> Answer:
-    """:func:`make_answer`, plus a marker for the passage that supports the answer best when the
-    model cited nothing (:func:`rag.answer.verify.attribute`): citation completion for a decoder
-    whose engine gives no marker likelihoods, and for excerpt prompts, whose markers name
-    excerpts the support of the passage's words checks directly."""
-    from rag.answer.verify import attribute
-
-    answer = make_answer(raw, prep)
-    if answer.refused or answer.citations or not prep.hits:
-        return answer
-    given = prep.evidence or []
-    texts = [e.text for e in given] or [h.chunk.text for h in prep.hits]
-    best = attribute(answer.text, texts, prep.query)
-    if best is None:
-        return answer
-    completed = make_answer(f"{raw} [{best}]", prep)
-    completed.raw_text = raw
-    completed.citations_completed = True
-    return completed
-
-
-def short_answer_span(raw: str, answer: Answer, prep: Prepared) -> AnswerSpan | None:
-    """The evidence reply's short answer (:func:`rag.prompt.split_short_answer`) as an
-    :class:`AnswerSpan`, found word for word in a given passage: the cited ones first, then the
-    rest in prompt order; None when the reply has none or no passage holds it (an answer
-    the documents do not contain is never shown as a span of them)."""
-    if answer.refused:
-        return None
-    short = split_short_answer(raw).short
-    if not short:
-        return None
-    found = find_short_answer(short, prep.hits, [c.number for c in answer.citations])
-    if found is None:
-        return None
-    n, start, end = found
-    c = prep.hits[n - 1].chunk
-    return AnswerSpan(
-        text=c.text[start:end],
-        number=n,
-        source=c.source,
-        chunk_id=c.id,
-        start=start,
-        end=end,
-        source_start=c.start + start,
-        source_end=c.start + end,
-        score=0.0,
-        path=c.path,
-        origin="decoder",
-    )
-
-
-def find_short_answer(
-    short: str, hits: list[Hit], first: list[int] | tuple[int, ...] = ()
-) -> tuple[int, int, int] | None:
-    """(passage number, start, end) of the first given passage that holds ``short`` word for
-    word (:func:`rag.answer.verify.locate`): the numbers in ``first`` (the cited ones) before
-    the rest in prompt order; None when none does."""
-    order = [*first, *(n for n in range(1, len(hits) + 1) if n not in first)]
-    for n in order:
-        found = locate(short, hits[n - 1].chunk.text)
-        if found is not None:
-            return n, *found
-    return None
-
-
-def evidence_reply(
-    gen: Any, prep: Prepared, args: dict[str, Any], stats: dict[str, Any]
-) -> Iterator[str]:
-    """Text deltas of the reply to an evidence prompt: the explanation, then a last line
-    ``Short answer: ...`` (:data:`rag.prompt.SHORT_ANSWER`) when a given passage holds that
-    answer word for word (an answer the documents do not hold is not shown as theirs). The explanation is decoded up to
-    that line; the short answer is always decoded as a continuation of the explanation
-    (``continuation``: prompt + explanation + the line's label, whose keys and values the
-    engine's prefix cache already holds: a few tokens of prefill), because small decoders
-    often end their turn without it. ``stats`` gets the first call's time to first token and
-    both calls' tokens and time."""
-    first: dict[str, Any] = {}
-    parts: list[str] = []
-    stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER)
-    for delta in gen.stream(prep.messages, **{**args, "stop": stop}, stats=first):
-        parts.append(delta)
-        yield delta
-    stats.update(first)
-    explanation = "".join(parts).strip()
-    left = min(SHORT_ANSWER_TOKENS, args["max_new_tokens"] - first.get("new_tokens", 0))
-    if not explanation or is_refusal(explanation) or first.get("finish_reason") == "length":
-        return  # nothing to read it off, or the answer's token limit already reached
-    if left < 1:  # no token left of the limit for it
-        return
-    more: dict[str, Any] = {}
-    short_args = {**args, "max_new_tokens": left, "stop": ("\n", *DEFAULT_STOP)}
-    label = f"{explanation}\n{SHORT_ANSWER}"
-    short = "".join(gen.stream(prep.messages, **short_args, stats=more, continuation=label))
-    short = clean_short_answer(short) or ""
-    if short and find_short_answer(short, prep.hits) is not None:
-        yield f"\n{SHORT_ANSWER} {short}"  # shown only where a passage holds it word for word
-    stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
-    stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)
-
-
-# Tokens the decoder may spend on the short answer line of an evidence reply.
-SHORT_ANSWER_TOKENS = 24

@@ -95,7 +95,7 @@ class Citation:
 @dataclass(frozen=True)
 class AnswerSpan:
     """The short answer the extractive reader (:mod:`rag.answer.reader`) or the evidence prompt's
-    first line (:func:`rag.prompt.split_short_answer`) gave, and where it is in a passage.
+    first line (:func:`rag.answer.prompt.split_short_answer`) gave, and where it is in a passage.
 
     ``start``/``end`` are character offsets into the cited passage's text (``passage_text[start:
     end] == text``); ``source_start``/``source_end`` the same span in the loaded document

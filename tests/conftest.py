@@ -17,7 +17,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
-from rag.paths import shared_data_dir  # noqa: E402
+from rag.storage.paths import shared_data_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -100,9 +100,9 @@ def _same_precision_on_every_cpu(monkeypatch):
     """``auto`` precision (the default of ingest, evals and the decoder) reads as fp32 in every
     test, so the suite computes the same numbers on a CPU with bf16 units (AMX) as on one without.
     Tests of ``auto`` itself patch ``cpu_has_bf16`` or the probe again."""
-    import rag.precision
+    import rag.models.precision
 
-    monkeypatch.setattr(rag.precision, "cpu_has_bf16", lambda: False)
+    monkeypatch.setattr(rag.models.precision, "cpu_has_bf16", lambda: False)
 
 
 # ---------------------------------------------------------------------------- tiny from-scratch models
@@ -142,8 +142,8 @@ def tiny_tokenizer_dir(tmp_path_factory) -> Path:
 
 
 def _tiny_pretrained(tmp_path_factory, tokenizer_dir: Path, objective: str) -> Path:
-    from training.config import PretrainConfig
-    from training.pretrain import pretrain
+    from training.pretrain.config import PretrainConfig
+    from training.pretrain.train import pretrain
 
     base = tmp_path_factory.mktemp(f"tiny_{objective}")
     cfg = PretrainConfig(

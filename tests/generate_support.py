@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
+from rag.answer.prompt import SYSTEM_PROMPT, build_messages
 from rag.generate.generator import FALLBACK_CHAT_TEMPLATE
-from rag.prompt import SYSTEM_PROMPT, build_messages
 
 CORPUS = [
     SYSTEM_PROMPT,

@@ -41,7 +41,7 @@ def perturbed_copy(model_dir: Path, out: Path) -> Path:
 
 
 def listed_index(root: Path) -> Path:
-    """An index folder that lists as an index (rag.paths.list_indexes: a ``CURRENT`` naming a
+    """An index folder that lists as an index (rag.storage.paths.list_indexes: a ``CURRENT`` naming a
     generation folder), for tests whose pipeline is scripted and never opens it; ``root``."""
     (root / "gen-000001").mkdir(parents=True, exist_ok=True)
     (root / "CURRENT").write_text("gen-000001\n", encoding="utf-8")

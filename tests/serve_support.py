@@ -196,7 +196,7 @@ def started_server(tmp_path_factory: Any) -> Iterator[Server]:
         options = ServeOptions(
             api_key=KEY, max_tokens_limit=LIMIT, max_body_bytes=MAX_BODY, max_concurrent=1
         )
-        app = create_app(RAGConfig(index="docs", max_new_tokens=256), factory, options=options)
+        app = create_app(RAGConfig.of(index="docs", max_new_tokens=256), factory, options=options)
         with run_server(app) as url:
             yield Server(url, built)
 

@@ -18,9 +18,9 @@ from rag.answer.answerability import (
     coverage,
     decide,
 )
+from rag.answer.prompt import REFUSAL
 from rag.config import ConfigError, RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.prompt import REFUSAL
 from rag.retrieval.bm25 import BM25Index, terms
 from rag.retrieval.retriever import CorpusRetriever, FusedHit
 from rag.retrieval.settings import RetrievalSettings
@@ -82,7 +82,7 @@ class CoverageRetriever:
 
 def _ask(question: str, dense: float, **cfg) -> tuple:
     gen = FakeGenerator("Lists are mutable [1].")
-    pipe = RAGPipeline(RAGConfig(**cfg), retriever=CoverageRetriever(dense), generator=gen)
+    pipe = RAGPipeline(RAGConfig.of(**cfg), retriever=CoverageRetriever(dense), generator=gen)
     return pipe.answer(question), gen
 
 
@@ -99,8 +99,8 @@ def test_pipeline_answers_answerable_questions_and_records_the_probability():
     assert answer.unanswerable_probability < DEFAULT_MODEL.threshold
     off, gen = _ask("Who ruled the Normans in 1066?", dense=0.15, answerability_threshold=None)
     assert not off.refused and off.unanswerable_probability is None and gen.calls
-    with pytest.raises(ConfigError, match="answerability_threshold"):
-        RAGConfig(answerability_threshold=1.5)
+    with pytest.raises(ConfigError, match="--answerability-threshold"):
+        RAGConfig.of(answerability_threshold=1.5)
 
 
 def test_check_is_off_without_signals():
@@ -128,7 +128,7 @@ def test_threshold_keeps_false_refusals_within_the_limit():
 
 
 def test_signals_label_removed_articles_and_their_coverage_is_lower(squad, tiny_mlm_dir):  # noqa: F811
-    cfg = AnswerabilityEvalConfig(
+    cfg = AnswerabilityEvalConfig.of(
         squad=str(squad), articles=["Paints", "Flags"], limit=0, removed_articles=1, k=3
     )
     rows = signals(cfg, encoder=str(tiny_mlm_dir), progress=False)

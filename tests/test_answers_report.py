@@ -52,3 +52,17 @@ def test_reader_rows_name_the_reader_folder():
     assert row_name({**cfg, "compose": "decoder"}) == "minilm-reader-docs + q"
     assert row_name({**cfg, "reader": "auto", "compose": "decoder"}) == "reader + q"
     assert row_name({**cfg, "reader": "none"}) == "q"
+
+
+def test_nested_configs_name_their_rows_as_the_flat_ones():
+    """Results since the evals hold a RAGConfig: the settings are under ``rag`` by section."""
+    from evals.qa import QAEvalConfig
+
+    cfg = QAEvalConfig.of(
+        squad="s.json", mode="rag", generator="q", adapter="a/lora", refusal_threshold=0.6
+    )
+    saved = json.loads(json.dumps(cfg.to_dict()))
+    assert saved["mode"] == "rag" and saved["rag"]["generate"]["decoder"] == "q"
+    assert row_name(saved) == "reader + q + LoRA, refusal gate 0.6, answerability check 0.338"
+    flat = {"generator": "q", "adapter": "a/lora", "refusal_threshold": 0.6, "reader": "auto"}
+    assert row_name({**flat, "answerability_threshold": 0.338}) == row_name(saved)

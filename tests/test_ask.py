@@ -37,7 +37,7 @@ def test_json_output(fake_pipeline, capsys):
     assert out["citations"][0]["chunk_id"] == "id2"
     assert out["invalid_citations"] == [5]
     cfg = fake_pipeline["config"]
-    assert (cfg.index, cfg.k, cfg.mode) == ("pydocs", 2, "dense")
+    assert (cfg.index, cfg.retrieval.k, cfg.retrieval.mode) == ("pydocs", 2, "dense")
 
 
 def test_stream_prints_tokens_then_sources(fake_pipeline, capsys):
@@ -58,7 +58,7 @@ def test_rag_toml_in_cwd_then_flags(fake_pipeline, tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     assert ask.main(["q", "--k", "3"]) == 0
     cfg = fake_pipeline["config"]
-    assert (cfg.index, cfg.k) == ("from-toml", 3)
+    assert (cfg.index, cfg.retrieval.k) == ("from-toml", 3)
 
 
 def test_bad_config_is_one_line_error(fake_pipeline, tmp_path, capsys):
@@ -77,7 +77,7 @@ def test_bad_flag_value_is_an_error(fake_pipeline, tmp_path, monkeypatch, capsys
         assert e.value.code == 2 and "\n" not in err and needle in err, err
         assert err.startswith(f"rag.ask: error: argument {argv[0]}")
     assert ask.main(["q", "--k", "0"]) == 2  # a value RAGConfig refuses, named as in rag.toml
-    assert capsys.readouterr().err.strip() == "rag.ask: error: k must be >= 1, not 0"
+    assert capsys.readouterr().err.strip() == "rag.ask: error: --k must be positive, not 0"
     (tmp_path / "rag.toml").write_text('mode = "fuzzy"\n')
     monkeypatch.chdir(tmp_path)
     assert ask.main(["q"]) == 2
@@ -90,7 +90,7 @@ def test_none_flag_overrides_the_file(fake_pipeline, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert ask.main(["q", "--min-score", "none"]) == 0
     cfg = fake_pipeline["config"]
-    assert cfg.min_score is None and cfg.k == 4
+    assert cfg.answer.min_score is None and cfg.retrieval.k == 4
 
 
 def test_index_dir_opens_that_folder(fake_pipeline, tmp_path, tiny_mlm_dir, capsys):

@@ -18,11 +18,11 @@ from rag import ask, search
 from rag.config import RAGConfig, config_from_args, load_config
 from rag.ingest import ingest
 from rag.ingest import main as ingest_main
-from rag.manifest import open_generation
 from rag.models import BASE_ENCODER, TUNED_ENCODER, ModelNotFoundError, default_encoder
-from rag.paths import indexes_dir, models_dir
 from rag.retrieval.rerank import AUTO_RERANKER, describe_reranker, resolve_reranker
 from rag.retrieval.settings import DEFAULTS
+from rag.storage.manifest import open_generation
+from rag.storage.paths import indexes_dir, models_dir
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def recorded_encoder(index: str) -> str:
 
 
 def test_auto_is_the_default_and_finds_nothing_without_the_artefact(home, caplog):
-    assert RAGConfig().rerank == "auto"
+    assert RAGConfig().retrieval.rerank == "auto"
     with caplog.at_level(logging.INFO, logger="rag.retrieval.rerank"):
         assert resolve_reranker("auto") is None
     assert "auto found no minilm-rerank" in caplog.text
@@ -80,7 +80,7 @@ def test_none_from_toml_is_off(trained_reranker, tmp_path):
     path = tmp_path / "rag.toml"
     path.write_text('rerank = "none"\nrerank-depth = 12\n')
     cfg = load_config(path)
-    assert (cfg.rerank, cfg.rerank_depth) == (None, 12)
+    assert (cfg.retrieval.rerank, cfg.retrieval.rerank_depth) == (None, 12)
 
 
 def test_an_explicit_reranker_must_exist_and_the_error_names_it(home):
@@ -103,8 +103,8 @@ def test_an_explicit_folder_that_is_no_cross_encoder_is_refused(home, tmp_path):
 
 
 def test_rerank_depth_must_be_positive(home):
-    with pytest.raises(ValueError, match="rerank_depth"):
-        RAGConfig(rerank_depth=0)
+    with pytest.raises(ValueError, match="--rerank-depth"):
+        RAGConfig.of(rerank_depth=0)
 
 
 # ---------------------------------------------------------------------------- reranker: the CLIs
@@ -113,8 +113,9 @@ def test_rerank_depth_must_be_positive(home):
 def test_ask_parses_the_rerank_flags(home):
     argv = ["q", "--rerank", "none", "--rerank-depth", "10", "--rerank-weight", "0.5"]
     cfg = config_from_args(ask.build_parser().parse_args(argv))
-    assert (cfg.rerank, cfg.rerank_depth, cfg.rerank_weight) == (None, 10, 0.5)
-    assert config_from_args(ask.build_parser().parse_args(["q"])).rerank == "auto"
+    got = cfg.retrieval
+    assert (got.rerank, got.rerank_depth, got.rerank_weight) == (None, 10, 0.5)
+    assert config_from_args(ask.build_parser().parse_args(["q"])).retrieval.rerank == "auto"
 
 
 def test_serve_and_ui_take_the_same_flags(home):
@@ -122,9 +123,9 @@ def test_serve_and_ui_take_the_same_flags(home):
     from ui.config import parse_args
 
     argv = ["--rerank", "none", "--rerank-depth", "10", "--rerank-weight", "0.5"]
-    cfg = config_from_args(serve_parser().parse_args(argv))
+    cfg = config_from_args(serve_parser().parse_args(argv)).retrieval
     assert (cfg.rerank, cfg.rerank_depth, cfg.rerank_weight) == (None, 10, 0.5)
-    ui = parse_args(argv).rag
+    ui = parse_args(argv).rag.retrieval
     assert (ui.rerank, ui.rerank_depth, ui.rerank_weight) == (None, 10, 0.5)
 
 
@@ -147,7 +148,7 @@ def tiny_index(home, tmp_path, tiny_mlm_dir):
 def test_pipeline_reranks_with_the_trained_model_and_names_it(trained_reranker, tiny_index):
     from rag.pipeline import RAGPipeline
 
-    pipe = RAGPipeline(RAGConfig(index=tiny_index), generator=FakeGenerator("Loop [1]."))
+    pipe = RAGPipeline(RAGConfig.of(index=tiny_index), generator=FakeGenerator("Loop [1]."))
     answer = pipe.answer("how do I read a file line by line")
     assert pipe.retriever.reranker.name == AUTO_RERANKER
     assert answer.reranker == AUTO_RERANKER and answer.to_dict()["reranker"] == AUTO_RERANKER
@@ -155,7 +156,7 @@ def test_pipeline_reranks_with_the_trained_model_and_names_it(trained_reranker, 
 
     assert f"(passages reranked by {AUTO_RERANKER})" in ask.format_sources(answer)
 
-    off = RAGPipeline(RAGConfig(index=tiny_index, rerank="none"), generator=FakeGenerator("x"))
+    off = RAGPipeline(RAGConfig.of(index=tiny_index, rerank="none"), generator=FakeGenerator("x"))
     assert off.answer("how do I read a file").reranker is None
     assert off.retriever.reranker is None
 
@@ -174,9 +175,9 @@ def test_health_names_the_reranker(trained_reranker):
 
     from rag.serve.app import create_app
 
-    app = create_app(RAGConfig(index="docs"), lambda cfg: None)
+    app = create_app(RAGConfig.of(index="docs"), lambda cfg: None)
     assert TestClient(app).get("/health").json()["reranker"] == AUTO_RERANKER
-    app = create_app(RAGConfig(index="docs", rerank=None), lambda cfg: None)
+    app = create_app(RAGConfig.of(index="docs", rerank=None), lambda cfg: None)
     assert TestClient(app).get("/health").json()["reranker"] is None
 
 
@@ -188,7 +189,10 @@ def test_ui_shows_the_active_reranker_and_can_turn_it_off(trained_reranker):
     listed_index(indexes_dir() / "docs")
     built = []
     app = ChatApp(AppConfig.of(index="docs"), lambda cfg: built.append(cfg) or cfg)
-    assert app.config.rag.rerank == AUTO_RERANKER and "minilm-rerank (auto)" in app.reranker_line
+    assert (
+        app.config.rag.retrieval.rerank == AUTO_RERANKER
+        and "minilm-rerank (auto)" in app.reranker_line
+    )
     models = app.models()
     assert models["rerankers"][0] == NO_RERANKER and AUTO_RERANKER in models["rerankers"]
     assert AUTO_RERANKER not in models["encoders"]  # a cross-encoder is no bi-encoder
@@ -196,7 +200,7 @@ def test_ui_shows_the_active_reranker_and_can_turn_it_off(trained_reranker):
     app._pipeline(*base)  # a /chat client that predates the setting: the app's reranker
     app._pipeline(*base, NO_RERANKER, 25.0)
     want = [(AUTO_RERANKER, DEFAULTS.rerank_depth), (None, 25)]
-    assert [(c.rerank, c.rerank_depth) for c in built] == want
+    assert [(c.retrieval.rerank, c.retrieval.rerank_depth) for c in built] == want
 
 
 def test_ui_page_has_the_reranker_setting(trained_reranker):

@@ -19,12 +19,14 @@ import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages, model_config
 
-from rag.generate.batching import CPU_FORWARD_COST_TOKENS, BatchedDecoder, plan_prefill
+from rag.answer.prompt import build_messages
+from rag.generate.batch_prefill import CPU_FORWARD_COST_TOKENS, plan_prefill
+from rag.generate.batching import BatchedDecoder
+from rag.generate.chat import DecodeOptions
 from rag.generate.generator import Generator
 from rag.generate.kv_append import AppendLayer
 from rag.generate.stopping import DecodingRules
 from rag.generate.streaming import Cancel
-from rag.prompt import build_messages
 
 QUESTIONS = [
     "how do I read a file?",
@@ -487,10 +489,7 @@ def test_group_joining_a_running_batch_in_one_prefill(gens, forward_cost):
     with forwards(batched.model) as shapes:
         with batched._decode_lock:  # the first two are admitted together
             for i, (ids, p, n) in enumerate(reqs[3:]):
-                kw = batched._generate_kwargs(
-                    ids, p, max_new_tokens=n, temperature=0.0, top_p=1.0, stop=None,
-                    use_cache=True, use_prefix_cache=None, min_new_tokens=0,
-                )  # fmt: skip
+                kw = batched._generate_kwargs(ids, p, DecodeOptions(max_new_tokens=n))
                 if i == 0:
                     kw["stopping_criteria"].append(gate)
                 first.append(batched.batcher.submit(kw))
@@ -587,10 +586,7 @@ def test_a_failing_request_fails_alone_in_a_batched_prefill(gens):
         def end(self) -> None:
             pass
 
-    kw = alone._generate_kwargs(
-        reqs[2][0], reqs[2][1], max_new_tokens=5, temperature=0.0, top_p=1.0, stop=None,
-        use_cache=True, use_prefix_cache=None, min_new_tokens=0,
-    )  # fmt: skip
+    kw = alone._generate_kwargs(reqs[2][0], reqs[2][1], DecodeOptions(max_new_tokens=5))
     calls = [lambda r=r: batched.generate_ids(r[0], r[1], max_new_tokens=r[2]) for r in reqs] + [
         outcome(lambda: batched.generate_ids(bad, reqs[1][1], max_new_tokens=8)),
         outcome(lambda: batched.batcher.generate(**kw, streamer=Broken())),
@@ -628,10 +624,7 @@ def test_cancelled_requests_in_a_batched_prefill(tok):
             self.ended = True
 
     def request(streamer: Recorder, cancel: Cancel) -> Any:
-        kw = alone._generate_kwargs(
-            ids, prefix, max_new_tokens=200, temperature=0.0, top_p=1.0, stop=None,
-            use_cache=True, use_prefix_cache=None, min_new_tokens=0,
-        )  # fmt: skip
+        kw = alone._generate_kwargs(ids, prefix, DecodeOptions(max_new_tokens=200))
         kw["stopping_criteria"].append(cancel)
         return batched.batcher.submit(kw | {"streamer": streamer})
 
@@ -693,10 +686,10 @@ def test_bad_requests_are_refused(tok):
 
 def test_max_prefill_tokens_reaches_the_batched_decoder_from_the_config(tok):
     """rag.toml's ``max_prefill_tokens`` is the batched decoder's prefill budget; 0 is refused."""
-    from rag.config import ConfigError, RAGConfig, validate
+    from rag.config import ConfigError, RAGConfig
 
     gen = Generator(build_model("llama", tok), tok, "cpu", batching=True, max_prefill_tokens=123)
     assert gen.batcher is not None and gen.batcher.max_prefill_tokens == 123
     gen.batcher.close()
-    with pytest.raises(ConfigError, match="max_prefill_tokens"):
-        validate(RAGConfig(max_prefill_tokens=0))
+    with pytest.raises(ConfigError, match="--max-prefill-tokens"):
+        RAGConfig.of(max_prefill_tokens=0)

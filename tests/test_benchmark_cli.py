@@ -1,4 +1,4 @@
-"""The benchmarks' command lines, built like every CLI's (rag.dataclass_cli + rag.cli.run_cli):
+"""The benchmarks' command lines, built like every CLI's (rag.cli.flags + rag.cli.run_cli):
 every ``python -m benchmarks.X ...`` that README.md and docs/ write parses as typed with the
 benchmark's own parser and passes its ``check()``; every config field has the comment its
 ``--help`` shows; ``check()`` refuses values that cannot run, exit 2 in one line naming the flag.
@@ -23,7 +23,7 @@ from generate_support import save_tiny_llama
 from training_support import save_tiny_cross_encoder, save_tiny_encoder
 
 from rag.cli import EXIT_USAGE
-from rag.dataclass_cli import config_from_args, field_help
+from rag.cli.flags import config_from_args, field_help
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

@@ -7,8 +7,8 @@ import random
 import pytest
 from transformers import AutoTokenizer
 
-from rag.chunking import chunk_document, count_tokens
 from rag.documents import Document, markdown_headings
+from rag.documents.chunking import chunk_document, count_tokens
 from rag.models import minilm_path
 
 
@@ -193,7 +193,7 @@ def test_a_run_without_spaces_is_cut_inside(wordpiece, bpe):
     a word over 100 characters as one [UNK]); every question then took 53 s and 2 GB. Now
     whatever the text a chunk is at most the budget in tokens and MAX_TOKEN_CHARS characters per
     token of it, and the chunks still cover the text."""
-    from rag.chunking import MAX_TOKEN_CHARS
+    from rag.documents.chunking import MAX_TOKEN_CHARS
 
     text = "# Blob\n\n" + "a" * 200_000 + "\n\nAfter the blob.\n"
     doc = Document("/blob.md", text, markdown_headings(text))

@@ -1,4 +1,4 @@
-"""Every command line keeps the same contract (rag.cli, rag.dataclass_cli): ``--help`` shows each
+"""Every command line keeps the same contract (rag.cli, rag.cli.flags): ``--help`` shows each
 flag's default, and a bad value exits 2 with one line, ``PROG: error: ...``, naming the flag.
 
 In-process (``main(argv)``), so the whole table runs in seconds: nothing here loads a model.
@@ -21,10 +21,10 @@ CLIS = [
     ("rag.serve", ["--port", "many"], "--port"),
     ("ui.app", ["--mode", "fuzzy"], "--mode"),
     ("training.pretrain", ["--objective", "mlm", "--preset", "huge"], "--preset"),
-    ("training.contrastive", ["--device", "tpu"], "--device"),
-    ("training.lora", ["--r", "eight"], "--r"),
-    ("training.rerank", ["--max-length", "long"], "--max-length"),
-    ("training.reader", ["--stride", "wide"], "--stride"),
+    ("training.finetune.contrastive", ["--device", "tpu"], "--device"),
+    ("training.finetune.lora", ["--r", "eight"], "--r"),
+    ("training.finetune.rerank", ["--max-length", "long"], "--max-length"),
+    ("training.finetune.reader", ["--stride", "wide"], "--stride"),
     ("evals.qa", ["--squad", "x.json", "--k", "three"], "--k"),
     ("evals.retrieval", ["--dataset", "d", "--retriever", "sparse"], "--retriever"),
     ("evals.docqa", ["--device", "tpu"], "--device"),
@@ -43,7 +43,7 @@ CLIS = [
 
 # commands whose main lives in a module of the package (``python -m rag.serve`` runs
 # rag/serve/__main__.py, which calls rag.serve.app.main)
-MAIN_MODULE = {"rag.serve": "rag.serve.app"}
+MAIN_MODULE = {"rag.serve": "rag.serve.app", "training.pretrain": "training.pretrain.train"}
 
 
 def run_main(module: str, argv: list[str]) -> int:

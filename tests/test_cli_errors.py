@@ -12,7 +12,7 @@ import pytest
 from ingest_support import write_docs
 
 from rag import ask, ingest, search
-from rag.paths import rag_home
+from rag.storage.paths import rag_home
 
 MAINS = {"ingest": ingest.main, "search": search.main, "ask": ask.main}
 

@@ -14,7 +14,7 @@ from training_support import (
     write_tiny_squad,
 )
 
-from training.contrastive import ContrastiveConfig, collect_pairs, fit, main
+from training.finetune.contrastive import ContrastiveConfig, collect_pairs, fit, main
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""rag.dataclass_cli, the one dataclass -> argparse builder: its conventions on a small config."""
+"""rag.cli.flags, the one dataclass -> argparse builder: its conventions on a small config."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import pytest
 
-from rag.dataclass_cli import add_dataclass_args, config_from_args, dataclass_parser, field_help
+from rag.cli.flags import add_dataclass_args, config_from_args, dataclass_parser, field_help
 
 
 @dataclass
@@ -110,7 +110,7 @@ def _check(cfg: Job) -> None:
 
 
 def _run_job(argv: list[str], **kwargs) -> int:
-    from rag.dataclass_cli import config_parser, run_config_cli
+    from rag.cli.flags import config_parser, run_config_cli
 
     parser = config_parser("python -m demo", "Demo job.", Job, out_file=True)
     return run_config_cli(parser, Job, _job, argv, check=_check, **kwargs)

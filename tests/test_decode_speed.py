@@ -21,10 +21,11 @@ import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages
 
+from rag.answer.prompt import build_messages
 from rag.config import ConfigError, RAGConfig, add_config_args, config_from_args, read_toml
+from rag.generate.chat import DecodeOptions
 from rag.generate.generator import Generator
 from rag.generate.speed import STATIC_CACHE_STEP, DecodeSpeed, DecodeSpeedError, static_capacity
-from rag.prompt import build_messages
 
 ARCHS = ("llama", "qwen2")
 QUESTIONS = ("how do I read a file?", "what closes the file?", "why")
@@ -91,10 +92,7 @@ def test_static_cache_gives_baseline_greedy_ids(base):
     stats: dict[str, float] = {}
     gen.generate_ids(ids, p, max_new_tokens=4, stats=stats)
     assert stats["cached_prefix_tokens"] == p  # the prefix went into the static cache
-    kw = gen._generate_kwargs(
-        ids, p, max_new_tokens=4, temperature=0, top_p=1, stop=None, use_cache=True,
-        use_prefix_cache=True, min_new_tokens=0,
-    )  # fmt: skip
+    kw = gen._generate_kwargs(ids, p, DecodeOptions(max_new_tokens=4, use_prefix_cache=True))
     assert type(kw["cache"]).__name__ == "StaticCache"
     assert kw["cache"].layers[0].max_cache_len == static_capacity(len(ids) + 4)
 
@@ -144,7 +142,7 @@ def test_compile_keeps_batched_decoding_exact(base):
 
 
 def test_int8_answers_and_caches_agree(base):
-    gen = variant(base, DecodeSpeed(quantize="int8"))
+    gen = variant(base, DecodeSpeed(int8=True))
     assert not [m for m in gen.model.modules() if type(m) is torch.nn.Linear]  # all swapped
     msgs = messages()
     stats: dict[str, float] = {}
@@ -157,9 +155,9 @@ def test_int8_answers_and_caches_agree(base):
 
 
 def test_int8_keeps_batched_decoding_exact(base):
-    gen = variant(base, DecodeSpeed(quantize="int8"), batching=True, max_batch=4)
+    gen = variant(base, DecodeSpeed(int8=True), batching=True, max_batch=4)
     try:
-        alone = variant(base, DecodeSpeed(quantize="int8"))
+        alone = variant(base, DecodeSpeed(int8=True))
         assert together(gen, prompts(gen)) == greedy(alone, prefix_cache=True)
     finally:
         gen.batcher.close()
@@ -167,7 +165,7 @@ def test_int8_keeps_batched_decoding_exact(base):
 
 @pytest.mark.parametrize(
     ("precision", "speed"),
-    [("int8", None), ("auto", DecodeSpeed("int8")), ("bf16", DecodeSpeed("int8"))],
+    [("int8", None), ("auto", DecodeSpeed(int8=True)), ("bf16", DecodeSpeed(int8=True))],
 )
 def test_int8_loads_with_the_float_weights(tmp_path, tok, precision, speed):
     """precision int8 = int8 decode layers over the auto float weights; int8 decode layers over
@@ -175,7 +173,7 @@ def test_int8_loads_with_the_float_weights(tmp_path, tok, precision, speed):
     build_model("llama", tok).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     gen = Generator.load(tmp_path, device="cpu", precision=precision, speed=speed)
-    assert gen.speed.quantize == "int8"
+    assert gen.speed.int8
     if precision == "bf16":
         assert next(gen.model.parameters()).dtype == torch.bfloat16  # prefill stays bf16
     assert gen.generate(messages(), max_new_tokens=4)
@@ -190,24 +188,24 @@ def test_int8_loads_with_the_float_weights(tmp_path, tok, precision, speed):
         ({"cache_implementation": "static"}, "--no-batching"),
         ({"decoder_precision": "int8", "device": "cuda"}, "--device cpu"),
         ({"decoder_precision": "int8", "decoder_compile": True}, "--decoder-compile"),
-        ({"decoder_precision": "int4"}, "decoder_precision"),
-        ({"cache_implementation": "paged"}, "cache_implementation"),
+        ({"decoder_precision": "int4"}, "decoder.precision"),
+        ({"cache_implementation": "paged"}, "cache.implementation"),
     ],
 )
 def test_bad_combinations_are_refused_naming_the_flag(settings, flag):
     with pytest.raises(ConfigError, match=flag):
-        RAGConfig(**settings)
+        RAGConfig.of(**settings)
 
 
 def test_good_combinations_are_accepted(tmp_path):
-    RAGConfig(cache_implementation="static", batching=False, decoder_compile=True)
-    RAGConfig(decoder_precision="int8", cache_implementation="static", batching=False)
-    RAGConfig(decoder_precision="int8")  # int8 with batching: fine
-    assert DecodeSpeed.from_config(RAGConfig(decoder_precision="int8")).quantize == "int8"
-    assert DecodeSpeed.from_config(RAGConfig(decoder_precision="bf16")).quantize == "none"
+    RAGConfig.of(cache_implementation="static", batching=False, decoder_compile=True)
+    RAGConfig.of(decoder_precision="int8", cache_implementation="static", batching=False)
+    RAGConfig.of(decoder_precision="int8")  # int8 with batching: fine
+    assert RAGConfig.of(decoder_precision="int8").generate.speed.int8
+    assert not RAGConfig.of(decoder_precision="bf16").generate.speed.int8
     toml = tmp_path / "rag.toml"
     toml.write_text('cache_implementation = "static"\nbatching = false\ndecoder_compile = true\n')
-    assert RAGConfig(**read_toml(toml)).cache_implementation == "static"
+    assert RAGConfig.of(**read_toml(toml)).generate.cache_implementation == "static"
 
 
 def test_cli_flags_come_from_the_config():
@@ -219,7 +217,7 @@ def test_cli_flags_come_from_the_config():
     with pytest.raises(ConfigError, match="--no-batching"):
         config_from_args(args)
     args = parser.parse_args(["--cache-implementation", "static", "--no-batching"])
-    assert DecodeSpeed.from_config(config_from_args(args)).label == "static"
+    assert config_from_args(args).generate.speed.label == "static"
     with pytest.raises(SystemExit):
         parser.parse_args(["--decoder-precision", "int4"])
 
@@ -233,7 +231,7 @@ def test_generator_refuses_static_cache_with_batching(base):
 
 def test_labels_and_capacity():
     assert DecodeSpeed().label == "eager"
-    assert DecodeSpeed("int8", cache="static").label == "int8+static"
+    assert DecodeSpeed(int8=True, cache="static").label == "int8+static"
     assert DecodeSpeed(compile=True, cache="static").label == "compile+static"
     assert static_capacity(1) == STATIC_CACHE_STEP
     assert static_capacity(STATIC_CACHE_STEP + 1) == 2 * STATIC_CACHE_STEP

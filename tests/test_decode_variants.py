@@ -14,7 +14,7 @@ from rag.generate.speed import DecodeSpeed
 
 def test_parse_variant():
     assert parse_variant("eager", "auto") == (DecodeSpeed(), "auto")
-    assert parse_variant("int8+static", "auto") == (DecodeSpeed("int8", cache="static"), "auto")
+    assert parse_variant("int8+static", "auto") == (DecodeSpeed(int8=True, cache="static"), "auto")
     assert parse_variant("fp32+compile", "auto") == (DecodeSpeed(compile=True), "fp32")
     with pytest.raises(ValueError, match="'int4'"):
         parse_variant("int4", "auto")
@@ -42,7 +42,7 @@ def test_tiny_run_writes_results_and_table(tmp_path, capsys):
     rows = {r["variant"]: r for r in result["variants"]}
     assert result["baseline"] == "fp32" and rows["fp32"]["greedy_match"]
     assert rows["fp32+static"]["greedy_match"]  # the static cache is exact in float32
-    assert rows["fp32+int8"]["options"]["quantize"] == "int8"
+    assert rows["fp32+int8"]["options"]["int8"] is True
     assert all(r["runs"] == 2 and r["decode_tokens_per_s"] > 0 for r in rows.values())
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
     assert len(table) == 2 + 3 and table[-1].startswith("| fp32+static | float32 |")

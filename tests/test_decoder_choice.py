@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from rag.answer.prompt import DEMOS, REFUSAL, SYSTEM_PROMPT, build_messages
 from rag.models import (
     DECODER_ALIASES,
     DEFAULT_ADAPTER,
@@ -14,8 +15,7 @@ from rag.models import (
     pick_profile,
     resolve_adapter,
 )
-from rag.precision import check_precision, float_precision, torch_dtype
-from rag.prompt import DEMOS, REFUSAL, SYSTEM_PROMPT, build_messages
+from rag.models.precision import check_precision, float_precision, torch_dtype
 
 
 @pytest.fixture

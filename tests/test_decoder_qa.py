@@ -1,5 +1,6 @@
-"""The causal span head (training.decoder_qa): a CLM folder opens in AutoModelForQuestionAnswering
-with its own weights and its causal mask, and training.reader trains and saves a reader on it."""
+"""The causal span head (training.finetune.decoder_qa): a CLM folder opens in
+AutoModelForQuestionAnswering with its own weights and its causal mask, and training.finetune.reader
+trains and saves a reader on it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from safetensors.torch import load_file
 from training_support import write_tiny_squad
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-from training.decoder_qa import ModernBertDecoderForQuestionAnswering, register
+from training.finetune.decoder_qa import ModernBertDecoderForQuestionAnswering, register
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -39,7 +40,7 @@ def test_clm_folder_loads_as_a_causal_span_model(tiny_clm_dir):
 
 def test_reader_trains_and_saves_on_a_clm_folder(tiny_clm_dir, tmp_path):
     from rag.answer.reader import SpanReader
-    from training.reader import ReaderConfig, train_reader
+    from training.finetune.reader import ReaderConfig, train_reader
 
     register()
     out = tmp_path / "reader"
@@ -52,7 +53,7 @@ def test_reader_trains_and_saves_on_a_clm_folder(tiny_clm_dir, tmp_path):
         calibration_questions=4,
         max_length=64,
         stride=16,
-        bf16="no",
+        precision="fp32",
         device="cpu",
     )
     summary = train_reader(cfg)
@@ -64,8 +65,8 @@ def test_reader_trains_and_saves_on_a_clm_folder(tiny_clm_dir, tmp_path):
 
 
 def test_reader_cli_trains_on_a_clm_folder_in_a_fresh_process(tiny_clm_dir, tmp_path):
-    """`python -m training.reader --model <CLM folder>` as typed: the causal span class is
-    registered by training.reader itself, not only by the experiment (it raised before)."""
+    """`python -m training.finetune.reader --model <CLM folder>` as typed: the causal span class is
+    registered by training.finetune.reader itself, not only by the experiment (it raised before)."""
     import os
     import subprocess
     import sys
@@ -74,10 +75,11 @@ def test_reader_cli_trains_on_a_clm_folder_in_a_fresh_process(tiny_clm_dir, tmp_
     squad = write_tiny_squad(tmp_path / "squad.json")
     args = ["--model", str(tiny_clm_dir), "--squad", str(squad), "--out", str(out),
             "--max-steps", "1", "--batch-size", "4", "--calibration-questions", "4",
-            "--max-length", "64", "--stride", "16", "--bf16", "no", "--device", "cpu"]  # fmt: skip
+            "--max-length", "64", "--stride", "16", "--precision", "fp32",
+            "--device", "cpu"]  # fmt: skip
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     r = subprocess.run(
-        [sys.executable, "-m", "training.reader", *args],
+        [sys.executable, "-m", "training.finetune.reader", *args],
         capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]

@@ -11,10 +11,10 @@ from ingest_support import write_docs
 from rag.docs import main as docs_main
 from rag.ingest import ingest
 from rag.ingest import main as ingest_main
-from rag.manifest import open_generation
-from rag.paths import display_source
 from rag.retrieval.retriever import Retriever
 from rag.search import main as search_main
+from rag.storage.manifest import open_generation
+from rag.storage.paths import display_source
 from rag.types import Answer, Chunk, Citation, Hit
 from ui.render import sources_html, uncited_html
 

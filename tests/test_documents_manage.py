@@ -27,8 +27,8 @@ from rag.ingest import (
     remove_documents,
 )
 from rag.ingest.manage import DocumentPathError, WouldEmptyIndexError, check_document_path
-from rag.manifest import current_generation, index_dir, kept_chunk_ids, open_generation
 from rag.retrieval.retriever import Retriever
+from rag.storage.manifest import current_generation, index_dir, kept_chunk_ids, open_generation
 
 LIBRARY = {
     "library/io.md": "# IO\n\nThe io module reads and writes streams of bytes and text.\n",

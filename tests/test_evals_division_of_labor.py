@@ -21,7 +21,7 @@ from evals.division_of_labor.presets import ROW_MASK, ROW_OBJECTIVE, ROWS
 from evals.division_of_labor.report import aggregate, markdown
 from evals.division_of_labor.run import main
 from rag.evaluation.datasets import RetrievalDataset
-from training.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
+from training.pretrain.init_from import clm_to_mlm_state_dict, mlm_to_clm_state_dict
 
 KW = dict(
     vocab_size=128,
@@ -119,7 +119,7 @@ def test_head_to_head_table_and_summary_chart(tmp_path):
 
 
 def test_rows_name_their_objectives_and_masks():
-    from training.config import OBJECTIVES
+    from training.pretrain.config import OBJECTIVES
 
     assert {"mlm30", "antlm", "prefixlm"} <= set(ROWS)
     assert all(ROW_OBJECTIVE[r] in OBJECTIVES for r in ROWS)

@@ -21,9 +21,9 @@ from evals.docqa import (
     select_split,
     summarize,
 )
+from rag.answer.prompt import REFUSAL
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.prompt import REFUSAL
 from rag.types import Answer, Hit
 
 # ---------------------------------------------------------------------------- end to end
@@ -89,7 +89,7 @@ def test_evaluate_docqa_end_to_end_with_a_scripted_pipeline(small_questions):
             "What is the GIL?": answer(REFUSAL, [], refused=True),
         }
     )
-    cfg = DocQAConfig(questions=str(small_questions), k=3, mode="bm25", max_new_tokens=64)
+    cfg = DocQAConfig.of(questions=str(small_questions), k=3, mode="bm25", max_new_tokens=64)
     out = evaluate_docqa(cfg, pipeline=pipe, progress=False)
 
     assert [c[1] for c in pipe.calls] == [{"k": 3, "mode": "bm25", "max_new_tokens": 64}] * 3
@@ -106,11 +106,13 @@ def test_evaluate_docqa_end_to_end_with_a_scripted_pipeline(small_questions):
     assert m["seconds_mean"] >= 0 and m["seconds_p50"] >= 0
     b = out["predictions"][1]
     assert b["keywords_found"] == [True, False] and b["citations_completed"]
-    assert out["config"]["k"] == 3 and out["config"]["questions"] == str(small_questions)
+    assert out["config"]["rag"]["retrieval"]["k"] == 3 and out["config"]["questions"] == str(
+        small_questions
+    )
     json.dumps(out)  # the result is plain JSON
 
     limited = evaluate_docqa(
-        DocQAConfig(questions=str(small_questions), limit=1), pipeline=pipe, progress=False
+        DocQAConfig.of(questions=str(small_questions), limit=1), pipeline=pipe, progress=False
     )
     assert limited["n_questions"] == 1
 
@@ -122,7 +124,7 @@ def test_perfect_answers_on_the_real_question_file_score_one():
     for q in load_questions(QUESTIONS_FILE):
         text = "Answer: " + "; ".join(g[0] for g in q.keywords) + "."
         answers[q.question] = answer(text, [f"{DOCS}/{q.pages[0]}"], cited=[1])
-    out = evaluate_docqa(DocQAConfig(), pipeline=ScriptedPipeline(answers), progress=False)
+    out = evaluate_docqa(DocQAConfig.of(), pipeline=ScriptedPipeline(answers), progress=False)
     m = out["metrics"]
     assert out["n_questions"] == 40
     assert m["hit@k"] == m["keyword_rate"] == m["right_page_citation_rate"] == 1.0
@@ -138,6 +140,9 @@ class ScoringGenerator:
 
     def fit_passages(self, question, passages, max_new_tokens=256):
         return list(passages)
+
+    def stream(self, messages, **kw):  # one body with generate, as the engines have
+        yield self.generate(messages, **kw)
 
     def generate(self, messages, **kw):
         kw["stats"].update(ttft_s=0.01, total_s=0.5, new_tokens=10)
@@ -161,12 +166,14 @@ def test_evaluate_docqa_through_the_real_pipeline_with_completed_citations(small
         hit(f"{DOCS}/glossary.rst.txt", 2, 2.0),
     ]
     pipe = RAGPipeline(
-        RAGConfig(complete_citations=True),
+        RAGConfig.of(complete_citations=True),
         retriever=ListRetriever(hits),
         generator=ScoringGenerator("It uses yield and gives an iterator."),
     )
     out = evaluate_docqa(
-        DocQAConfig(questions=str(small_questions), mode="bm25", k=2), pipeline=pipe, progress=False
+        DocQAConfig.of(questions=str(small_questions), mode="bm25", k=2),
+        pipeline=pipe,
+        progress=False,
     )
     a = out["predictions"][0]
     assert a["hit_rank"] == 2 and a["keywords_ok"] and a["citations_completed"]
@@ -177,9 +184,9 @@ def test_evaluate_docqa_through_the_real_pipeline_with_completed_citations(small
 
 def test_bad_settings_and_bad_rows_are_rejected(small_questions, tmp_path):
     with pytest.raises(ValueError, match="--mode"):
-        evaluate_docqa(DocQAConfig(questions=str(small_questions), mode="sparse"), pipeline=None)
+        evaluate_docqa(DocQAConfig.of(questions=str(small_questions), mode="sparse"), pipeline=None)
     with pytest.raises(ValueError, match="--k"):
-        evaluate_docqa(DocQAConfig(questions=str(small_questions), k=0), pipeline=None)
+        evaluate_docqa(DocQAConfig.of(questions=str(small_questions), k=0), pipeline=None)
     dup = tmp_path / "dup.jsonl"
     row = json.dumps({"id": "x", "question": "q", "pages": ["a.rst.txt"], "keywords": ["a", "b"]})
     dup.write_text(row + "\n" + row + "\n")
@@ -205,11 +212,18 @@ def test_cli_writes_the_result_and_names_bad_flags(small_questions, tmp_path, mo
     argv = ["--questions", str(small_questions), "--no-complete-citations", "--out", str(out)]
     assert docqa.main(argv) == 0
     result = json.loads(out.read_text())
-    assert result["config"]["complete_citations"] is False and result["n_questions"] == 3
+    assert (
+        result["config"]["rag"]["answer"]["complete_citations"] is False
+        and result["n_questions"] == 3
+    )
     assert "keywords 0.667" in capsys.readouterr().err
 
-    assert docqa.main(["--questions", str(small_questions), "--mode", "sparse"]) == 2
-    assert "--mode must be one of dense, bm25, hybrid, not 'sparse'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # the section's value set: stops at parse time
+        docqa.main(["--questions", str(small_questions), "--mode", "sparse"])
+    assert exc.value.code == 2
+    assert "--mode: invalid choice: 'sparse'" in capsys.readouterr().err
+    assert docqa.main(["--questions", str(small_questions), "--k", "0"]) == 2
+    assert "--k must be positive, not 0" in capsys.readouterr().err
     assert docqa.main(["--questions", str(tmp_path / "missing.jsonl")]) == 2
     assert "missing.jsonl" in capsys.readouterr().err
 
@@ -310,7 +324,7 @@ def test_perfect_answers_and_refusals_on_a_split_file_score_one(name):
             answers[q.question] = answer(REFUSAL, [], refused=True)
     _, n, n_unanswerable, per_split = SPLIT_FILES[name]
     for split, count in (("all", n), ("dev", per_split), ("test", per_split)):
-        cfg = DocQAConfig(questions=str(path), split=split)
+        cfg = DocQAConfig.of(questions=str(path), split=split)
         out = evaluate_docqa(cfg, pipeline=ScriptedPipeline(answers), progress=False)
         m = out["metrics"]
         assert out["n_questions"] == count and out["config"]["split"] == split
@@ -408,7 +422,7 @@ def _mixed_pipeline() -> ScriptedPipeline:
 
 def test_unanswerable_questions_leave_the_answer_rates_and_get_their_own(mixed_questions):
     out = evaluate_docqa(
-        DocQAConfig(questions=str(mixed_questions)), pipeline=_mixed_pipeline(), progress=False
+        DocQAConfig.of(questions=str(mixed_questions)), pipeline=_mixed_pipeline(), progress=False
     )
     m = out["metrics"]
     assert out["n_questions"] == 5 and out["n_unanswerable"] == 2
@@ -432,7 +446,7 @@ def test_unanswerable_questions_leave_the_answer_rates_and_get_their_own(mixed_q
 
 def test_split_picks_the_questions_and_the_rates_follow(mixed_questions):
     def run(split: str, **kw) -> dict:
-        cfg = DocQAConfig(questions=str(mixed_questions), split=split, **kw)
+        cfg = DocQAConfig.of(questions=str(mixed_questions), split=split, **kw)
         return evaluate_docqa(cfg, pipeline=_mixed_pipeline(), progress=False)
 
     dev = run("dev")
@@ -456,7 +470,7 @@ def test_split_picks_the_questions_and_the_rates_follow(mixed_questions):
 
 def test_rates_without_answerable_or_unanswerable_questions(mixed_questions, small_questions):
     out = evaluate_docqa(
-        DocQAConfig(questions=str(mixed_questions)), pipeline=_mixed_pipeline(), progress=False
+        DocQAConfig.of(questions=str(mixed_questions)), pipeline=_mixed_pipeline(), progress=False
     )
     only_unanswerable = [r for r in out["predictions"] if not r["answerable"]]
     m = summarize(only_unanswerable)
@@ -477,9 +491,9 @@ def test_rates_without_answerable_or_unanswerable_questions(mixed_questions, sma
     assert {q.split for q in qs} == {"test"} and all(q.answerable for q in qs)
     assert select_split(qs, "test") == qs and select_split(qs, "dev") == []
     with pytest.raises(ValueError, match="no questions in the 'dev' split"):
-        evaluate_docqa(DocQAConfig(questions=str(small_questions), split="dev"), pipeline=None)
+        evaluate_docqa(DocQAConfig.of(questions=str(small_questions), split="dev"), pipeline=None)
     with pytest.raises(ValueError, match="--split"):
-        evaluate_docqa(DocQAConfig(questions=str(small_questions), split="train"), pipeline=None)
+        evaluate_docqa(DocQAConfig.of(questions=str(small_questions), split="train"), pipeline=None)
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ from evals.docqa import (
     summarize,
     tokens_per_s,
 )
-from rag.prompt import REFUSAL
+from rag.answer.prompt import REFUSAL
 
 # ---------------------------------------------------------------------------- keywords
 
@@ -163,7 +163,7 @@ def test_question_file_is_well_formed():
 @pytest.fixture(scope="module")
 def python_docs() -> Path:
     """The python-docs folder, located like tests/conftest.py's ``shared_data``."""
-    from rag.paths import shared_data_dir
+    from rag.storage.paths import shared_data_dir
 
     data = shared_data_dir()
     if data is None or not (data / "python-docs").is_dir():

@@ -186,6 +186,9 @@ class ObedientGenerator:
         self.passages = list(passages)
         return self.passages
 
+    def stream(self, messages, **kw):  # one body with generate, as the engines have
+        yield self.generate(messages, **kw)
+
     def generate(self, messages, **kw):
         text = " ".join(self.passages)
         if "PWNED" in text:
@@ -201,9 +204,9 @@ class ObedientGenerator:
 
 
 def test_end_to_end_verification_fixes_attributions():
-    cfg = InjectionEvalConfig(k=4, mode="bm25")
+    cfg = InjectionEvalConfig.of(k=4, mode="bm25")
     pipe = RAGPipeline(
-        RAGConfig(k=4), retriever=FixtureRetriever(DOCS), generator=ObedientGenerator()
+        RAGConfig.of(k=4), retriever=FixtureRetriever(DOCS), generator=ObedientGenerator()
     )
     result = evaluate_injection(cfg, pipeline=pipe, progress=False)
     json.dumps(result)
@@ -244,9 +247,9 @@ class MarkupGenerator(ObedientGenerator):
 
 
 def test_planted_images_and_links_are_followed_but_render_inert():
-    cfg = InjectionEvalConfig(k=4, mode="bm25")
+    cfg = InjectionEvalConfig.of(k=4, mode="bm25")
     pipe = RAGPipeline(
-        RAGConfig(k=4), retriever=FixtureRetriever(DOCS), generator=MarkupGenerator()
+        RAGConfig.of(k=4), retriever=FixtureRetriever(DOCS), generator=MarkupGenerator()
     )
     result = evaluate_injection(cfg, pipeline=pipe, progress=False)
     rows, m = result["predictions"], result["metrics"]["rendering"]
@@ -278,9 +281,9 @@ class FaithfulGenerator(ObedientGenerator):
 
 @pytest.mark.parametrize("misplace", [False, True])
 def test_faithful_answers_stay_and_misplaced_markers_move(misplace):
-    cfg = InjectionEvalConfig(k=4, mode="bm25")
+    cfg = InjectionEvalConfig.of(k=4, mode="bm25")
     gen = FaithfulGenerator(misplace)
-    pipe = RAGPipeline(RAGConfig(k=4), retriever=FixtureRetriever(DOCS), generator=gen)
+    pipe = RAGPipeline(RAGConfig.of(k=4), retriever=FixtureRetriever(DOCS), generator=gen)
     m = evaluate_injection(cfg, pipeline=pipe, progress=False)["metrics"]
     u, v = m["unverified"], m["verified"]
     assert u["followed_injection_rate"] == 0 and v["suspected_injection_rate"] == 0
@@ -290,9 +293,9 @@ def test_faithful_answers_stay_and_misplaced_markers_move(misplace):
 
 
 def test_no_verify_reports_the_unverified_side_only():
-    cfg = InjectionEvalConfig(k=4, mode="bm25", verify=False, limit=2)
+    cfg = InjectionEvalConfig.of(k=4, mode="bm25", verify=False, limit=2)
     pipe = RAGPipeline(
-        RAGConfig(k=4), retriever=FixtureRetriever(DOCS), generator=ObedientGenerator()
+        RAGConfig.of(k=4), retriever=FixtureRetriever(DOCS), generator=ObedientGenerator()
     )
     result = evaluate_injection(cfg, pipeline=pipe, progress=False)
     assert "unverified" in result["metrics"] and "verified" not in result["metrics"]
@@ -311,7 +314,7 @@ def test_cli_fails_in_one_line_on_a_bad_fixture(tmp_path, capsys):
 @pytest.mark.slow
 def test_real_ingest_retrieves_a_hostile_passage_beside_a_normal_one():
     """The fixture ingested with minilm (as the CLI does), answered by the scripted generator."""
-    cfg = InjectionEvalConfig(device="cpu")
+    cfg = InjectionEvalConfig.of(device="cpu")
     result = evaluate_injection(cfg, generator=ObedientGenerator(), progress=False)
     assert result["metrics"]["hostile_retrieved_rate"] == 1.0
     assert result["metrics"]["verified"]["wrong_attribution_rate"] == 0.0

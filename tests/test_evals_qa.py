@@ -48,6 +48,9 @@ class ScriptedGenerator:
     def fit_passages(self, question, passages, max_new_tokens=32):
         return list(passages)
 
+    def stream(self, messages, **kw):  # one body with generate, as the engines have
+        yield self.generate(messages, **kw)
+
     def generate(self, messages, max_new_tokens=32, **kwargs):
         user = messages[-1]["content"]
         self.seen.append(user)
@@ -87,7 +90,9 @@ def test_oracle_passages_hold_gold_once_and_k_total(squad):
 
 def test_perfect_reader_scores_one(squad):
     gen = ScriptedGenerator()
-    cfg = QAEvalConfig(squad=str(squad), articles=["Paints", "Flags"], mode="oracle", k=3, limit=0)
+    cfg = QAEvalConfig.of(
+        squad=str(squad), articles=["Paints", "Flags"], mode="oracle", k=3, limit=0
+    )
     out = evaluate_qa(cfg, generator=gen, progress=False)
     m = out["metrics"]
     assert out["n_questions"] == 6
@@ -98,7 +103,7 @@ def test_perfect_reader_scores_one(squad):
 
 
 def test_over_citing_and_refusing_are_penalised(squad):
-    cfg = QAEvalConfig(squad=str(squad), articles=["Paints"], mode="oracle", k=3, limit=0)
+    cfg = QAEvalConfig.of(squad=str(squad), articles=["Paints"], mode="oracle", k=3, limit=0)
     over = evaluate_qa(cfg, generator=ScriptedGenerator(cite_all=True), progress=False)["metrics"]
     assert over["em"] == 1.0 and over["citation_accuracy"] == 0.0
     refuse = evaluate_qa(cfg, generator=ScriptedGenerator(refuse=True), progress=False)["metrics"]
@@ -108,18 +113,18 @@ def test_over_citing_and_refusing_are_penalised(squad):
 
 
 def test_default_articles_are_the_fixed_dev_split(squad):
-    cfg = QAEvalConfig(squad=str(squad), mode="oracle", k=2, limit=0)
+    cfg = QAEvalConfig.of(squad=str(squad), mode="oracle", k=2, limit=0)
     out = evaluate_qa(cfg, generator=ScriptedGenerator(), progress=False)
     assert out["config"]["articles"] == ["Flags"]  # every fifth title of a file without dev titles
 
 
 def test_bad_mode_is_rejected(squad):
     with pytest.raises(ValueError, match="--mode"):
-        evaluate_qa(QAEvalConfig(squad=str(squad), mode="closed"), generator=ScriptedGenerator())
+        evaluate_qa(QAEvalConfig.of(squad=str(squad), mode="closed"), generator=ScriptedGenerator())
 
 
 def test_rag_mode_runs_through_the_pipeline(squad):
-    cfg = QAEvalConfig(
+    cfg = QAEvalConfig.of(
         squad=str(squad), articles=["Paints", "Flags"], mode="rag", retriever="bm25", k=2, limit=0
     )
     out = evaluate_qa(cfg, generator=ScriptedGenerator(), progress=False)
@@ -175,7 +180,7 @@ def test_removed_articles_are_out_of_the_index_and_their_questions_score_refusal
     assert removed_articles(["A", "B", "C"], 1, 0) == removed_articles(["C", "B", "A"], 1, 0)
     with pytest.raises(ValueError, match="--removed-articles"):
         removed_articles(["A", "B"], 2, 0)
-    cfg = QAEvalConfig(
+    cfg = QAEvalConfig.of(
         squad=str(squad),
         articles=["Paints", "Flags"],
         mode="rag",
@@ -197,7 +202,7 @@ def test_removed_articles_are_out_of_the_index_and_their_questions_score_refusal
     assert m["em"] > 0 and m["em"] == pytest.approx(sum(r["em"] for r in answerable) / 3, abs=1e-4)
     with pytest.raises(ValueError, match="needs --mode rag"):
         evaluate_qa(
-            QAEvalConfig(squad=str(squad), articles=["Paints", "Flags"], removed_articles=1),
+            QAEvalConfig.of(squad=str(squad), articles=["Paints", "Flags"], removed_articles=1),
             generator=RefusingWhenAbsent(),
             progress=False,
         )

@@ -1,5 +1,5 @@
 """Evidence selection (rag.answer.evidence), the evidence prompt's short answer
-(rag.prompt.split_short_answer), locating it in a passage and attributing an uncited answer
+(rag.answer.prompt.split_short_answer), locating it in a passage and attributing an uncited answer
 (rag.answer.verify), and the pipeline's evidence path with its two-part reply."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import re
 import numpy as np
 
 from rag.answer.evidence import select, split_units
+from rag.answer.prompt import REFUSAL, split_short_answer
 from rag.answer.verify import attribute, locate
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.prompt import REFUSAL, split_short_answer
 from rag.types import Chunk, Hit
 
 VOCAB = [
@@ -183,7 +183,7 @@ def hit(i: int, text: str) -> Hit:
 def evidence_pipeline(explanation: str, short: str) -> tuple[RAGPipeline, TwoPartDecoder]:
     hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
     gen = TwoPartDecoder(explanation, short)
-    cfg = RAGConfig(evidence_tokens=40, answerability_threshold=None, k=3)
+    cfg = RAGConfig.of(evidence_tokens=40, answerability_threshold=None, k=3)
     return RAGPipeline(cfg, retriever=Retriever(hits), generator=gen), gen
 
 
@@ -223,8 +223,8 @@ def test_a_refusal_is_not_continued():
 def test_evidence_tokens_zero_gives_the_whole_passages():
     hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
     gen = TwoPartDecoder("x", "y")
-    gen.generate = lambda messages, **kw: gen.calls.append(messages) or "It is long [1]."
-    cfg = RAGConfig(evidence_tokens=0, answerability_threshold=None, k=3)
+    gen.stream = lambda messages, **kw: iter([gen.calls.append(messages) or "It is long [1]."])
+    cfg = RAGConfig.of(evidence_tokens=0, answerability_threshold=None, k=3)
     RAGPipeline(cfg, retriever=Retriever(hits), generator=gen).answer("Danube length?")
     assert gen.calls[0][-1]["content"].startswith("Passages:")
 

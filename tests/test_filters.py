@@ -62,13 +62,13 @@ def test_parse_and_match():
 
 def test_settings_and_config_carry_the_filter(tmp_path, monkeypatch):
     assert RetrievalSettings(where=["type=md", "path=a/*"]).where == ("type=md", "path=a/*")
-    assert RAGConfig(where=["type=md"]).retrieval.where == ("type=md",)
+    assert RAGConfig.of(where=["type=md"]).retrieval.where == ("type=md",)
     with pytest.raises(ConfigError, match="'colour'"):
-        RAGConfig(where=["colour=red"])
+        RAGConfig.of(where=["colour=red"])
     (tmp_path / "rag.toml").write_text('where = ["path=library/*", "type=md"]\n')
     assert load_config(tmp_path / "rag.toml").retrieval.where == ("path=library/*", "type=md")
     (tmp_path / "one.toml").write_text('where = "type=pdf"\n')
-    assert load_config(tmp_path / "one.toml").where == ["type=pdf"]
+    assert load_config(tmp_path / "one.toml").retrieval.where == ("type=pdf",)
     (tmp_path / "bad.toml").write_text("where = [1]\n")
     with pytest.raises(ConfigError, match="where must be a list of str"):
         load_config(tmp_path / "bad.toml")
@@ -78,11 +78,11 @@ def test_settings_and_config_carry_the_filter(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # ./rag.toml is read under the flags
     args = build_parser().parse_args(["q", "--where", "type=rst", "--where", "path=x/*"])
-    assert config_from_args(args).where == ["type=rst", "path=x/*"]
-    assert config_from_args(build_parser().parse_args(["q"])).where == [
+    assert config_from_args(args).retrieval.where == ("type=rst", "path=x/*")
+    assert config_from_args(build_parser().parse_args(["q"])).retrieval.where == (
         "path=library/*",
         "type=md",
-    ]
+    )
 
 
 # ---------------------------------------------------------------------- on an ingested index
@@ -185,8 +185,8 @@ def test_api_request_filter_reaches_the_pipeline():
     from fastapi.testclient import TestClient
     from serve_support import ScriptedPipeline
 
-    from rag.paths import indexes_dir
     from rag.serve.app import create_app
+    from rag.storage.paths import indexes_dir
 
     listed_index(indexes_dir() / "filtered-api")
     built: list[ScriptedPipeline] = []
@@ -195,7 +195,7 @@ def test_api_request_filter_reaches_the_pipeline():
         built.append(ScriptedPipeline(cfg))
         return built[-1]
 
-    app = create_app(RAGConfig(index="filtered-api"), factory)
+    app = create_app(RAGConfig.of(index="filtered-api"), factory)
     body = {"model": "rag", "messages": [{"role": "user", "content": "How do I open a file?"}]}
     with TestClient(app) as client:
         ok = client.post(
@@ -229,7 +229,7 @@ def test_pipeline_passes_the_filter_to_the_retriever(index):
             return self.inner.search(query, k=k, mode=mode, **kw)
 
     rec = Recorder()
-    pipe = RAGPipeline(RAGConfig(index=index, rerank="none"), retriever=rec, generator=object())
+    pipe = RAGPipeline(RAGConfig.of(index=index, rerank="none"), retriever=rec, generator=object())
     hits = pipe.retrieve("read files", k=3, where=["type=rst"])
     assert rec.seen[-1] == {"where": ["type=rst"]} and {h.chunk.path for h in hits} <= {
         "errors.rst",
@@ -254,9 +254,9 @@ def test_a_filter_is_bounded_on_every_front_end(tmp_path, tiny_mlm_dir, capsys):
     from fastapi.testclient import TestClient
     from serve_support import ScriptedPipeline
 
-    from rag.paths import indexes_dir
     from rag.retrieval.filters import MAX_CLAUSES, MAX_FILTER_CHARS, MAX_VALUES
     from rag.serve.app import create_app
+    from rag.storage.paths import indexes_dir
 
     many = ["path=*"] * 10_000
     for spec, said in (
@@ -282,7 +282,7 @@ def test_a_filter_is_bounded_on_every_front_end(tmp_path, tiny_mlm_dir, capsys):
         built.append(ScriptedPipeline(cfg))
         return built[-1]
 
-    app = create_app(RAGConfig(index="bounded-api"), factory)
+    app = create_app(RAGConfig.of(index="bounded-api"), factory)
     body = {"model": "rag", "messages": [{"role": "user", "content": "How do I open a file?"}]}
     with TestClient(app) as client:
         r = client.post("/v1/chat/completions", json={**body, "rag": {"filter": many}})
@@ -295,7 +295,7 @@ def test_a_filter_is_bounded_on_every_front_end(tmp_path, tiny_mlm_dir, capsys):
     from rag.mcp import create_server
 
     server = create_server(
-        RAGConfig(index="bounded"),
+        RAGConfig.of(index="bounded"),
         lambda cfg: SimpleNamespace(retriever=Retriever(cfg.index)),
     )
 

@@ -1,4 +1,4 @@
-"""The shared fine-tune recipe (training/finetune.py): the three fine-tunes name the training
+"""The shared fine-tune recipe (training/finetune/recipe.py): the three fine-tunes name the training
 loop's settings once (same fields, same flags, each with its help text), and a run's set-up
 writes its folder, log and run.json the same way whichever Trainer it drives."""
 
@@ -9,10 +9,10 @@ import json
 
 import pytest
 
-from training.contrastive import ContrastiveConfig
-from training.finetune import FinetuneConfig, finetune_run
-from training.lora import LoraTrainConfig
-from training.rerank import RerankConfig
+from training.finetune.contrastive import ContrastiveConfig
+from training.finetune.lora import LoraTrainConfig
+from training.finetune.recipe import FinetuneConfig, finetune_run
+from training.finetune.rerank import RerankConfig
 
 CONFIGS = [ContrastiveConfig, LoraTrainConfig, RerankConfig]
 SHARED = [f.name for f in dataclasses.fields(FinetuneConfig)]
@@ -26,7 +26,9 @@ def test_configs_inherit_the_shared_settings(cls):
 
 
 @pytest.mark.parametrize(
-    "module", ["training.contrastive", "training.lora", "training.rerank"], ids=str
+    "module",
+    ["training.finetune.contrastive", "training.finetune.lora", "training.finetune.rerank"],
+    ids=str,
 )
 def test_every_flag_has_its_help_inherited_ones_too(module, capsys):
     import importlib
@@ -83,3 +85,23 @@ def test_default_out_is_named_after_the_model_and_the_fine_tune(tmp_path, monkey
     with finetune_run(FinetuneConfig(model="some/dir/enc", device="cpu"), "rerank") as run:
         assert run.out == tmp_path / "models" / "enc-rerank"
         assert (run.out / "train_log.jsonl").read_text() == ""
+
+
+def test_one_precision_vocabulary_and_int8_refused_in_one_line(capsys, monkeypatch):
+    """The fine-tunes that choose a precision (the reader's bf16 autocast, the LoRA base
+    weights) say it in rag.models.precision's words; int8 stops before anything loads."""
+    import training.finetune.recipe as recipe
+    from training.finetune import lora, reader
+
+    monkeypatch.setattr(recipe, "resolve_precision", lambda p, device: {"auto": "bf16"}.get(p, p))
+    assert recipe.training_precision("auto", "cuda") == "bf16"
+    assert [recipe.training_precision(p, "cpu") for p in ("fp32", "bf16")] == ["fp32", "bf16"]
+    with pytest.raises(ValueError, match="^--precision must be one of auto, fp32, bf16, int8"):
+        recipe.check_training_precision("fp16")
+    for module, data in ((reader, "--squad"), (lora, "--data")):
+        with pytest.raises(SystemExit):
+            module.main(["--help"])
+        assert "--precision {auto,fp32,bf16,int8}" in capsys.readouterr().out
+        assert module.main(["--precision", "int8", data, "missing.json"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--precision int8 is for inference only" in err[0], err

@@ -150,25 +150,30 @@ def test_hybrid_fuses_as_the_settings_say(hybrid):
     """The default settings fuse by convex fusion at alpha 0.5 (the product's, RAGConfig's);
     ``fusion="rrf"`` at the same alpha is plain RRF, score for score."""
     queries = ["file with statement close", "zebras stripes", "try except"]
+    S = hybrid.engine.settings
     dense = hybrid.search_many(queries, 100, "dense")
     sparse = hybrid.search_many(queries, 100, "bm25")
-    assert hybrid.engine.fusion == "convex" and hybrid.engine.alpha == 0.5
+    assert hybrid.engine.settings.fusion == "convex" and hybrid.engine.settings.alpha == 0.5
     for row, d, b in zip(hybrid.search_many(queries, 5, "hybrid"), dense, sparse):
         assert row == fuse(d, b, "convex", 0.5)[:5]
-    for row, d, b in zip(hybrid.search_many(queries, 5, "hybrid", fusion="rrf"), dense, sparse):
+    for row, d, b in zip(
+        hybrid.search_many(queries, 5, "hybrid", settings=S.replace(fusion="rrf")), dense, sparse
+    ):
         assert row == rrf([ids(d), ids(b)])[:5]
 
 
 def test_hybrid_fusion_options(hybrid):
+    """Per-call settings, passed whole, change the fusion; bad ones are refused by name."""
     q = ["file with statement close"]
+    S = hybrid.engine.settings
     dense = hybrid.search_many(q, 6, "dense")[0]
     sparse = hybrid.search_many(q, 6, "bm25")[0]
-    assert ids(hybrid.search_many(q, 6, "hybrid", fusion="convex", alpha=1.0)[0]) == ids(dense)
-    only_bm25 = hybrid.search_many(q, 6, "hybrid", fusion="convex", alpha=0.0)[0]
+    assert ids(hybrid.search_many(q, 6, "hybrid", settings=S.replace(alpha=1.0))[0]) == ids(dense)
+    only_bm25 = hybrid.search_many(q, 6, "hybrid", settings=S.replace(alpha=0.0))[0]
     assert ids(only_bm25)[: len(sparse)] == ids(sparse)
-    convex_row = hybrid.search_many(q, 6, "hybrid", fusion="convex", alpha=0.5)[0]
+    convex_row = hybrid.search_many(q, 6, "hybrid", settings=S.replace(alpha=0.5))[0]
     assert convex_row == fuse(dense, sparse, "convex", 0.5)[:6]
     with pytest.raises(ValueError, match="--fusion"):
-        hybrid.search_many(q, 3, "hybrid", fusion="max")
+        S.replace(fusion="max")
     with pytest.raises(ValueError, match="--alpha"):
-        hybrid.search_many(q, 3, "hybrid", alpha=2.0)
+        S.replace(alpha=2.0)

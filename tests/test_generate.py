@@ -13,9 +13,9 @@ import pytest
 import torch
 from generate_support import build_model, build_tokenizer, messages, uncached_scores
 
+from rag.answer.prompt import build_messages
 from rag.generate.generator import Generator
 from rag.generate.streaming import cut_at_stop, stream_text
-from rag.prompt import build_messages
 
 ARCHS = ("llama", "modernbert")
 
@@ -35,7 +35,7 @@ def tiny_decoder_dirs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="session", params=ARCHS)
 def tiny_generator(request, tiny_decoder_dirs) -> Generator:
-    return Generator.load(tiny_decoder_dirs[request.param], device="cpu")
+    return Generator.load(tiny_decoder_dirs[request.param], device="cpu", precision="fp32")
 
 
 def test_prefix_cache_output_equals_uncached(tiny_generator):
@@ -185,7 +185,7 @@ def test_works_with_project_tiny_clm(request):
         path = request.getfixturevalue("tiny_clm_dir")
     except pytest.FixtureLookupError:
         pytest.skip("tests/conftest.py has no tiny_clm_dir fixture yet")
-    gen = Generator.load(path, device="cpu")
+    gen = Generator.load(path, device="cpu", precision="fp32")
     msgs = messages()
     assert gen.prompt_ids(msgs)[1] > 0  # its chat template allows the prefix cache
     assert gen.generate(msgs, max_new_tokens=8) == gen.generate(
@@ -204,8 +204,10 @@ def test_lora_adapter_loads_and_prefix_cache_stays_exact(tiny_decoder_dirs, tmp_
         if "lora_B" in name:  # B starts at zero; make the adapter change the output
             torch.nn.init.normal_(p, std=0.5)
     model.save_pretrained(tmp_path / "adapter")
-    gen = Generator.load(tiny_decoder_dirs["llama"], adapter=tmp_path / "adapter", device="cpu")
-    base = Generator.load(tiny_decoder_dirs["llama"], device="cpu")
+    gen = Generator.load(
+        tiny_decoder_dirs["llama"], adapter=tmp_path / "adapter", device="cpu", precision="fp32"
+    )
+    base = Generator.load(tiny_decoder_dirs["llama"], device="cpu", precision="fp32")
     msgs = messages()
     with_lora = gen.generate(msgs, max_new_tokens=12)
     assert with_lora == gen.generate(msgs, max_new_tokens=12, use_prefix_cache=False)

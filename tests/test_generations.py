@@ -11,8 +11,8 @@ from ingest_support import write_docs
 
 from indexes import open_index
 from rag.ingest import ingest
-from rag.manifest import index_dir, kept_chunk_ids, open_generation, read_chunks
 from rag.retrieval.retriever import Retriever
+from rag.storage.manifest import index_dir, kept_chunk_ids, open_generation, read_chunks
 
 OKAPI = "# Okapi\n\nThe okapi is a forest giraffe.\n"
 

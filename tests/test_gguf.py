@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from rag import gguf
-from rag.gguf import ChecksumError, GGUFPackage, MissingPartError, join_parts, part_paths
+from rag.models import gguf
+from rag.models.gguf import ChecksumError, GGUFPackage, MissingPartError, join_parts, part_paths
 
 
 def _sha(data: bytes) -> str:

@@ -73,7 +73,8 @@ def test_span_lora_row_names_span_scores_and_distilled_targets(tmp_path):
 
 
 def test_gpu_lora_flags_are_the_base_span_recipe(tmp_path):
-    """The script spells training.lora.span_preset_config(..., "base") out as flags: no drift."""
+    """The script spells training.finetune.lora.span_preset_config(..., "base") out as flags: no
+    drift."""
     import re
     import shlex
 

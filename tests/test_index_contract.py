@@ -215,7 +215,7 @@ def generation_backend(request):
 
 
 def _publish(staging: Path) -> Path:
-    """What rag.manifest.publish_generation does to the folder, minus CURRENT."""
+    """What rag.storage.manifest.publish_generation does to the folder, minus CURRENT."""
     final = staging.with_name(staging.name.lstrip(".").split(".tmp")[0])
     staging.rename(final)
     return final
@@ -260,7 +260,7 @@ def test_generation_lifecycle(generation_backend, tmp_path):
     crashed = open_for_generation(backend, root, gen2, staging, DIM, **opts)
     crashed.stage_changes({"g2"}, ["ghost"], unit(rng, 1))
     crashed.close()
-    shutil.rmtree(staging)  # what rag.manifest.clean_stale does to it
+    shutil.rmtree(staging)  # what rag.storage.manifest.clean_stale does to it
     (staging := root / ".gen-000003.tmp-2").mkdir()
     ix = open_for_generation(backend, root, gen2, staging, DIM, **opts)
     assert ix.missing(ids[2:]) == set()

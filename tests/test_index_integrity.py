@@ -1,4 +1,4 @@
-"""An index's pointer and files are checked (rag.manifest, *Integrity*): a bad ``CURRENT`` is an
+"""An index's pointer and files are checked (rag.storage.manifest, *Integrity*): a bad ``CURRENT`` is an
 error naming the file and costs no generation; garbage collection keeps the newest complete one;
 a missing, truncated or altered file is one line naming the index and the file, exit 2, never a
 silently smaller (or BM25-only) index."""
@@ -15,15 +15,15 @@ from ingest_support import write_docs
 from rag import ingest as ingest_cli
 from rag import search
 from rag.ingest import ingest
-from rag.manifest import (
+from rag.retrieval.retriever import Retriever
+from rag.storage.manifest import (
     CURRENT,
     IndexIntegrityError,
     current_generation,
     open_generation,
     read_manifest,
 )
-from rag.paths import index_path
-from rag.retrieval.retriever import Retriever
+from rag.storage.paths import index_path
 
 
 def two_generations(tmp_path: Path, name: str, encoder: Path) -> tuple[Path, Path]:

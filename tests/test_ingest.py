@@ -11,10 +11,10 @@ from ingest_support import DOCS, perturbed_copy, write_docs
 
 from indexes import open_index
 from rag.ingest import ingest, main
-from rag.manifest import open_generation, read_chunks
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.encoder import EncoderMismatchError
 from rag.retrieval.retriever import Retriever
+from rag.storage.manifest import open_generation, read_chunks
 
 
 def index_state(name: str) -> dict:

@@ -19,9 +19,9 @@ from test_ingest import index_state
 
 from indexes import open_index
 from rag.ingest import CRASH_ENV, ingest
-from rag.manifest import kept_chunk_ids, open_generation, read_chunks
-from rag.paths import indexes_dir, list_indexes
 from rag.retrieval.retriever import Retriever
+from rag.storage.manifest import kept_chunk_ids, open_generation, read_chunks
+from rag.storage.paths import indexes_dir, list_indexes
 
 FAST = ["mid-encode", "after-bm25", "after-rename"]
 SLOW = ["after-encode", "after-vectors", "before-publish", "after-pointer"]

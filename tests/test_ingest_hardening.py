@@ -12,9 +12,9 @@ from ingest_support import write_docs
 
 from rag.ingest import ingest, main
 from rag.ingest.config import effective_chunking, same_chunking
-from rag.manifest import open_generation, read_manifest
-from rag.paths import indexes_dir, rag_home
 from rag.retrieval.retriever import Retriever
+from rag.storage.manifest import open_generation, read_manifest
+from rag.storage.paths import indexes_dir, rag_home
 
 SECRET = "Zanzibar passphrase: the okapi sleeps at noon.\n"
 

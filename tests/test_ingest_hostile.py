@@ -15,11 +15,11 @@ import pytest
 from ingest_support import write_docs
 from test_ingest import index_state
 
-from rag import documents
 from rag.documents import Deadline, DocumentError, Limits, load_document
+from rag.documents import limits as doc_limits
 from rag.ingest import ingest, list_documents, main
-from rag.manifest import current_generation, index_dir
-from rag.paths import indexes_dir
+from rag.storage.manifest import current_generation, index_dir
+from rag.storage.paths import indexes_dir
 
 GOOD = {"good.md": "# Good\n\nOrdinary words about zebras and files.\n"}
 FONT = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
@@ -299,6 +299,122 @@ def test_a_missing_folder_creates_no_index(tmp_path, capsys):
     assert not (indexes_dir() / "typo").exists()
 
 
+# ---- a run that reads nothing publishes nothing; a stored document that turns unreadable stays --
+
+
+def test_a_new_index_of_which_no_file_could_be_read_is_not_created(tmp_path, tiny_mlm_dir, capsys):
+    """A new index whose every file failed (a hostile PDF only, a name that is not UTF-8 only,
+    a symbolic link loop only) was published empty: exit 1, 0 documents, listed as a model.
+    Now nothing is created: the per-file lines, one line saying no document could be read
+    (with the count), exit 1. An existing index where every file fails is left as it was,
+    even where a file was deleted from its folder meanwhile (--allow-empty removes it)."""
+    from rag.storage.paths import list_indexes
+
+    pdf_only = tmp_path / "pdf"
+    pdf_only.mkdir()
+    (pdf_only / "deep.pdf").write_bytes(deep_tree_pdf(150))
+    name_only = tmp_path / "name"
+    name_only.mkdir()
+    with open(os.fsencode(name_only) + b"/caf\xe9.md", "wb") as f:
+        f.write(b"# Cafe\n\nCoffee.\n")
+    loop_only = tmp_path / "loop"
+    loop_only.mkdir()
+    os.symlink("b.md", loop_only / "a.md")
+    os.symlink("a.md", loop_only / "b.md")
+    enc = ["--encoder", str(tiny_mlm_dir)]
+    for docs, failed in ((pdf_only, 1), (name_only, 1), (loop_only, 2)):
+        code, out, err = run([str(docs), "--index", "nothing-read", *enc], capsys)
+        assert code == 1 and out is None, (docs, code, out, err)
+        err = [line for line in err if not line.startswith("Loading weights")]  # in-process
+        assert [line for line in err if line.startswith("failed: ")] == err[:-1]
+        assert len(err) == failed + 1, err
+        files = f"{failed} file{'s' if failed > 1 else ''} failed"
+        assert err[-1] == (
+            f"rag.ingest: error: no document could be read ({files}); nothing was ingested "
+            "and index 'nothing-read' was not created"
+        ), err
+        assert (
+            not (indexes_dir() / "nothing-read").exists() and "nothing-read" not in list_indexes()
+        )
+    assert "symbolic link loop" in err[0]
+    code, _, _ = run([str(pdf_only), "--index-dir", str(tmp_path / "new" / "idx"), *enc], capsys)
+    assert code == 1 and not (tmp_path / "new").exists()
+
+    docs = write_docs(tmp_path / "docs", {**GOOD, "b.md": "# B\n\nBees.\n"})
+    kept = f"kept-{tmp_path.name}"
+    ingest([docs], index=kept, encoder=str(tiny_mlm_dir), progress=False)
+    capsys.readouterr()
+    root = index_dir(kept)
+    before, gen = index_state(kept), current_generation(root)
+    for given in (pdf_only, loop_only):  # another folder whose every file fails
+        code, out, err = run([str(given), "--index", kept], capsys)
+        assert code == 1 and out["chunks"] == len(before["chunks"]) and not out["removed"]
+        assert index_state(kept) == before and current_generation(root) == gen
+    (docs / "b.md").unlink()  # deleted, and the folder's one other file now fails
+    (docs / "good.md").write_bytes(b"\x00binary")
+    code, out, err = run([str(docs), "--index", kept], capsys)
+    assert code == 1 and not out["removed"] and not out["updated"], out
+    assert any(
+        f"no document could be read (1 file failed): index '{kept}' was not changed" in line
+        for line in err
+    ), err
+    assert index_state(kept) == before and current_generation(root) == gen
+    code, out, _ = run([str(docs), "--index", kept, "--allow-empty"], capsys)
+    assert code == 1 and names(out["removed"]) == ["b.md"]
+    assert [d.path for d in list_documents(kept).documents] == ["good.md"]
+
+
+def test_a_stored_document_that_turns_unreadable_keeps_its_previous_version(
+    tmp_path, tiny_mlm_dir, capsys
+):
+    """A good doc.pdf ingested, then overwritten by a hostile PDF and re-ingested, was reported
+    failed while its chunks went (and the summary said 0 removed). Now a stored document that
+    fails to load (an invalid PDF, a file now over --max-bytes, one now binary) keeps its
+    previous version, its line says so, and it counts neither as removed nor as updated; a
+    file deleted from the folder is still removed. Mended, it is updated at the next run."""
+    from rag.retrieval.retriever import Retriever
+
+    docs = write_docs(
+        tmp_path / "docs",
+        {
+            **GOOD,
+            "doc.md": "# Doc\n\nAardvarks dig burrows.\n",
+            "bin.md": "# Bin\n\nBison.\n",
+            "gone.md": "# Gone\n\nGnus.\n",
+        },
+    )
+    (docs / "doc.pdf").write_bytes(text_pdf(words("Okapis live in forests")))
+    turned = f"turned-{tmp_path.name}"
+    ingest([docs], index=turned, encoder=str(tiny_mlm_dir), progress=False)
+    capsys.readouterr()
+    before = index_state(turned)
+    (docs / "doc.pdf").write_bytes(deep_tree_pdf(150))  # overwritten by a hostile PDF
+    (docs / "doc.md").write_text("# Doc\n\n" + "Aardvarks. " * 2000, encoding="utf-8")  # too large
+    (docs / "bin.md").write_bytes(b"# Bin\n\x00\x01 binary now\n")
+    (docs / "gone.md").unlink()
+    code, out, err = run([str(docs), "--index", turned, "--max-bytes", "20000"], capsys)
+    assert code == 1, err
+    assert names(out["removed"]) == ["gone.md"] and not out["updated"] and not out["added"]
+    reasons = {Path(f["path"]).name: f["reason"] for f in out["failures"]}
+    assert set(reasons) == {"doc.pdf", "doc.md", "bin.md"}
+    assert all(r.endswith("; kept the previous version") for r in reasons.values()), reasons
+    assert "LimitReachedError" in reasons["doc.pdf"] and "too large" in reasons["doc.md"]
+    lines = [line for line in err if line.startswith("failed: ")]
+    assert len(lines) == 3 and all(line.endswith("kept the previous version") for line in lines)
+    assert "1 removed, 3 failed" in err[-1] and "0 updated" in err[-1]
+    after = index_state(turned)
+    gone = str(docs / "gone.md")
+    assert after["sources"] == {k: v for k, v in before["sources"].items() if k != gone}
+    assert {i: c for i, c in before["chunks"].items() if c["source"] != gone} == after["chunks"]
+    hits = Retriever(turned).search("okapis forests", k=1, mode="bm25")
+    assert hits and hits[0].chunk.source == str(docs / "doc.pdf")
+    # the next run tries again (a kept file is never unchanged), and a mended file updates
+    (docs / "doc.md").write_text("# Doc\n\nAardvarks dig deep burrows.\n", encoding="utf-8")
+    code, out, _ = run([str(docs), "--index", turned, "--max-bytes", "20000"], capsys)
+    assert code == 1 and names(out["updated"]) == ["doc.md"] and len(out["failures"]) == 2
+    assert names(out["unchanged"]) == ["good.md"] and not out["removed"]
+
+
 # ---- counts: files per run, pages per PDF -------------------------------------------------------
 
 
@@ -326,7 +442,8 @@ def test_files_per_run_and_pages_per_pdf_are_bounded(tmp_path, tiny_mlm_dir, cap
 
 
 class FakeClock:
-    """Stands in for ``rag.documents.time``: ``step`` seconds pass at every reading."""
+    """Stands in for ``rag.documents.limits.time`` (the deadline's clock): ``step`` seconds pass
+    at every reading."""
 
     def __init__(self, step: float) -> None:
         self.now, self.step = 0.0, step
@@ -353,7 +470,7 @@ def test_the_deadline_is_checked_inside_a_pdf_pages_extraction(tmp_path, monkeyp
         return text
 
     monkeypatch.setattr(PageObject, "extract_text", extract)
-    monkeypatch.setattr(documents, "time", FakeClock(step=1.0))
+    monkeypatch.setattr(doc_limits, "time", FakeClock(step=1.0))
     with pytest.raises(DocumentError, match=r"took longer than 50 s to load and chunk"):
         load_document(path, limits=Limits(max_seconds=50))
     assert returned == []  # cut short inside the page
@@ -364,7 +481,7 @@ def test_one_deadline_covers_loading_and_chunking(tmp_path, monkeypatch):
     failed file, not an unbounded stall (chunking was outside the limit)."""
     from transformers import AutoTokenizer
 
-    import rag.chunking as chunking
+    import rag.documents.chunking as chunking
     from rag.ingest.plan import chunk_file
     from rag.models import minilm_path
 
@@ -372,7 +489,7 @@ def test_one_deadline_covers_loading_and_chunking(tmp_path, monkeypatch):
     path = tmp_path / "slow.md"
     path.write_text("# Slow\n\n" + "Some words here. " * 500, encoding="utf-8")
     clock = FakeClock(step=0.0)
-    monkeypatch.setattr(documents, "time", clock)
+    monkeypatch.setattr(doc_limits, "time", clock)
     real = chunking._boundary_strength
 
     def slow(text):  # chunking this file takes an hour

@@ -10,8 +10,8 @@ from langchain_core.documents import Document
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
 
+from rag.answer.prompt import build_messages, parse_citations
 from rag.langchain import EncoderEmbeddings, IndexRetriever, format_docs, hit_to_document
-from rag.prompt import build_messages, parse_citations
 from rag.types import Chunk, Hit
 
 TEXTS = {

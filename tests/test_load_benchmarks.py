@@ -17,7 +17,7 @@ from ingest_support import listed_index
 from serve_support import FakeRetriever
 
 from benchmarks.serve_load import ServeLoadConfig, SharedModels, main, markdown, run
-from rag.paths import indexes_dir
+from rag.storage.paths import indexes_dir
 
 pytestmark = pytest.mark.server
 

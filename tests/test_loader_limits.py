@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from ingest_support import write_docs
 
-from rag import documents
 from rag.documents import ZIP_EXPANSION, DocumentError, load_document
+from rag.documents import html as html_scanner
 from rag.ingest import main
 
 NESTED = "<div>" * 100_000 + "t" + "</div>" * 100_000  # 1.1 MB: past 300 s with BeautifulSoup
@@ -97,8 +97,8 @@ def test_a_slow_file_is_reported_and_the_rest_ingested(tmp_path, tiny_mlm_dir, c
                 time.sleep(0.02)
             return text
 
-    monkeypatch.setattr(documents, "html", SlowUnescape)
-    monkeypatch.setattr(documents, "HTML_CHECK_EVERY", 1)
+    monkeypatch.setattr(html_scanner, "html", SlowUnescape)
+    monkeypatch.setattr(html_scanner, "HTML_CHECK_EVERY", 1)
     t0 = time.perf_counter()
     code, out, err = run(
         [str(docs), "--index", "slow", "--encoder", str(tiny_mlm_dir), "--max-load-seconds", "5"],

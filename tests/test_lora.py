@@ -9,12 +9,12 @@ import pytest
 import torch
 from training_support import build_tokenizer, save_tiny_decoder, write_tiny_squad
 
+from rag.answer.prompt import REFUSAL, build_messages, parse_citations
 from rag.evaluation.datasets import load_squad_paragraphs
-from rag.prompt import REFUSAL, build_messages, parse_citations
-from training.lora import LoraTrainConfig, encode_example, fit
-from training.lora_data import assert_no_heldout, read_examples, squad_examples, write_examples
-from training.lora_eval import score_answers
-from training.qa_example import QAExample
+from training.data.lora_data import assert_no_heldout, read_examples, squad_examples, write_examples
+from training.data.qa_example import QAExample
+from training.finetune.lora import LoraTrainConfig, encode_example, fit
+from training.finetune.lora_eval import score_answers
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_train_examples_never_use_heldout_articles(squad):
 
 
 def test_trim_passage_keeps_the_answer():
-    from training.qa_example import trim_passage
+    from training.data.qa_example import trim_passage
 
     text = (
         " ".join(f"w{i}" for i in range(100))
@@ -183,7 +183,7 @@ def test_llama_and_qwen2_take_named_modules_and_doc_examples(arch, squad, tmp_pa
 def test_top_layers_picks_the_last_n_and_rejects_too_many():
     from types import SimpleNamespace
 
-    from training.lora import top_layer_ids
+    from training.finetune.lora import top_layer_ids
 
     model = SimpleNamespace(config=SimpleNamespace(num_hidden_layers=24))
     assert top_layer_ids(model, 0) is None
@@ -197,7 +197,7 @@ def test_all_linear_with_top_layers_lists_the_linear_layers(tmp_path):
     layers_to_transform with its "all-linear" string)."""
     from transformers import AutoModelForCausalLM
 
-    from training.lora import lora_targets
+    from training.finetune.lora import lora_targets
 
     model = AutoModelForCausalLM.from_pretrained(save_tiny_decoder(tmp_path / "base"))
     names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -4,20 +4,22 @@ section lead → cited answer, markup cleaned), plus their mix and the lora_data
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from rag.answer.prompt import REFUSAL, parse_citations
 from rag.evaluation.datasets import load_squad_paragraphs, squad_split
-from rag.prompt import REFUSAL, parse_citations
-from training.doc_markup import clean_inline
-from training.doc_qa_data import doc_examples
-from training.doc_questions import make_question
-from training.lora_data import (
+from training.data.doc_markup import clean_inline
+from training.data.doc_qa_data import doc_examples
+from training.data.doc_questions import make_question
+from training.data.lora_data import (
     assert_no_heldout,
     build_examples,
     main,
@@ -255,3 +257,71 @@ def test_real_squad_and_python_docs_build_fast(shared_data):
         assert not has_markup(e.target)
         if e.answerable:
             assert e.passage_ids[e.cited[0] - 1] == e.id
+
+
+# ---------------------------------------------------------------------------- fixed-seed outputs
+
+
+def write_sparse_squad(path: Path) -> Path:
+    """SQuAD-shaped JSON whose paragraphs share no content word with another paragraph's
+    question: BM25 finds only the gold, so every distractor comes from the random top-up."""
+    data = [
+        {
+            "title": f"Sparse_{a}",
+            "paragraphs": [
+                {
+                    "context": f"Keyword{a}q{p} stands for ans{a}y{p} in the sparse test set.",
+                    "qas": [
+                        {
+                            "id": f"s{a}-{p}",
+                            "question": f"Which keyword{a}q{p}?",
+                            "answers": [{"text": f"ans{a}y{p}"}],
+                        }
+                    ],
+                }
+                for p in range(3)
+            ],
+        }
+        for a in range(5)
+    ]
+    path.write_text(json.dumps({"version": "1.1", "data": data}))
+    return path
+
+
+def _digest(examples, root: Path | None = None) -> str:
+    """sha256 (16 hex digits) of the examples as JSON, ``root`` (a tmp folder) written ROOT."""
+    text = json.dumps([asdict(e) for e in examples], sort_keys=True)
+    if root is not None:
+        text = text.replace(str(root), "ROOT")
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# Digests of both builders' examples, computed before their shared distractor/gold loop
+# (training.data.qa_example) replaced the two copies: the refactor changed no example, no draw.
+SQUAD_DIGESTS = {
+    ("squad", 1, 0.15, 0, 0): "ebd087512472dfc3",
+    ("squad", 3, 0.15, 0, 0): "2ab2987b4e82d294",
+    ("squad", 4, 0.5, 8, 7): "80a28b41763bb6d8",
+    ("sparse", 1, 0.0, 0, 0): "4ca7a1da4dd2af5c",
+    ("sparse", 3, 0.2, 0, 1): "cc5ef841cbe4b671",
+    ("sparse", 4, 0.5, 5, 2): "8004403385497611",
+}
+DOC_DIGESTS = {
+    ("corpus", 3, 0.2, 180, 4): "155004353031d4b7",
+    ("corpus", 5, 0.15, 40, 0): "bcf41af6ece70e49",
+    ("rst", 2, 0.0, 180, 0): "e385fadca7eb0eff",
+    ("rst", 4, 0.3, 180, 3): "2667b882aaba71a4",
+}
+
+
+def test_builders_give_the_same_examples_for_a_fixed_seed(squad, rst_docs, tmp_path):
+    sources = {"squad": squad, "sparse": write_sparse_squad(tmp_path / "sparse.json")}
+    for (name, k, refusal, words, seed), digest in SQUAD_DIGESTS.items():
+        paragraphs = load_squad_paragraphs(sources[name])
+        articles = sorted({p.title for p in paragraphs})
+        ex = build_examples(paragraphs, articles, 0, k, refusal, seed, passage_words=words)
+        assert _digest(ex) == digest, (name, k, refusal, words, seed)
+    roots = {"corpus": CORPUS, "rst": rst_docs}
+    for (name, k, refusal, words, seed), digest in DOC_DIGESTS.items():
+        ex = doc_examples([roots[name]], 0, k, refusal, seed, words)
+        assert _digest(ex, roots[name]) == digest, (name, k, refusal, words, seed)

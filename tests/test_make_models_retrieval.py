@@ -8,11 +8,11 @@ from pathlib import Path
 
 from rag.answer.reader import READER_ARTEFACT, resolve_reader
 from rag.models import TUNED_ENCODER, default_encoder
-from rag.paths import models_dir
 from rag.retrieval.rerank import AUTO_RERANKER, resolve_reranker
-from training.contrastive import tuned_retriever_config
+from rag.storage.paths import models_dir
+from training.finetune.contrastive import tuned_retriever_config
+from training.finetune.rerank import reranker_config
 from training.make_models import retrieval_steps
-from training.rerank import reranker_config
 
 
 def test_steps_write_what_auto_resolution_reads(tmp_path, monkeypatch):
@@ -42,8 +42,8 @@ def test_recipes_train_on_train_splits_and_the_docs(tmp_path):
 
 
 def test_steps_run_the_recipes_and_report_their_summaries(tmp_path, monkeypatch):
-    import training.contrastive as C
-    import training.rerank as RR
+    import training.finetune.contrastive as C
+    import training.finetune.rerank as RR
 
     monkeypatch.setenv("RAG_HOME", str(tmp_path / "home"))
     seen = {}

@@ -179,7 +179,7 @@ def test_tool_errors_hide_the_servers_paths(tmp_path, monkeypatch):
     from mcp.server.mcpserver.exceptions import ToolError
 
     from rag.mcp import readable_errors
-    from rag.paths import indexes_dir
+    from rag.storage.paths import indexes_dir
 
     monkeypatch.setenv("RAG_HOME", str(tmp_path / "home"))
     current = indexes_dir() / "docs" / "CURRENT"
@@ -220,7 +220,7 @@ def test_two_folders_with_the_same_name_are_two_resources(tmp_path, tiny_mlm_dir
     name = f"dup-{tmp_path.name}"
     ingest([a, b], index=name, encoder=str(tiny_mlm_dir), progress=False)
     server = create_server(
-        RAGConfig(index=name), lambda cfg: SimpleNamespace(retriever=Retriever(cfg.index))
+        RAGConfig.of(index=name), lambda cfg: SimpleNamespace(retriever=Retriever(cfg.index))
     )
 
     async def main() -> None:

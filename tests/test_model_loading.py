@@ -1,4 +1,4 @@
-"""Model loads hold one process-wide lock (rag.loading): transformers' from_pretrained swaps
+"""Model loads hold one process-wide lock (rag.models.loading): transformers' from_pretrained swaps
 process-wide attributes while loading, so concurrent loads in request threads could leave a model
 untied (LM head on the meta device) — the suite saw it once."""
 
@@ -10,8 +10,8 @@ import torch
 from generate_support import save_tiny_llama
 from transformers import AutoModelForCausalLM
 
-from rag.loading import MODEL_LOAD_LOCK
-from rag.models import load_generator
+from rag.generate.load import load_generator
+from rag.models.loading import MODEL_LOAD_LOCK
 
 
 def test_a_decoder_load_holds_the_lock(monkeypatch, tmp_path):

@@ -1,4 +1,4 @@
-"""The OpenVINO GenAI engine (rag.generate.ov_engine) and the GGUF it reads (rag.gguf): which
+"""The OpenVINO GenAI engine (rag.generate.ov_engine) and the GGUF it reads (rag.models.gguf): which
 engine a config gets, re-encoding tensor types the engine cannot read, and a real model through
 the engine (SmolLM2-135M's packaged GGUF): streaming equals generating, the token limit, stop
 strings, concurrent requests and cancellation."""
@@ -34,14 +34,14 @@ def test_the_config_refuses_an_unknown_engine():
     from rag.config import ConfigError, RAGConfig
 
     with pytest.raises(ConfigError, match="engine must be one of auto, torch, openvino"):
-        RAGConfig(engine="llama")
+        RAGConfig.of(engine="llama")
 
 
 def test_transcode_reencodes_unreadable_types_as_q8_0_and_keeps_the_rest(tmp_path):
     gguf = pytest.importorskip("gguf")
     from gguf.quants import dequantize, quantize
 
-    from rag.gguf import context_length, engine_types_ok, transcode_gguf
+    from rag.models.gguf import context_length, engine_types_ok, transcode_gguf
 
     Q = gguf.GGMLQuantizationType
     rng = np.random.default_rng(0)

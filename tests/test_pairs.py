@@ -8,7 +8,7 @@ import pytest
 from training_support import write_tiny_squad
 
 from rag.documents import Document, Heading
-from training import pairs as P
+from training.data import pairs as P
 
 TEXT = (
     "Files\n=====\n\n"

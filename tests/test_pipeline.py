@@ -8,10 +8,10 @@ import threading
 import pytest
 from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
 
+from rag.answer.prompt import REFUSAL
 from rag.answer.relevance import hybrid_is_relevant, relevant_hits
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.prompt import REFUSAL
 from rag.types import Answer, Chunk, Hit
 
 
@@ -46,15 +46,14 @@ class FakeGenerator:
         kw["stats"].update(ttft_s=0.1, total_s=0.2, new_tokens=3)
         return self.reply
 
-    def stream(self, messages, **kw):
-        self.calls.append(messages)
-        words = self.reply.split(" ")
+    def stream(self, messages, **kw):  # one body with generate, as the engines have
+        words = self.generate(messages, **kw).split(" ")
         yield from [w if i == 0 else " " + w for i, w in enumerate(words)]
 
 
 def pipeline(hits, reply, keep=None, **cfg) -> RAGPipeline:
     return RAGPipeline(
-        RAGConfig(**cfg), retriever=FakeRetriever(hits), generator=FakeGenerator(reply, keep)
+        RAGConfig.of(**cfg), retriever=FakeRetriever(hits), generator=FakeGenerator(reply, keep)
     )
 
 
@@ -139,7 +138,7 @@ def test_rewrite_hook_used_with_history_and_recorded():
         return "how do I read a file in python line by line"
 
     pipe = RAGPipeline(
-        RAGConfig(k=2),
+        RAGConfig.of(k=2),
         retriever=FakeRetriever([hit(1)]),
         generator=FakeGenerator("ok [1]"),
         rewrite_query=rewrite,
@@ -190,7 +189,7 @@ def test_models_load_once_across_threads(monkeypatch):
         return FakeGenerator("x")
 
     monkeypatch.setattr(rag.generate.generator.Generator, "load", staticmethod(fake_load))
-    pipe = RAGPipeline(RAGConfig(decoder="tiny"), retriever=FakeRetriever([hit(1)]))
+    pipe = RAGPipeline(RAGConfig.of(decoder="tiny"), retriever=FakeRetriever([hit(1)]))
     got = []
     threads = [threading.Thread(target=lambda: got.append(pipe.generator)) for _ in range(8)]
     for t in threads:
@@ -219,7 +218,7 @@ def test_real_tiny_generator_composes(tiny_decoder_dirs):  # noqa: F811
         for i in range(5)
     ]
     pipe = RAGPipeline(
-        RAGConfig(k=5, max_new_tokens=16), retriever=FakeRetriever(hits), generator=gen
+        RAGConfig.of(k=5, max_new_tokens=16), retriever=FakeRetriever(hits), generator=gen
     )
     ans = pipe.answer("how do I read a file?")
     given = {h.chunk.id for h in ans.passages}
@@ -254,7 +253,7 @@ class ScoringGenerator(FakeGenerator):
 
 def scoring_pipeline(hits, reply, scores, **cfg) -> RAGPipeline:
     gen = ScoringGenerator(reply, scores)
-    return RAGPipeline(RAGConfig(**cfg), retriever=FakeRetriever(hits), generator=gen)
+    return RAGPipeline(RAGConfig.of(**cfg), retriever=FakeRetriever(hits), generator=gen)
 
 
 def test_completion_appends_the_likeliest_marker():
@@ -313,12 +312,12 @@ def test_complete_citations_from_flag_and_toml(tmp_path):
     from rag.ask import build_parser
     from rag.config import config_from_args, load_config
 
-    assert RAGConfig().complete_citations is True
+    assert RAGConfig().answer.complete_citations is True
     args = build_parser().parse_args(["q?", "--no-complete-citations"])
-    assert config_from_args(args).complete_citations is False
+    assert config_from_args(args).answer.complete_citations is False
     toml = tmp_path / "rag.toml"
     toml.write_text("complete-citations = false\n", encoding="utf-8")
-    assert load_config(toml).complete_citations is False
+    assert load_config(toml).answer.complete_citations is False
 
 
 def test_real_tiny_generator_completion_is_the_argmax(tiny_decoder_dirs):  # noqa: F811
@@ -331,7 +330,7 @@ def test_real_tiny_generator_completion_is_the_argmax(tiny_decoder_dirs):  # noq
 
     gen = Generator.load(tiny_decoder_dirs["llama"], device="cpu")
     hits = [Hit(Chunk(f"c{i}", f"passage {i} about files", f"s{i}.md"), 0.9) for i in range(3)]
-    pipe = RAGPipeline(RAGConfig(k=3), retriever=FakeRetriever(hits), generator=gen)
+    pipe = RAGPipeline(RAGConfig.of(k=3), retriever=FakeRetriever(hits), generator=gen)
     prep = pipe.prepare("how do I read a file?")
     raw = "Use open and a for loop."
     ans = complete_citation(raw, prep, gen)

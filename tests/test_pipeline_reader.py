@@ -8,10 +8,10 @@ import pytest
 
 import rag.pipeline as pipeline_module
 from rag.answer.answerability import AnswerabilityDecision
-from rag.answer.reader import Span, sentence_around
+from rag.answer.prompt import REFUSAL
+from rag.answer.reader import Span, SpanReader, sentence_around
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.prompt import REFUSAL
 from rag.types import Chunk, Hit
 
 PASSAGES = [
@@ -42,6 +42,9 @@ class FakeReader:
 
     threshold = 0.0  # SpanReader's own, read from reader.json; the tests set the config's
 
+    def threshold_for(self, given):
+        return SpanReader.threshold_for(self, given)
+
     def __init__(self, answers: dict[int, tuple[str, float]]):
         self.answers = answers
         self.calls: list[list[str]] = []
@@ -69,15 +72,14 @@ class FakeGenerator:
         self.kwargs.append(kw)
         return self.reply
 
-    def stream(self, messages, **kw):
-        self.calls.append(messages)
-        yield self.reply
+    def stream(self, messages, **kw):  # one body with generate, as the engines have
+        yield self.generate(messages, **kw)
 
 
 def make(reply: str, answers: dict, generator: type = FakeGenerator, **cfg) -> RAGPipeline:
     cfg.setdefault("reader_threshold", 1.0)
     return RAGPipeline(
-        RAGConfig(k=3, **cfg),
+        RAGConfig.of(k=3, **cfg),
         retriever=FakeRetriever(),
         generator=generator(reply),
         reader=FakeReader(answers),
@@ -152,14 +154,16 @@ def test_refuses_only_when_reader_and_answerability_agree(monkeypatch):
 
 def test_reader_none_is_the_old_pipeline():
     pipe = RAGPipeline(
-        RAGConfig(k=3, reader="none"), retriever=FakeRetriever(), generator=FakeGenerator("X [2].")
+        RAGConfig.of(k=3, reader="none"),
+        retriever=FakeRetriever(),
+        generator=FakeGenerator("X [2]."),
     )
     ans = pipe.answer("q?")
     assert pipe.reader is None and ans.answer_span is None and ans.citations[0].chunk_id == "id1"
 
 
 def test_missing_reader_names_the_flag(tmp_path):
-    pipe = RAGPipeline(RAGConfig(reader=str(tmp_path / "nope")), retriever=FakeRetriever())
+    pipe = RAGPipeline(RAGConfig.of(reader=str(tmp_path / "nope")), retriever=FakeRetriever())
     with pytest.raises(FileNotFoundError, match="--reader"):
         _ = pipe.reader
 
@@ -217,7 +221,7 @@ def test_ui_shows_the_span_bold_and_highlighted_as_escaped_text():
             ]
 
     pipe = RAGPipeline(
-        RAGConfig(k=2, reader_threshold=1.0, compose="extract"),
+        RAGConfig.of(k=2, reader_threshold=1.0, compose="extract"),
         retriever=Retriever(),
         generator=FakeGenerator("unused"),
         reader=FakeReader({0: (hostile, 3.0)}),
@@ -239,7 +243,7 @@ def test_a_span_only_adapter_phrases_spans_and_the_decoder_alone_answers_the_fal
 
     def pipe(answers):
         return RAGPipeline(
-            RAGConfig(k=3, reader_threshold=1.0),
+            RAGConfig.of(k=3, reader_threshold=1.0),
             retriever=FakeRetriever(),
             generator=tuned,
             fallback_generator=alone,
@@ -265,17 +269,21 @@ def test_fallback_generator_is_loaded_without_the_adapter_only_for_span_adapters
 
     monkeypatch.setenv("RAG_HOME", str(tmp_path))
     loaded = []
+    import rag.generate.load
+
     monkeypatch.setattr(
-        pipeline_module, "load_decoder", lambda cfg, adapter: loaded.append(adapter) or adapter
+        rag.generate.load,
+        "load_decoder",
+        lambda settings, device, adapter: loaded.append(adapter) or adapter,
     )
     for name, fmt in (("span-lora", "span"), ("k-lora", "passages")):
         folder = tmp_path / "models" / name
         folder.mkdir(parents=True)
         (folder / "adapter_config.json").write_text("{}")
         (folder / "run.json").write_text(json.dumps({"prompt_format": fmt}))
-    span = RAGPipeline(RAGConfig(adapter="span-lora"))
+    span = RAGPipeline(RAGConfig.of(adapter="span-lora"))
     assert (span.generator, span.fallback_generator) == ("span-lora", None)
-    k = RAGPipeline(RAGConfig(adapter="k-lora"))
+    k = RAGPipeline(RAGConfig.of(adapter="k-lora"))
     assert k.fallback_generator == k.generator == "k-lora"
     assert loaded == ["span-lora", None, "k-lora"]  # each decoder loaded once
 
@@ -294,7 +302,7 @@ def test_the_server_shares_both_decoders_across_indexes(monkeypatch):
 
     monkeypatch.setattr(pipeline_module, "RAGPipeline", Pipeline)
     build = state.default_factory(RAGConfig())
-    one, two = build(RAGConfig(index="one")), build(RAGConfig(index="two"))
+    one, two = build(RAGConfig.of(index="one")), build(RAGConfig.of(index="two"))
     assert len(made) == 1  # one host: one copy of each decoder for every index
     host = made[0]
     assert one.generator.reply == two.generator.reply == "a"

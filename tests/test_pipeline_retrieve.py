@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from test_generate import tiny_decoder_dirs  # noqa: F401  (session fixture)
 
+from rag.answer.prompt import REFUSAL
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.prompt import REFUSAL
 from rag.retrieval.settings import RetrievalSettings
 
 pytestmark = pytest.mark.skipif(
@@ -53,7 +53,7 @@ def small_index(tmp_path_factory) -> Path:
 def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
     from rag.retrieval.retriever import Retriever
 
-    cfg = RAGConfig(
+    cfg = RAGConfig.of(
         index=small_index.name,
         decoder=str(tiny_decoder_dirs["llama"]),
         k=2,
@@ -68,7 +68,9 @@ def pipe(small_index, tiny_decoder_dirs) -> RAGPipeline:  # noqa: F811
 @pytest.mark.parametrize("mode", ["dense", "bm25", "hybrid"])
 def test_citations_resolve_to_retrieved_chunks(pipe, mode):
     q = "how do I read a file line by line"
-    read = max(pipe.config.k, pipe.config.evidence_passages)  # what the encoder reads
+    read = max(
+        pipe.config.retrieval.k, pipe.config.answer.evidence_passages
+    )  # what the encoder reads
     hits = pipe.retrieve(q, k=read if pipe.reads_evidence else None, mode=mode)
     assert hits[0].chunk.source.endswith("files.md")
     ans = pipe.answer(q, mode=mode)

@@ -1,4 +1,4 @@
-"""The encoder's precision ``auto`` (rag.precision): bf16 only where a short probe, cached per
+"""The encoder's precision ``auto`` (rag.models.precision): bf16 only where a short probe, cached per
 machine, measured it faster. The decision logic with an injected timer (pure), the cache, the
 choice by device, and ingest's report of what auto chose."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from rag import precision as P
+from rag.models import precision as P
 
 
 class FakeRun:
@@ -101,7 +101,7 @@ def test_ingest_with_precision_auto_runs_and_reports_the_choice(tmp_path, tiny_m
     from ingest_support import write_docs
 
     from rag.ingest import ingest
-    from rag.manifest import open_generation
+    from rag.storage.manifest import open_generation
 
     probe_says("fp32")
     docs = write_docs(tmp_path / "docs")
@@ -130,3 +130,15 @@ def test_retrieval_eval_records_the_precision_that_ran(tmp_path, probe_says, tin
     assert out["encoder_precision"]["ran"] == "fp32"
     assert out["encoder_precision"]["auto_reason"].startswith("probe on this CPU")
     assert out["config"]["precision"] == "auto"
+
+
+def test_the_library_default_is_auto(tiny_mlm_dir, probe_says):
+    """Encoder.load without a precision takes auto, as every config does: the probe's choice;
+    a model object wrapped as it is keeps its weights (fp32, no cast)."""
+    from rag.retrieval.encoder import Encoder
+
+    for choice in ("bf16", "fp32"):
+        probe_says(choice)
+        enc = Encoder.load(tiny_mlm_dir, device="cpu")
+        assert enc.precision == choice and enc.auto_reason.startswith("probe on this CPU")
+    assert Encoder.wrap(enc.model).precision == "fp32"

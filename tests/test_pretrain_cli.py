@@ -13,10 +13,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
 import training.tokenizer as tokenizer_mod
-from training.config import get_preset
-from training.data import list_files
 from training.defaults import corpus_key
-from training.pretrain import build_parser, main
+from training.pretrain.config import get_preset
+from training.pretrain.corpus import list_files
+from training.pretrain.train import build_parser, main
 from training.tokenizer import choose_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,13 +12,13 @@ from safetensors.torch import load_file
 from training_support import tiny_pretrain_config
 from transformers import AutoTokenizer
 
-import training.pretrain as pretrain_mod
-from training.config import ConfigError, PretrainConfig
-from training.data import CorpusError
-from training.masking import make_spec
-from training.model import build_model
-from training.pretrain import PretrainError, main, pretrain
-from training.step import Stepper, make_optimizer, make_scheduler
+import training.pretrain.train as pretrain_mod
+from training.pretrain.config import ConfigError, PretrainConfig
+from training.pretrain.corpus import CorpusError
+from training.pretrain.masking import make_spec
+from training.pretrain.model import build_model
+from training.pretrain.step import Stepper, make_optimizer, make_scheduler
+from training.pretrain.train import PretrainError, main, pretrain
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 
@@ -162,7 +162,7 @@ def test_out_holding_a_run_is_protected(tmp_path, tiny_tokenizer_dir, capsys):
 def test_init_from_starts_from_the_converted_weights(tmp_path, tiny_tokenizer_dir, tiny_clm_dir):
     """CLM -> MLM (two-stage): with a vanishing learning rate the MLM run ends where it started,
     on the decoder's weights in the encoder's layout."""
-    from training.init_from import clm_to_mlm_state_dict
+    from training.pretrain.init_from import clm_to_mlm_state_dict
 
     cfg = _cfg(
         tmp_path, tiny_tokenizer_dir, "mlm", max_steps=1, lr=1e-12, init_from=str(tiny_clm_dir)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.masking import IGNORE, MaskSpec, mask_tokens, word_starts_token
+from training.pretrain.masking import IGNORE, MaskSpec, mask_tokens, word_starts_token
 
 VOCAB = 1000
 SPECIALS = torch.tensor([0, 1, 2, 3, 4])

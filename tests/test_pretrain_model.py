@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from training.config import ConfigError
-from training.model import build_model, count_parameters
+from training.pretrain.config import ConfigError
+from training.pretrain.model import build_model, count_parameters
 
 
 @pytest.fixture(autouse=True)

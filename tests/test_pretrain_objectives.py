@@ -1,4 +1,4 @@
-"""The objectives between MLM and CLM (training.objectives): AntLM-style alternation and
+"""The objectives between MLM and CLM (training.pretrain.objectives): AntLM-style alternation and
 prefix-LM on the encoder layout: who sees whom, which positions carry a loss, the schedule, and
 the two layouts a run saves."""
 
@@ -13,12 +13,12 @@ import torch
 from training_support import tiny_pretrain_config
 from transformers import AutoModelForCausalLM, AutoModelForMaskedLM, AutoTokenizer
 
-from training.config import ConfigError, PretrainConfig
-from training.masking import IGNORE, make_spec
-from training.model import build_model, convert_model
-from training.objectives import antlm_kind, attention_masks, next_token_labels
-from training.pretrain import PretrainError, main, pretrain
-from training.step import Stepper
+from training.pretrain.config import ConfigError, PretrainConfig
+from training.pretrain.masking import IGNORE, make_spec
+from training.pretrain.model import build_model, convert_model
+from training.pretrain.objectives import antlm_kind, attention_masks, next_token_labels
+from training.pretrain.step import Stepper
+from training.pretrain.train import PretrainError, main, pretrain
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,4 +1,4 @@
-"""rag.progress: lines at a steady interval with done/total, rate and ETA off a terminal (fake
+"""rag.cli.progress: lines at a steady interval with done/total, rate and ETA off a terminal (fake
 clock, pure), a bar or nothing on one, the Trainer callback, and a real non-tty run (the
 pretraining CLI in a subprocess) that prints its progress lines."""
 
@@ -11,7 +11,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from rag.progress import INTERVAL_ENV, Progress, format_duration, progress_interval, track
+from rag.cli.progress import INTERVAL_ENV, Progress, format_duration, progress_interval, track
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -140,7 +140,7 @@ def test_format_duration():
 
 
 def test_trainer_callback_reports_steps_and_the_last_loss():
-    from training.finetune import progress_lines
+    from training.finetune.recipe import progress_lines
 
     clock, out = Clock(), io.StringIO()
     cb = progress_lines("train minilm-reader", interval=10, stream=out, clock=clock)

@@ -13,11 +13,11 @@ import torch
 from generate_support import build_model, build_tokenizer
 from test_batching import forwards, prefill_shapes, sharp_model, together
 
-from rag.config import ConfigError, RAGConfig, validate
+from rag.answer.prompt import build_messages
+from rag.config import ConfigError, RAGConfig
 from rag.generate.generator import Generator
 from rag.generate.prompt_cache import PromptCache, common_prefix
 from rag.generate.scoring import continuation_tree
-from rag.prompt import build_messages
 
 PASSAGES = [
     "Use open() and iterate over the file object to read it line by line.",
@@ -109,8 +109,8 @@ def test_only_full_attention_caches_are_supported(tok):
 
 
 def test_config_refuses_a_negative_size():
-    with pytest.raises(ConfigError, match="prompt_cache_mb must be >= 0"):
-        validate(RAGConfig(prompt_cache_mb=-1))
+    with pytest.raises(ConfigError, match="--prompt-cache-mb must be >= 0"):
+        RAGConfig.of(prompt_cache_mb=-1)
 
 
 # ---- exactness in the generator -----------------------------------------------------------------

@@ -95,7 +95,7 @@ def test_span_matches_a_brute_force_decode_of_the_plain_qa_model(tiny_qa_dir):
 def test_reader_training_run_saves_a_plain_qa_folder(tmp_path, tiny_qa_dir):
     from transformers import AutoModelForQuestionAnswering
 
-    from training.reader import ReaderConfig, train_reader
+    from training.finetune.reader import ReaderConfig, train_reader
 
     squad = write_tiny_squad(tmp_path / "squad.json")
     out = tmp_path / "reader"
@@ -108,7 +108,7 @@ def test_reader_training_run_saves_a_plain_qa_folder(tmp_path, tiny_qa_dir):
         calibration_questions=4,
         max_length=64,
         stride=16,
-        bf16="no",
+        precision="fp32",
     )
     summary = train_reader(cfg)
     assert summary["steps"] == 3 and summary["dev"]["questions"] == 6  # the Normans article
@@ -126,7 +126,7 @@ def test_reader_training_run_saves_a_plain_qa_folder(tmp_path, tiny_qa_dir):
 
 
 def test_reader_data_never_reads_dev_articles(tmp_path):
-    from training import reader_data as D
+    from training.data import reader_data as D
 
     squad = write_tiny_squad(tmp_path / "squad.json")
     qs = D.questions(D.squad_articles(squad, "train"), negatives=2)
@@ -141,7 +141,7 @@ def test_reader_data_never_reads_dev_articles(tmp_path):
 
 
 def test_reader_windows_label_the_answer_tokens_or_cls():
-    from training import reader_data as D
+    from training.data import reader_data as D
 
     tok = build_tokenizer()
     ctx = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron"

@@ -1,5 +1,6 @@
 """The reader on documentation: raw lead sentences as spans, doc questions for training and for
-the null threshold (training.reader_data.doc_questions, training.reader.choose_threshold)."""
+the null threshold (training.data.reader_data.doc_questions,
+training.finetune.reader.choose_threshold)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import pytest
 from training_support import write_tiny_squad
 
 from rag.answer.reader import Span
-from training import reader_data as D
-from training.doc_markup import clean_inline, lead_sentence_raw, lead_sentences
-from training.reader import ReaderConfig, choose_threshold, span_is_right, split_questions
+from training.data import reader_data as D
+from training.data.doc_markup import clean_inline, lead_sentence_raw, lead_sentences
+from training.finetune.reader import ReaderConfig, choose_threshold, span_is_right, split_questions
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 RST = (

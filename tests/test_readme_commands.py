@@ -91,7 +91,7 @@ RUNS: dict[str, Run] = {
     "python -m rag.ingest ../shared/data/python-docs --index pydocs": Run(
         extra=TINY_ENCODER, after=(PRETRAIN_MLM,), data=True, slow=True
     ),
-    "python -m training.contrastive --model encoder-mlm-small"
+    "python -m training.finetune.contrastive --model encoder-mlm-small"
     " --out artifacts/models/encoder-mlm-small-contrastive"
     " --docs ../shared/data/python-docs ../shared/data/scifact/corpus.jsonl"
     " --scifact ../shared/data/scifact --squad ../shared/data/squad/squad-v1.1-dev-part.json"
@@ -115,7 +115,7 @@ RUNS: dict[str, Run] = {
         data=True,
         slow=True,
     ),
-    "python -m training.lora --model qwen2.5-coder-0.5b"
+    "python -m training.finetune.lora --model qwen2.5-coder-0.5b"
     " --out artifacts/models/qwen2.5-coder-0.5b-lora"
     " --data ../shared/data/squad/squad-v1.1-dev-part.json --docs ../shared/data/corpus/linux-doc"
     " --doc-fraction 0.2 --k-passages 5 --passage-words 50 --refusal-fraction 0.2"
@@ -205,7 +205,8 @@ def test_readme_documents_the_commands():
     assert len(COMMANDS) >= 30, [c.text for c in COMMANDS]
     for m in ("rag.ingest", "rag.search", "rag.ask", "rag.serve", "ui.app", "training.pretrain"):
         assert m in modules, m
-    assert {"training.contrastive", "training.lora", "evals.retrieval", "evals.lm"} <= modules
+    trainings = {"training.finetune.contrastive", "training.finetune.lora"}
+    assert trainings | {"evals.retrieval", "evals.lm"} <= modules
 
 
 def test_every_run_names_a_readme_line():
@@ -273,7 +274,7 @@ class Workspace:
         self.done: dict[str, subprocess.CompletedProcess] = {}
 
     def args(self, command: Command, run: Run) -> list[str]:
-        from rag.paths import shared_data_dir
+        from rag.storage.paths import shared_data_dir
 
         shared = shared_data_dir()
         subst = {
@@ -315,9 +316,9 @@ def workspace(tmp_path_factory) -> Workspace:
 def _needs(run: Run) -> str | None:
     """Why this run cannot happen here, or None. Decoder packages are looked up, not converted
     (the run converts them into its own $RAG_HOME)."""
-    from rag.gguf import MissingPartError, part_paths
     from rag.models import GGUF_PACKAGES, ModelNotFoundError, resolve_model, smollm2_gguf_path
-    from rag.paths import shared_data_dir
+    from rag.models.gguf import MissingPartError, part_paths
+    from rag.storage.paths import shared_data_dir
 
     if run.data and shared_data_dir() is None:
         return "../shared/data is absent (set RAG_SHARED_DATA to its location)"

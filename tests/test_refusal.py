@@ -14,11 +14,11 @@ from test_generate import tiny_decoder_dirs, tiny_generator  # noqa: F401, F811 
 from test_pipeline import FakeGenerator, FakeRetriever, hit
 
 from evals.refusal_sweep import gated_row, pick_threshold, sweep
+from rag.answer.prompt import REFUSAL
 from rag.answer.refusal import barred_refusal, decide
 from rag.config import ConfigError, RAGConfig
 from rag.generate.scoring import refusal_ids
 from rag.pipeline import RAGPipeline
-from rag.prompt import REFUSAL
 
 
 def test_refusal_logprob_equals_uncached_forward(tiny_generator):  # noqa: F811
@@ -89,7 +89,7 @@ def no_tokenizer_ban(monkeypatch):
 def test_pipeline_refuses_exactly_above_threshold(p, refused, no_tokenizer_ban):
     gen = GatedFake("Use open() [1].", p)
     pipe = RAGPipeline(
-        RAGConfig(refusal_threshold=0.5, k=2),
+        RAGConfig.of(refusal_threshold=0.5, k=2),
         retriever=FakeRetriever([hit(1), hit(2)]),
         generator=gen,
     )
@@ -108,12 +108,12 @@ def test_pipeline_refuses_exactly_above_threshold(p, refused, no_tokenizer_ban):
 
 def test_gate_off_by_default_and_threshold_validated(no_tokenizer_ban):
     gen = GatedFake("It is X [1].", 0.99)
-    pipe = RAGPipeline(RAGConfig(k=1), retriever=FakeRetriever([hit(1)]), generator=gen)
+    pipe = RAGPipeline(RAGConfig.of(k=1), retriever=FakeRetriever([hit(1)]), generator=gen)
     ans = pipe.answer("q?")
     assert not ans.refused and ans.refusal_probability is None
     for bad in (0.0, 1.5, -0.1):
-        with pytest.raises(ConfigError, match="refusal_threshold"):
-            RAGConfig(refusal_threshold=bad)
+        with pytest.raises(ConfigError, match="--refusal-threshold"):
+            RAGConfig.of(refusal_threshold=bad)
     with pytest.raises(ValueError, match="threshold"):
         decide(gen, [], 0.0)
 
@@ -126,7 +126,9 @@ def test_adapter_threshold_gives_way_to_the_answerability_check(no_tokenizer_ban
     def ask(**cfg):
         gen = GatedFake("Lists are mutable [1].", 0.9)
         gen.refusal_threshold = 0.6  # as Generator.load sets it from the adapter's run.json
-        pipe = RAGPipeline(RAGConfig(k=2, **cfg), retriever=CoverageRetriever(0.7), generator=gen)
+        pipe = RAGPipeline(
+            RAGConfig.of(k=2, **cfg), retriever=CoverageRetriever(0.7), generator=gen
+        )
         return pipe.answer("Are Python lists mutable?"), gen
 
     ans, gen = ask()
@@ -195,7 +197,7 @@ def test_pipeline_uses_the_adapters_threshold_unless_configured(
     gen = GatedFake("It is X [1].", 0.7)
     gen.refusal_threshold = 0.6  # what Generator.load reads from the adapter's run.json
     pipe = RAGPipeline(
-        RAGConfig(k=1, refusal_threshold=configured),
+        RAGConfig.of(k=1, refusal_threshold=configured),
         retriever=FakeRetriever([hit(1)]),
         generator=gen,
     )

@@ -30,7 +30,7 @@ from benchmarks.replicas import (
     wait_ready,
 )
 from rag.ingest import ingest
-from rag.manifest import CURRENT, index_dir, read_chunks
+from rag.storage.manifest import CURRENT, index_dir, read_chunks
 
 pytestmark = pytest.mark.server  # a Chroma server and three Python processes on loopback
 

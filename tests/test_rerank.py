@@ -19,8 +19,8 @@ from training_support import (
 )
 
 from rag.retrieval.settings import RetrievalSettings
-from training.rerank import RerankConfig, build_model, collect_examples, fit, main
-from training.rerank_data import Pool, interleave, mine_hard_negatives, mine_pool
+from training.data.rerank_data import Pool, interleave, mine_hard_negatives, mine_pool
+from training.finetune.rerank import RerankConfig, build_model, collect_examples, fit, main
 
 # ---------------------------------------------------------------------------- mining (pure)
 
@@ -144,7 +144,7 @@ def test_rerank_stage_loads_the_folder_and_keeps_the_tail(tiny_reranker):
     from rag.retrieval.retriever import CorpusRetriever
 
     model, _, out = tiny_reranker
-    reranker = CrossEncoderReranker(out, device="cpu", max_length=32)
+    reranker = CrossEncoderReranker(out, device="cpu", max_length=32, precision="fp32")
     texts = ["open a file", "socket server client", "read a line", "cache index", "dict value"]
     raw = model.predict([("open file", t) for t in texts], activation_fn=torch.nn.Identity())
     assert reranker.score("open file", texts) == pytest.approx(list(raw), abs=1e-5)
@@ -170,8 +170,8 @@ def test_index_retriever_with_reranker_name_and_fusion(tiny_reranker, tiny_mlm_d
     from ingest_support import write_docs
 
     from rag.ingest import ingest
-    from rag.paths import models_dir
     from rag.retrieval.retriever import Retriever
+    from rag.storage.paths import models_dir
 
     _, _, ce = tiny_reranker
     models_dir().mkdir(parents=True, exist_ok=True)
@@ -180,7 +180,7 @@ def test_index_retriever_with_reranker_name_and_fusion(tiny_reranker, tiny_mlm_d
     r = Retriever.from_settings(
         "rr", RetrievalSettings(rerank_depth=3, rerank_max_length=32, rerank="tiny-rerank")
     )
-    assert r.reranker.model.max_seq_length == 32 and r.engine.rerank_depth == 3
+    assert r.reranker.model.max_seq_length == 32 and r.engine.settings.rerank_depth == 3
     q = "read a file line by line"
     hits = r.search(q, k=5)
     assert [h.mode for h in hits[:3]] == ["rerank"] * 3 and hits[3].mode == "hybrid"
@@ -188,7 +188,7 @@ def test_index_retriever_with_reranker_name_and_fusion(tiny_reranker, tiny_mlm_d
     plain = Retriever.from_settings("rr").search(q, k=5)
     assert [h.chunk.id for h in r.search(q, k=5, rerank=False)] == [h.chunk.id for h in plain]
     dense = Retriever.from_settings("rr").search(q, k=5, mode="dense")
-    convex = r.search(q, k=5, fusion="convex", alpha=1.0, rerank=False)
+    convex = r.search(q, k=5, settings=r.settings.replace(alpha=1.0), rerank=False)
     assert [h.chunk.id for h in convex] == [h.chunk.id for h in dense]
 
 
@@ -198,7 +198,7 @@ def test_not_a_cross_encoder_is_refused(tmp_path):
     enc = save_tiny_encoder(tmp_path / "enc")  # a plain bi-encoder folder: random head
     with pytest.raises(ValueError, match="not a cross-encoder"):
         CrossEncoderReranker(enc, device="cpu")
-    with pytest.raises(LookupError, match="training.rerank"):
+    with pytest.raises(LookupError, match="training.finetune.rerank"):
         CrossEncoderReranker("no-such-reranker", device="cpu")
     with pytest.raises(ValueError, match="causal LM"):
         build_model(str(save_tiny_decoder(tmp_path / "dec")), 32, "cpu")
@@ -214,7 +214,7 @@ def test_int8_reranker_ranks_like_fp32(tmp_path):
     from rag.retrieval.rerank import CrossEncoderReranker
 
     ce = save_tiny_cross_encoder(tmp_path / "ce")
-    fp32 = CrossEncoderReranker(ce, device="cpu")
+    fp32 = CrossEncoderReranker(ce, device="cpu", precision="fp32")
     int8 = CrossEncoderReranker(ce, precision="int8")  # device auto: CPU for int8
     assert int8.precision == "int8" and int8.model.device.type == "cpu"
     hf = int8.model.model
@@ -241,7 +241,7 @@ def test_bf16_reranker_keeps_the_fp32_ranking(tmp_path):
     from rag.retrieval.rerank import CrossEncoderReranker
 
     ce = save_tiny_cross_encoder(tmp_path / "ce")
-    fp32 = CrossEncoderReranker(ce, device="cpu")
+    fp32 = CrossEncoderReranker(ce, device="cpu", precision="fp32")
     bf16 = CrossEncoderReranker(ce, device="cpu", precision="bf16")
     assert {p.dtype for p in bf16.model.model.parameters()} == {torch.bfloat16}
     texts = [" ".join(WORDS[i : i + 6]) for i in range(0, 36, 3)]
@@ -355,17 +355,18 @@ def test_dev_queries_never_in_training_examples(shared_data):
 def test_auto_precision_follows_the_hardware(tmp_path, monkeypatch):
     """rerank_precision auto (the product default) is bf16 where bf16 runs fast (CUDA, a CPU with
     bf16 units) and fp32 elsewhere; explicit values pass through."""
-    import rag.precision
+    import rag.models.precision
     from rag.config import RAGConfig
-    from rag.precision import resolve_precision
+    from rag.models.precision import resolve_precision
     from rag.retrieval.rerank import CrossEncoderReranker
     from rag.retrieval.settings import DEFAULTS
 
-    assert RAGConfig().rerank_precision == DEFAULTS.rerank_precision == "auto"
+    assert RAGConfig().retrieval.rerank_precision == DEFAULTS.rerank_precision == "auto"
     assert resolve_precision("auto", "cuda") == "bf16"
     assert resolve_precision("int8", "cpu") == "int8"
     ce = save_tiny_cross_encoder(tmp_path / "ce")
     for has_bf16, expected in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(rag.precision, "cpu_has_bf16", lambda v=has_bf16: v)
+        monkeypatch.setattr(rag.models.precision, "cpu_has_bf16", lambda v=has_bf16: v)
         assert resolve_precision("auto", "cpu") == expected
         assert CrossEncoderReranker(ce, device="cpu", precision="auto").precision == expected
+        assert CrossEncoderReranker(ce, device="cpu").precision == expected  # auto: the default

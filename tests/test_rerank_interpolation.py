@@ -141,19 +141,25 @@ def test_corpus_retriever_weight_zero_is_first_stage_one_is_reranker():
     default = CorpusRetriever(
         ids_, texts, None, RetrievalSettings(mode="bm25"), reranker=ByLength()
     )
-    assert default.engine.rerank_weight == RAGConfig().rerank_weight == 0.5  # the product's
+    assert (
+        default.engine.settings.rerank_weight == RAGConfig().retrieval.rerank_weight == 0.5
+    )  # the product's
     one = CorpusRetriever(
         ids_, texts, None, RetrievalSettings(mode="bm25", rerank_weight=1.0), reranker=ByLength()
     )
     assert ids(one.search(q, k=5)) == _by_length(ids(plain))
-    assert ids(one.search(q, k=5, rerank_weight=0.0)) == ids(plain)  # per-call override
-    assert ids(zero.search(q, k=5, rerank_weight=1.0)) == _by_length(ids(plain))
-    half = zero.search(q, k=5, rerank_weight=0.5)
+
+    def weight(r, w):  # a per-call override: the settings, whole, with another weight
+        return r.engine.settings.replace(rerank_weight=w)
+
+    assert ids(one.search(q, k=5, settings=weight(one, 0.0))) == ids(plain)
+    assert ids(zero.search(q, k=5, settings=weight(zero, 1.0))) == _by_length(ids(plain))
+    half = zero.search(q, k=5, settings=weight(zero, 0.5))
     assert sorted(ids(half)) == sorted(ids(plain))
     scores = [s for _, s in half]
     assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
     with pytest.raises(ValueError, match="not 1.5"):
-        one.search(q, k=5, rerank_weight=1.5)
+        weight(one, 1.5)
     with pytest.raises(ValueError, match="not -1"):
         CorpusRetriever(ids_, texts, None, RetrievalSettings(mode="bm25", rerank_weight=-1))
 
@@ -191,10 +197,11 @@ def test_index_retriever_takes_the_weight(tmp_path, tiny_mlm_dir):
     q = "file with statement"
     plain = [h.chunk.id for h in Retriever.from_settings("rw").search(q, k=5, mode="bm25")]
     r = Retriever("rw", RetrievalSettings(rerank_weight=0.0), reranker=ByLength())
-    assert r.engine.rerank_weight == 0.0
+    assert r.engine.settings.rerank_weight == 0.0
     assert [h.chunk.id for h in r.search(q, k=5, mode="bm25")] == plain
     length = {h.chunk.id: len(h.chunk.text) for h in r.search(q, k=5, mode="bm25")}
-    top = [h.chunk.id for h in r.search(q, k=5, mode="bm25", rerank_weight=1.0)]
+    weight_one = r.settings.replace(rerank_weight=1.0)
+    top = [h.chunk.id for h in r.search(q, k=5, mode="bm25", settings=weight_one)]
     assert top == sorted(plain, key=lambda d: (length[d], plain.index(d)))
     with pytest.raises(ValueError, match="not 1.1"):
         Retriever.from_settings("rw", RetrievalSettings(rerank_weight=1.1))
@@ -204,13 +211,13 @@ def test_index_retriever_takes_the_weight(tmp_path, tiny_mlm_dir):
 
 
 def test_config_field_is_validated_naming_the_value(tmp_path):
-    assert RAGConfig().rerank_weight == 0.5  # the measured default (docs/retrieval.md)
+    assert RAGConfig().retrieval.rerank_weight == 0.5  # the measured default (docs/retrieval.md)
     path = tmp_path / "rag.toml"
     path.write_text("rerank-weight = 0\n")
     cfg = load_config(path)
-    assert cfg.rerank_weight == 0.0 and isinstance(cfg.rerank_weight, float)
-    with pytest.raises(ConfigError, match=r"rerank_weight must be in \[0, 1\], not 1.5"):
-        RAGConfig(rerank_weight=1.5)
+    assert cfg.retrieval.rerank_weight == 0.0 and isinstance(cfg.retrieval.rerank_weight, float)
+    with pytest.raises(ConfigError, match=r"--rerank-weight must be in \[0, 1\], not 1.5"):
+        RAGConfig.of(rerank_weight=1.5)
     path.write_text("rerank_weight = -0.5\n")
     with pytest.raises(ConfigError, match="not -0.5"):
         load_config(path)

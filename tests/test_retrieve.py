@@ -24,7 +24,7 @@ CORPUS = {
 
 @pytest.fixture(scope="module")
 def tiny_encoder(tiny_mlm_dir):
-    return Encoder.load(tiny_mlm_dir, device="cpu")
+    return Encoder.load(tiny_mlm_dir, device="cpu", precision="fp32")  # as the index queries
 
 
 def rrf(rankings: list[list[str]], k: int = 60) -> list[tuple[str, float]]:
@@ -116,7 +116,7 @@ def test_retriever_sees_new_generation(tmp_path, tiny_mlm_dir):
 
 
 def test_missing_index_is_a_clear_error():
-    from rag.manifest import IndexNotFoundError
+    from rag.storage.manifest import IndexNotFoundError
 
     with pytest.raises(IndexNotFoundError, match="rag.ingest"):
         Retriever.from_settings("does-not-exist")

@@ -52,5 +52,5 @@ def test_a_query_without_a_word_is_refused(query, tmp_path, tiny_mlm_dir, capsys
     with pytest.raises(ValueError, match="no word"):
         Retriever.from_settings(name).search(query)
     with pytest.raises(ValueError, match="the question has no word"):
-        RAGPipeline(RAGConfig(index=name), retriever=object()).prepare(query)
+        RAGPipeline(RAGConfig.of(index=name), retriever=object()).prepare(query)
     assert main(["zebra ???", "--index", name, "--k", "1"]) == 0  # one word is enough

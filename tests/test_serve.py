@@ -24,7 +24,7 @@ from serve_support import (
     started_server,
 )
 
-from rag.prompt import REFUSAL
+from rag.answer.prompt import REFUSAL
 from rag.serve.app import main
 from rag.types import Answer, Chunk, Citation, Hit
 

@@ -12,8 +12,8 @@ from test_ingest import index_state
 
 from rag.config import RAGConfig
 from rag.ingest import ingest, list_documents
-from rag.paths import indexes_dir
 from rag.serve.app import ServeOptions, create_app
+from rag.storage.paths import indexes_dir
 
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
@@ -25,7 +25,7 @@ def served(tmp_path, tiny_mlm_dir):
     name = f"api-{tmp_path.name}"
     ingest([docs], index=name, encoder=str(tiny_mlm_dir), progress=False)
     (indexes_dir() / f"empty-{tmp_path.name}").mkdir(parents=True)  # never ingested: no model
-    app = create_app(RAGConfig(index=name), ScriptedPipeline, options=ServeOptions(api_key=KEY))
+    app = create_app(RAGConfig.of(index=name), ScriptedPipeline, options=ServeOptions(api_key=KEY))
     with TestClient(app) as client:
         yield client, name, docs
 
@@ -178,7 +178,9 @@ def test_a_question_right_after_a_delete_never_sees_the_removed_document(tmp_pat
     docs = write_docs(tmp_path / "docs")
     name = f"raw-{tmp_path.name}"
     ingest([docs], index=name, encoder=str(tiny_mlm_dir), progress=False)
-    app = create_app(RAGConfig(index=name), RetrievingPipeline, options=ServeOptions(api_key=KEY))
+    app = create_app(
+        RAGConfig.of(index=name), RetrievingPipeline, options=ServeOptions(api_key=KEY)
+    )
     ask = {
         "model": "rag",
         "messages": [{"role": "user", "content": "zebras giraffes savanna: read a file"}],
@@ -227,7 +229,7 @@ def test_two_folders_with_the_same_name_are_addressed_apart(tmp_path, tiny_mlm_d
     b = write_docs(tmp_path / "dupB", {"same.md": "# Same\n\nBadgers.\n"})
     name = f"dup-{tmp_path.name}"
     ingest([a, b], index=name, encoder=str(tiny_mlm_dir), progress=False)
-    app = create_app(RAGConfig(index=name), ScriptedPipeline, options=ServeOptions(api_key=KEY))
+    app = create_app(RAGConfig.of(index=name), ScriptedPipeline, options=ServeOptions(api_key=KEY))
     with TestClient(app) as client:
         listed = client.get("/v1/documents", headers=AUTH).json()["data"]
         assert [d["path"] for d in listed] == ["a.md", "dupA/same.md", "dupB/same.md"]

@@ -22,8 +22,8 @@ from serve_support import (
     started_server,
 )
 
-from rag.paths import rag_home
 from rag.serve.app import ServeOptions
+from rag.storage.paths import rag_home
 
 pytestmark = pytest.mark.server
 JSON = {"Content-Type": "application/json"}
@@ -233,7 +233,7 @@ def test_embeddings_refuse_what_the_encoder_would_cut(tmp_path, tiny_mlm_dir):
         def __init__(self, cfg: RAGConfig) -> None:
             self.retriever = Retriever(cfg.index)
 
-    app = create_app(RAGConfig(index=name), Pipe, options=ServeOptions(api_key=KEY))
+    app = create_app(RAGConfig.of(index=name), Pipe, options=ServeOptions(api_key=KEY))
     auth = {"Authorization": f"Bearer {KEY}"}
     with TestClient(app) as client:
         encoder = app.state.rag.pipelines.get(name).retriever.encoder
@@ -254,3 +254,57 @@ def test_embeddings_refuse_what_the_encoder_would_cut(tmp_path, tiny_mlm_dir):
             "/v1/embeddings", json={"model": "rag", "input": "zebra stripes"}, headers=auth
         )
         assert r.status_code == 200 and 0 < r.json()["usage"]["prompt_tokens"] <= limit
+
+
+def test_embeddings_count_a_run_without_spaces_as_ingest_does(tmp_path):
+    """A WordPiece encoder (minilm) reads a run of more than 100 characters without a space as
+    one [UNK]: a 200 KB such input was accepted, 'prompt_tokens: 1', and embedded as the vector
+    of "unknown". Counted as ingest counts a chunk (rag.documents.chunking.MAX_TOKEN_CHARS: one
+    token per 32 characters of it), it is a 400 naming the input and the run; a short run
+    passes, and usage is still the tokens the encoder reads (the [UNK] is one)."""
+    import numpy as np
+    from fastapi.testclient import TestClient
+    from ingest_support import listed_index
+    from serve_support import KEY
+    from transformers import AutoTokenizer
+
+    from rag.config import RAGConfig
+    from rag.models import minilm_path
+    from rag.serve.app import create_app
+    from rag.storage.paths import indexes_dir
+
+    class WordPieceEncoder:  # minilm's tokenizer and limit; no model loaded
+        dim = 4
+        max_chunk_tokens = 254
+        document_prompt = query_prompt = ""
+        tokenizer = AutoTokenizer.from_pretrained(minilm_path())
+
+        def encode(self, texts: list[str], kind: str = "document") -> np.ndarray:
+            return np.ones((len(texts), self.dim), dtype=np.float32)
+
+    class Pipe:
+        def __init__(self, cfg: RAGConfig) -> None:
+            self.retriever = type("R", (), {"encoder": WordPieceEncoder()})()
+
+    name = f"wp-{tmp_path.name}"
+    listed_index(indexes_dir() / name)
+    app = create_app(RAGConfig.of(index=name), Pipe, options=ServeOptions(api_key=KEY))
+    auth = {"Authorization": f"Bearer {KEY}"}
+    with TestClient(app) as client:
+        spaceless = "a" * 200_000
+        r = client.post(
+            "/v1/embeddings", json={"model": "rag", "input": ["short", spaceless]}, headers=auth
+        )
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "input" and err["code"] == "context_length_exceeded"
+        assert err["message"] == (
+            "input 1 is 6,250 tokens as ingest counts them, over the 254 this index's encoder "
+            "reads: a run of 200,000 characters without a space, which the encoder reads as one "
+            "token (ingest cuts such runs every 32 characters); split it"
+        )
+        r = client.post(
+            "/v1/embeddings", json={"model": "rag", "input": "zebra " + "x" * 150}, headers=auth
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == 2  # 'zebra' and one [UNK]

@@ -1,7 +1,7 @@
-"""The reader-first LoRA (``training.lora --prompt-format span``): its examples (one passage, the
-span, the sentence holding it; never a held-out article), the reply check that decides which
-distilled replies become targets and scores held-out replies, label masking on the span prompt,
-and a tiny run whose adapter records what rag needs to use it."""
+"""The reader-first LoRA (``training.finetune.lora --prompt-format span``): its examples (one
+passage, the span, the sentence holding it; never a held-out article), the reply check that decides
+which distilled replies become targets and scores held-out replies, label masking on the span
+prompt, and a tiny run whose adapter records what rag needs to use it."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from training_support import save_tiny_decoder, write_tiny_squad
 
+from rag.answer.prompt import SPAN_SYSTEM_PROMPT, format_span_target
 from rag.evaluation.datasets import squad_split
-from rag.prompt import SPAN_SYSTEM_PROMPT, format_span_target
-from training.lora import LoraTrainConfig, distill_span_targets, encode_example, fit
-from training.lora_data import doc_span_examples, span_examples, span_training_examples
-from training.lora_eval import score_span_answers, span_reply_check
-from training.qa_example import QAExample, example_messages
+from training.data.lora_data import doc_span_examples, span_examples, span_training_examples
+from training.data.qa_example import QAExample, example_messages
+from training.finetune.lora import LoraTrainConfig, distill_span_targets, encode_example, fit
+from training.finetune.lora_eval import score_span_answers, span_reply_check
 
 CORPUS = Path(__file__).parent / "fixtures" / "corpus"
 
@@ -97,7 +97,7 @@ def test_span_prompt_labels_cover_only_the_reply(tmp_path):
 def test_distillation_replaces_only_replies_that_pass_the_check(monkeypatch, tmp_path):
     from transformers import AutoTokenizer
 
-    import training.lora as lora
+    import training.finetune.lora as lora
 
     good = _span("Alpha is beta. Gamma uses delta.", "beta")
     bad = _span("Alpha is beta. Gamma uses delta.", "beta")
@@ -151,9 +151,11 @@ def test_the_answers_table_trains_what_make_models_trains(tmp_path):
     script = (Path(__file__).parents[1] / "evals" / "answers_table.sh").read_text()
     joined = script.replace("\\\n", " ")
     line = next(
-        x for x in joined.splitlines() if "--prompt-format span" in x and "training.lora" in x
+        x
+        for x in joined.splitlines()
+        if "--prompt-format span" in x and "training.finetune.lora" in x
     )
-    argv = shlex.split(line.split("training.lora", 1)[1])
+    argv = shlex.split(line.split("training.finetune.lora", 1)[1])
     values = {"$Q": "qwen", "$S": "squad.json", "$DATA": "data"}
     argv = [re.sub(r"\$\w+", lambda m: values.get(m.group(0), m.group(0)), a) for a in argv]
     skip = {"model", "out", "data", "docs", "device"}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from ui_support import ScriptedGenerator, build_index, module_rag_home, scripted_factory, serve
 
-from rag.paths import indexes_dir, rag_home
+from rag.storage.paths import indexes_dir, rag_home
 
 pytestmark = pytest.mark.server
 

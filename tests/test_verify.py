@@ -241,7 +241,7 @@ class Generator:
 def make(reply: str, texts: list[str], favourite: int = 1, **kw) -> RAGPipeline:
     hits = [hit(i, t) for i, t in enumerate(texts, start=1)]
     return RAGPipeline(
-        RAGConfig(k=len(texts)),
+        RAGConfig.of(k=len(texts)),
         retriever=Retriever(hits),
         generator=Generator(reply, favourite),
         **kw,

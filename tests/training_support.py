@@ -63,7 +63,7 @@ def build_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from rag.prompt import REFUSAL, SYSTEM_PROMPT
+    from rag.answer.prompt import REFUSAL, SYSTEM_PROMPT
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -151,7 +151,7 @@ def save_tiny_decoder(path: Path, seed: int = 0) -> Path:
 def tiny_pretrain_config(out: Path, tokenizer_dir: Path, objective: str = "mlm", **kw):
     """A tiny-preset PretrainConfig on tests/fixtures/corpus, CPU, one thread: 12 steps of 4 x 32
     tokens, held-out loss every 6, checkpoints every 4 (``kw`` overrides any field)."""
-    from training.config import PretrainConfig
+    from training.pretrain.config import PretrainConfig
 
     base = dict(
         objective=objective,
@@ -221,8 +221,8 @@ def write_pairs_file(path: Path, n: int = 64, seed: int = 0) -> Path:
 
 def save_tiny_cross_encoder(path: Path, seed: int = 0, initializer_range: float = 0.2) -> Path:
     """A randomly initialised one-logit BERT saved as a sentence-transformers CrossEncoder folder
-    (what ``python -m training.rerank`` writes), without training. ``initializer_range`` larger
-    than BERT's 0.02 spreads its scores over passages (at 0.02 they differ by ~1e-4)."""
+    (what ``python -m training.finetune.rerank`` writes), without training. ``initializer_range``
+    larger than BERT's 0.02 spreads its scores over passages (at 0.02 they differ by ~1e-4)."""
     from sentence_transformers import CrossEncoder
     from transformers import BertForSequenceClassification
 
@@ -237,11 +237,16 @@ def save_tiny_cross_encoder(path: Path, seed: int = 0, initializer_range: float 
 
 
 def span_recipe_drift(argv: list[str], tmp_path: Path, preset: str, skip: set[str]) -> dict:
-    """Fields where ``training.lora`` flags (a script's spelled-out recipe) differ from
-    ``training.lora.span_preset_config(..., preset)`` for a 24-layer model; ``skip`` names the
-    fields the script sets from its own paths."""
-    from rag.dataclass_cli import config_from_args, config_parser
-    from training.lora import PROMPT_FORMATS, SPAN_TARGETS, LoraTrainConfig, span_preset_config
+    """Fields where ``training.finetune.lora`` flags (a script's spelled-out recipe) differ from
+    ``training.finetune.lora.span_preset_config(..., preset)`` for a 24-layer model; ``skip`` names
+    the fields the script sets from its own paths."""
+    from rag.cli.flags import config_from_args, config_parser
+    from training.finetune.lora import (
+        PROMPT_FORMATS,
+        SPAN_TARGETS,
+        LoraTrainConfig,
+        span_preset_config,
+    )
 
     parser = config_parser(
         "t",

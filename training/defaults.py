@@ -5,7 +5,7 @@ tokenizer), and a command that stops to ask for three flags and a separate token
 one that "works as typed". So a run picks, and its first lines say what it picked:
 
 - **corpus**: the project's ``docs/``, the demo document set that ``make demo`` ingests. It is
-  found beside this package (the checkout holding ``pyproject.toml``, the rule ``rag.paths``
+  found beside this package (the checkout holding ``pyproject.toml``, the rule ``rag.storage.paths``
   uses for ``$RAG_HOME``), so it resolves from any working directory; ``./docs`` when the package
   is installed outside a checkout.
 - **out**: ``$RAG_HOME/models/<encoder|decoder>-<objective>-<preset>``, the names ``make models``
@@ -21,7 +21,7 @@ one that "works as typed". So a run picks, and its first lines say what it picke
 
 Nothing here runs for flags that were given: an explicit ``--tokenizer`` that is missing is
 still an error, never silently trained. The module imports nothing from ``training``, so the
-config (``training.config``), the tokenizer and the CLIs can all read their defaults here.
+config (``training.pretrain.config``), the tokenizer and the CLIs can all read their defaults here.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import hashlib
 import sys
 from pathlib import Path
 
-from rag.paths import models_dir, rag_home
+from rag.storage.paths import models_dir, rag_home
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TOKENIZER_CHARS = (
@@ -75,8 +75,8 @@ def corpus_tokenizer_dir(files: list[Path], vocab: int) -> Path:
 
 def default_docs_if_no_data(cfg: object, sources: tuple[str, ...], prog: str) -> bool:
     """When none of the config's data ``sources`` is set, train on the demo document set
-    (``docs/``) and say so on stderr, so ``python -m training.contrastive`` or
-    ``python -m training.lora`` bare works as typed. Returns whether it chose."""
+    (``docs/``) and say so on stderr, so ``python -m training.finetune.contrastive`` or
+    ``python -m training.finetune.lora`` bare works as typed. Returns whether it chose."""
     if any(getattr(cfg, name) for name in sources):
         return False
     cfg.docs = default_corpus()  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rag.paths import models_dir, rag_home, tokenizer_dir
+from rag.storage.paths import models_dir, rag_home, tokenizer_dir
 from training.defaults import default_corpus
 
 SAMPLE_PROMPTS = ["The following example shows how to", "To create a new branch,"]
@@ -52,9 +52,9 @@ def calibrated_steps(cfg, minutes: float, probe_steps: int = 3) -> int:
     import torch
 
     from rag.models import pick_device
-    from training.masking import make_spec
-    from training.model import build_model
-    from training.step import Stepper, make_optimizer, make_scheduler
+    from training.pretrain.masking import make_spec
+    from training.pretrain.model import build_model
+    from training.pretrain.step import Stepper, make_optimizer, make_scheduler
     from training.tokenizer import load_tokenizer
 
     cfg = cfg.resolved()
@@ -104,8 +104,8 @@ def sample_generation(folder: Path, prompts: list[str], max_new_tokens: int = 40
 
 def build_steps(args: argparse.Namespace) -> list[Step]:
     """The ordered steps; fine-tuning issues append theirs (contrastive encoder, LoRA decoder)."""
-    from training.config import PretrainConfig
-    from training.pretrain import pretrain
+    from training.pretrain.config import PretrainConfig
+    from training.pretrain.train import pretrain
     from training.tokenizer import train_tokenizer
 
     tok_dir = tokenizer_dir()
@@ -181,9 +181,11 @@ def build_steps(args: argparse.Namespace) -> list[Step]:
 
 def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
     """The fine-tunes: the MLM encoder into a retriever (contrastive), the default decoder into
-    the reader-first answerer (LoRA on the default decoder, training.lora.span_preset_config). They need ../shared/data (SciFact, SQuAD, python-docs)."""
+    the reader-first answerer (LoRA on the default decoder,
+    training.finetune.lora.span_preset_config). They need ../shared/data (SciFact, SQuAD,
+    python-docs)."""
     from rag.models import DEFAULT_DECODER, auto_adapter_name
-    from rag.paths import shared_data_dir
+    from rag.storage.paths import shared_data_dir
 
     data = shared_data_dir()
     if data is None:
@@ -195,7 +197,7 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
     lora_out = models_dir() / auto_adapter_name(DEFAULT_DECODER)  # what adapter=auto finds
 
     def contrastive_step() -> dict:
-        from training.contrastive import preset_config, train_contrastive
+        from training.finetune.contrastive import preset_config, train_contrastive
 
         s = train_contrastive(preset_config(enc, ft, data, args.preset, args.device, args.threads))
         for name in s["before"]:
@@ -209,7 +211,7 @@ def finetune_steps(args: argparse.Namespace, enc: Path) -> list[Step]:
         }
 
     def lora_step() -> dict:
-        from training.lora import span_preset_config, train_lora
+        from training.finetune.lora import span_preset_config, train_lora
 
         s = train_lora(
             span_preset_config(
@@ -245,19 +247,19 @@ def retrieval_steps(args: argparse.Namespace, data: Path) -> list[Step]:
     tuned, rerank = models_dir() / TUNED_ENCODER, models_dir() / AUTO_RERANKER
 
     def retriever_step() -> dict:
-        from training.contrastive import train_contrastive, tuned_retriever_config
+        from training.finetune.contrastive import train_contrastive, tuned_retriever_config
 
         s = train_contrastive(tuned_retriever_config(tuned, data, args.device, args.threads))
         return {"n_pairs": s["n_pairs"], "steps": s["steps"], "train_loss": s.get("train_loss")}
 
     def reranker_step() -> dict:
-        from training.rerank import reranker_config, train_rerank
+        from training.finetune.rerank import reranker_config, train_rerank
 
         s = train_rerank(reranker_config(rerank, data, args.device, args.threads))
         return {"n_rows": s["n_rows"], "steps": s["steps"], "after": s["after"]}
 
     def reader_step() -> dict:
-        from training.reader import reader_config, train_reader
+        from training.finetune.reader import reader_config, train_reader
 
         s = train_reader(reader_config(reader, data, args.device, args.threads))
         return {"windows": s["windows"], "steps": s["steps"], "dev": s["dev"]}
@@ -274,7 +276,7 @@ def run_steps(steps: list[Step], overwrite: bool, progress: bool = True) -> dict
     """Run each step in order (an existing artefact is skipped unless ``overwrite``); with
     ``progress``, a line off a terminal after each step says how many are done, the rate and
     the ETA (each step's own training loop reports its steps meanwhile)."""
-    from rag.progress import Progress
+    from rag.cli.progress import Progress
 
     report = {}
     todo = [s for s in steps if overwrite or not s.exists()]
@@ -309,7 +311,7 @@ def run_steps(steps: list[Step], overwrite: bool, progress: bool = True) -> dict
 def main(argv: list[str] | None = None) -> int:
     from rag.cli import OneLineParser, run_cli
     from rag.defaults import DEVICES
-    from training.config import PRESETS
+    from training.pretrain.config import PRESETS
 
     p = OneLineParser(prog="python -m training.make_models", description=__doc__.split("\n")[0])
     p.add_argument(

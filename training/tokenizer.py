@@ -40,9 +40,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from rag.documents import load_documents
-from rag.paths import tokenizer_dir
-from training.config import ModelPreset
+from rag.storage.paths import tokenizer_dir
 from training.defaults import TOKENIZER_CHARS, corpus_tokenizer_dir, default_corpus
+from training.pretrain.config import ModelPreset
 
 PAD, UNK, BOS, EOS, MASK = "<pad>", "<unk>", "<s>", "</s>", "<mask>"
 SPECIAL_TOKENS = [PAD, UNK, BOS, EOS, MASK]
@@ -108,8 +108,9 @@ def train_tokenizer(
 ) -> PreTrainedTokenizerFast:
     """Train byte-level BPE on the documents under ``corpus`` and save it to ``out`` (if given).
 
-    ``max_chars`` caps how much text the trainer sees (BPE merges converge long before the whole
-    57 MB development corpus; the cap keeps ``make models`` quick on two cores).
+    ``max_chars`` caps how much text the trainer sees: BPE merges converge long before the whole
+    development corpus is read, and the cap keeps ``make models`` quick on a CPU (its size and
+    timing: docs/pretraining.md).
     """
     if vocab_size < len(SPECIAL_TOKENS) + 256 + 1:
         raise TokenizerError(

@@ -4,16 +4,17 @@ documents (listed, removable); settings.
     python -m ui.app --index docs            # http://127.0.0.1:7860
     make demo                                # ingests docs/ into index "docs", then this
 
-The UI only calls the pipeline's public API in ``rag/`` (:class:`rag.config.RAGConfig` with
-``check_models`` / ``resolve_models``, ``RAGPipeline.stream`` over a ``conversational`` config,
-``rag.ingest.ingest``); it holds no retrieval or generation logic. Pipelines (and so the
-models) are loaded once per process and shared by every session (:mod:`ui.state`); the Gradio
+The UI only calls ``rag``'s public face (:class:`rag.RAGConfig` with ``check_models`` /
+``resolve_models``, ``RAGPipeline.stream`` over a ``conversational`` config, ``ingest_config``,
+an index's documents) and the command-line plumbing of :mod:`rag.cli`; it holds no retrieval or
+generation logic. Pipelines (and so the models) are loaded once per process and shared by every
+session (:mod:`ui.state`, in the server's :class:`rag.Pipelines`); the Gradio
 queue bounds how many chat requests run at once. Safe by default: binds 127.0.0.1, uploads are
 checked by :mod:`ui.uploads` (size, type, content, file name), the index setting is a name, never
 a path, and errors reach the user as one readable line while the traceback goes to the log.
 
 ``build_app(config, pipeline_factory=...)`` takes the function that turns a
-:class:`rag.config.RAGConfig` into a pipeline; tests pass one that builds the real pipeline with
+:class:`rag.RAGConfig` into a pipeline; tests pass one that builds the real pipeline with
 a scripted decoder (see tests/test_ui_browser.py), everything else stays real.
 """
 
@@ -26,10 +27,8 @@ from typing import Any
 
 import gradio as gr
 
+from rag import MODES, check_models, list_indexes, prepare_serving_process
 from rag.cli import run_cli
-from rag.config import RAGConfig, check_models
-from rag.models import prepare_serving_process
-from rag.paths import list_indexes
 from ui import render
 from ui.config import AppConfig, app_config, build_parser, parse_args
 from ui.handlers import ChatApp
@@ -73,6 +72,8 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
     """The Blocks app; ``pipeline_factory(RAGConfig) -> pipeline`` defaults to ``RAGPipeline``."""
     app = ChatApp(config, pipeline_factory)
     config = app.config  # adapter and reranker "auto"/"none" resolved to a name or None
+    start = config.rag
+    retrieval, generate = start.retrieval, start.generate
     models = app.models()
     indexes = list_indexes()
     with gr.Blocks(title="Local RAG chat") as demo:
@@ -102,52 +103,50 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
         with gr.Accordion("Settings", open=False, elem_id="settings"):
             with gr.Row():
                 index = gr.Dropdown(
-                    indexes or [config.rag.index],
-                    value=config.rag.index,
+                    indexes or [start.index],
+                    value=start.index,
                     label="Index",
                     allow_custom_value=True,
                     elem_id="index",
                 )
                 encoder = gr.Dropdown(
                     models["encoders"],
-                    value=config.rag.encoder or INDEX_DEFAULT_ENCODER,
+                    value=retrieval.encoder or INDEX_DEFAULT_ENCODER,
                     label="Encoder",
                 )
-                decoder = gr.Dropdown(models["decoders"], value=config.rag.decoder, label="Decoder")
+                decoder = gr.Dropdown(models["decoders"], value=generate.decoder, label="Decoder")
                 adapter = gr.Dropdown(
-                    models["adapters"], value=config.rag.adapter or NO_ADAPTER, label="LoRA adapter"
+                    models["adapters"], value=generate.adapter or NO_ADAPTER, label="LoRA adapter"
                 )
                 refresh = gr.Button("Refresh lists", size="sm")
             with gr.Row():
-                mode = gr.Radio(
-                    list(RAGConfig.CHOICES["mode"]), value=config.rag.mode, label="Retrieval mode"
-                )
-                k = gr.Slider(*K_RANGE, value=config.rag.k, step=1, label="k (passages)")
+                mode = gr.Radio(list(MODES), value=retrieval.mode, label="Retrieval mode")
+                k = gr.Slider(*K_RANGE, value=retrieval.k, step=1, label="k (passages)")
                 temperature = gr.Slider(
-                    0.0, 1.5, value=config.rag.temperature, step=0.05, label="Temperature"
+                    0.0, 1.5, value=generate.temperature, step=0.05, label="Temperature"
                 )
                 max_new = gr.Slider(
                     *MAX_NEW_TOKENS_RANGE,
-                    value=config.rag.max_new_tokens,
+                    value=generate.max_new_tokens,
                     step=16,
                     label="Max new tokens",
                 )
             with gr.Row():  # the reranker reorders the retrieved candidates; (off) skips it
                 reranker = gr.Dropdown(
                     models["rerankers"],
-                    value=config.rag.rerank or NO_RERANKER,
+                    value=retrieval.rerank or NO_RERANKER,
                     label="Reranker",
                     elem_id="reranker",
                 )
                 rerank_depth = gr.Slider(
                     RERANK_DEPTH_RANGE[0],
-                    max(RERANK_DEPTH_RANGE[1], config.rag.rerank_depth),  # --rerank-depth 200
-                    value=config.rag.rerank_depth,
+                    max(RERANK_DEPTH_RANGE[1], retrieval.rerank_depth),  # --rerank-depth 200
+                    value=retrieval.rerank_depth,
                     step=1,
                     label="Rerank depth (candidates re-scored)",
                 )
                 where = gr.Textbox(
-                    value=" ".join(config.rag.where),
+                    value=" ".join(retrieval.where),
                     label="Filter: search only these documents",
                     placeholder="path=library/* type=pdf (clauses ANDed; type=pdf,md = either)",
                     elem_id="filter",
@@ -227,7 +226,7 @@ def build_app(config: AppConfig, pipeline_factory: PipelineFactory | None = None
         def _refresh():
             m = app.models()
             return (
-                gr.update(choices=list_indexes() or [config.rag.index]),
+                gr.update(choices=list_indexes() or [start.index]),
                 gr.update(choices=m["encoders"]),
                 gr.update(choices=m["decoders"]),
                 gr.update(choices=m["adapters"]),
@@ -259,13 +258,14 @@ def launch(demo: gr.Blocks, config: AppConfig, **kwargs: Any) -> Any:
 def warm_up(app: ChatApp, config: AppConfig) -> None:
     """Load the starting pipeline's models now (they are lazy), so a bad model or index fails
     at start-up and the first question does not pay the load time."""
+    retrieval, generate = config.rag.retrieval, config.rag.generate
     pipe = app._pipeline(
         config.rag.index,
-        config.rag.encoder or INDEX_DEFAULT_ENCODER,
-        config.rag.decoder,
-        config.rag.adapter or NO_ADAPTER,
-        config.rag.rerank or NO_RERANKER,
-        config.rag.rerank_depth,
+        retrieval.encoder or INDEX_DEFAULT_ENCODER,
+        generate.decoder,
+        generate.adapter or NO_ADAPTER,
+        retrieval.rerank or NO_RERANKER,
+        retrieval.rerank_depth,
     )
     for part in ("retriever", "generator", "fallback_generator"):
         getattr(pipe, part, None)

@@ -1,6 +1,6 @@
 """The handlers behind the chat page: stream an answer, ingest uploads, list and remove an
-index's documents. Every model and index call goes through ``rag/`` (the pipeline, ingest, the
-documents of :mod:`rag.ingest.manage`); this module only checks settings, renders results and
+index's documents. Every model and index call goes through ``rag``'s public face (the pipeline,
+ingest, an index's documents); this module only checks settings, renders results and
 turns failures into one readable line (the traceback goes to the log)."""
 
 from __future__ import annotations
@@ -15,18 +15,24 @@ from typing import Any
 
 import gradio as gr
 
-from rag.config import RAGConfig, resolve_models
-from rag.markup import inert
-from rag.paths import list_indexes
-from rag.pipeline import conversational
-from rag.types import Answer
+from rag import (
+    MODES,
+    Answer,
+    Pipelines,
+    RAGConfig,
+    build_config,
+    conversational,
+    inert,
+    list_indexes,
+    resolve_models,
+)
 from ui import render
 from ui.config import AppConfig
 from ui.state import (
     INDEX_DEFAULT_ENCODER,
     NO_ADAPTER,
     NO_RERANKER,
-    PipelineCache,
+    PIPELINES_KEPT,
     PipelineFactory,
     SettingError,
     check_choice,
@@ -42,7 +48,7 @@ _READABLE = (SettingError, ValueError, LookupError, FileNotFoundError, Permissio
 
 
 def default_factory(cfg: RAGConfig) -> Any:
-    from rag.pipeline import RAGPipeline
+    from rag import RAGPipeline
 
     return RAGPipeline(cfg)
 
@@ -64,7 +70,7 @@ def _text(content: Any) -> str:
 
 
 class ChatApp:
-    """The handlers behind the Blocks layout, over one shared :class:`PipelineCache`."""
+    """The handlers behind the Blocks layout, over one shared :class:`rag.Pipelines`."""
 
     def __init__(self, config: AppConfig, pipeline_factory: PipelineFactory | None = None):
         # "auto" becomes the adapter trained for the decoder when there is one, else none, and
@@ -75,7 +81,10 @@ class ChatApp:
         self.reader_line = models.reader_line  # the reader that puts the short answer on top
         config = replace(config, rag=models.config)
         self.config = config
-        self.cache = PipelineCache(conversational(config.rag), pipeline_factory or default_factory)
+        # keyed by whole configs: the page's models over this base (see _pipeline)
+        self.pipelines = Pipelines(
+            conversational(config.rag), pipeline_factory or default_factory, PIPELINES_KEPT
+        )
 
     # ---- chat -----------------------------------------------------------------------------
 
@@ -83,12 +92,12 @@ class ChatApp:
         """Dropdown choices: what :func:`ui.state.list_models` finds, plus the models named on
         the command line (trusted: they may be folder paths, which the page never accepts)."""
         models = list_models()
-        c = self.config.rag
+        retrieval, generate = self.config.rag.retrieval, self.config.rag.generate
         for key, value in (
-            ("encoders", c.encoder),
-            ("decoders", c.decoder),
-            ("adapters", c.adapter),
-            ("rerankers", c.rerank),
+            ("encoders", retrieval.encoder),
+            ("decoders", generate.decoder),
+            ("adapters", generate.adapter),
+            ("rerankers", retrieval.rerank),
         ):
             if value and value not in models[key]:
                 models[key].append(value)
@@ -103,26 +112,31 @@ class ChatApp:
         reranker: str | None = None,
         rerank_depth: float | None = None,
     ) -> Any:
-        """The shared pipeline for these settings; ``reranker`` / ``rerank_depth`` None = the
-        app's own (a client of the /chat API that predates them)."""
+        """The shared pipeline for these settings (the page's choices, checked);
+        ``reranker`` / ``rerank_depth`` None = the app's own (a client of the /chat API that
+        predates them)."""
         models = self.models()
         index = self._existing_index(index)
         check_choice(encoder, models["encoders"], "encoder")
         check_choice(decoder, models["decoders"], "decoder")
         check_choice(adapter, models["adapters"], "adapter")
-        reranker = reranker or self.config.rag.rerank or NO_RERANKER
+        retrieval = self.config.rag.retrieval
+        reranker = reranker or retrieval.rerank or NO_RERANKER
         check_choice(reranker, models["rerankers"], "reranker")
-        depth = self.config.rag.rerank_depth if rerank_depth is None else int(rerank_depth)
+        depth = retrieval.rerank_depth if rerank_depth is None else int(rerank_depth)
         if depth < 1:
             raise SettingError(f"rerank depth must be >= 1, not {depth}")
-        return self.cache.get(
-            index,
-            None if encoder == INDEX_DEFAULT_ENCODER else encoder,
-            decoder,
-            None if adapter == NO_ADAPTER else adapter,
-            None if reranker == NO_RERANKER else reranker,
-            depth,
-        )
+        # the app's config with this pipeline's models (None: the index's encoder, no adapter,
+        # no reranker); the per-request settings stay the app's, so they share the pipeline
+        choices = {
+            "index": index,
+            "encoder": None if encoder == INDEX_DEFAULT_ENCODER else encoder,
+            "decoder": decoder,
+            "adapter": None if adapter == NO_ADAPTER else adapter,
+            "rerank": None if reranker == NO_RERANKER else reranker,
+            "rerank_depth": depth,
+        }
+        return self.pipelines.get(build_config(choices, self.pipelines.base))
 
     def chat(
         self,
@@ -154,9 +168,9 @@ class ChatApp:
         history += [{"role": "user", "content": question}, {"role": "assistant", "content": "…"}]
         yield history, "", gr.skip(), gr.skip()
         try:
-            if mode not in (modes := RAGConfig.CHOICES["mode"]):
+            if mode not in MODES:
                 raise SettingError(
-                    f"retrieval mode must be one of {', '.join(modes)}, not {mode!r}"
+                    f"retrieval mode must be one of {', '.join(MODES)}, not {mode!r}"
                 )
             pipe = self._pipeline(index, encoder, decoder, adapter, reranker, rerank_depth)
             answer, raw = None, ""
@@ -213,11 +227,12 @@ class ChatApp:
         staged, refused = stage_uploads(pairs, index, self.config.max_upload_bytes)
         lines = [f"- refused **{inert(r.name)}**: {inert(r.reason)}" for r in refused]
         if staged:
-            from rag.ingest import ingest
+            from rag import IngestConfig, ingest_config
 
             # The pipeline's Retriever re-reads the index when ingest publishes a new
             # generation, so the next question sees the new chunks without reloading models.
-            report = ingest(staged, **self._ingest_kwargs(index))
+            paths = [str(p) for p in staged]
+            report = ingest_config(IngestConfig(paths=paths, **self._ingest_kwargs(index)))
             lines = _report_lines(report) + lines
         head = f"Index **{index}**: {len(staged)} file(s) accepted, {len(refused)} refused."
         return "\n".join([head, *lines])
@@ -229,7 +244,7 @@ class ChatApp:
         chosen). An index not created yet, or a bad name, is said in the table's place."""
         try:
             index = self._existing_index(index)
-            from rag.ingest import list_documents
+            from rag import list_documents
 
             docs = list_documents(index)
         except Exception as e:  # noqa: BLE001
@@ -252,7 +267,7 @@ class ChatApp:
 
     def remove(self, index: str, selected: list[str] | None) -> tuple[str, str, Any, Any]:
         """Second step, after confirmation: remove ``selected`` from ``index`` (one new
-        generation, :func:`rag.ingest.remove_documents`); returns (report html, table html,
+        generation, :func:`rag.remove_documents`); returns (report html, table html,
         picker update, confirmation row hidden). A failure (a path removed meanwhile, an
         ingest running) is one line and nothing changes."""
         hidden = gr.update(visible=False)
@@ -261,7 +276,7 @@ class ChatApp:
             chosen = [p for p in (selected or []) if p]
             if not chosen:
                 raise SettingError("no document chosen")
-            from rag.ingest import remove_documents
+            from rag import remove_documents
 
             report = remove_documents(index, chosen)
             done = (
@@ -284,10 +299,11 @@ class ChatApp:
 
     def _ingest_kwargs(self, index: str) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"index": index}
-        if index not in list_indexes() and self.config.rag.encoder:
+        encoder = self.config.rag.retrieval.encoder
+        if index not in list_indexes() and encoder:
             # a new index is built with the app's encoder when one was given; else ingest
             # picks it (rag.models.default_encoder: minilm-tuned when trained, else minilm)
-            kwargs["encoder"] = self.config.rag.encoder
+            kwargs["encoder"] = encoder
         return kwargs
 
 
@@ -301,7 +317,7 @@ def _turns(history: list[dict]) -> list[dict[str, str]]:
 
 
 def _report_lines(report: Any) -> list[str]:
-    """Markdown lines from a :class:`rag.ingest.IngestReport`: its summary, then each failed file
+    """Markdown lines from a :class:`rag.IngestReport`: its summary, then each failed file
     with the reason (the same per-file report as ``python -m rag.ingest``)."""
     lines = [f"- {inert(report.summary())}"]
     lines += [

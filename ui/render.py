@@ -12,7 +12,7 @@ marker ``[2]`` becomes ``[2→3]`` and links to passage 3, an unsupported one ``
 
 The reply stays markdown (Gradio renders it): fenced code blocks and inline code spans are left
 verbatim (no marker inside code becomes a link), prose outside code is made inert
-(:mod:`rag.markup`: no tag, no image, no link of the text's own) so text that the model copied
+(:mod:`rag.answer.markup`: no tag, no image, no link of the text's own) so text that the model copied
 from a document cannot become markup or make the browser fetch a planted URL, and a fence the
 decoder left open is closed before any note is appended. The only links in a reply are the
 citation markers this module writes (``#src-N``, same page).
@@ -27,11 +27,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rag.markup import FENCE_START, close_fence, inert, split_code
-
 # One definition of what a citation marker is: the parser's own (``lines[1]`` is code).
-from rag.prompt import CITATION, CITATION_RUN, split_short_answer
-from rag.types import Answer, AnswerSpan, Citation, Hit
+from rag import (
+    CITATION,
+    CITATION_RUN,
+    FENCE_START,
+    Answer,
+    AnswerSpan,
+    Citation,
+    Hit,
+    close_fence,
+    inert,
+    split_code,
+    split_short_answer,
+)
 
 UNSUPPORTED_TIP = "not supported by the cited passage"
 
@@ -142,7 +151,7 @@ def _escape_span(text: str) -> str:
 
 
 def _prose(text: str, marks: Marks | None) -> str:
-    """Prose made inert (:func:`rag.markup.inert`: the browser never fetches what a document
+    """Prose made inert (:func:`rag.answer.markup.inert`: the browser never fetches what a document
     planted), with its marker runs shown by ``marks`` (None: escaped as text too)."""
     if marks is None:
         return inert(text)

@@ -72,9 +72,9 @@ def take(cfg: ShotConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Flags from ShotConfig (rag.dataclass_cli); exit 2 for a bad flag, 1 when the shot fails."""
+    """Flags from ShotConfig (rag.cli.flags); exit 2 for a bad flag, 1 when the shot fails."""
     from rag.cli import run_cli
-    from rag.dataclass_cli import config_from_args, dataclass_parser
+    from rag.cli.flags import config_from_args, dataclass_parser
 
     def run(args: argparse.Namespace) -> int:
         cfg = config_from_args(ShotConfig, args)

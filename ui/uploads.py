@@ -22,8 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from rag.documents import HTML_SUFFIXES, SUPPORTED_SUFFIXES, TEXT_SUFFIXES
-from rag.paths import rag_home
+from rag import HTML_SUFFIXES, SUPPORTED_SUFFIXES, TEXT_SUFFIXES, rag_home
 
 DEFAULT_MAX_UPLOAD_BYTES = 10 * 1024 * 1024  # per file
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f/\\:*?\"<>|]")

@@ -1,6 +1,6 @@
 """The division-of-labour experiment: is MLM better for retrieval and CLM for generation?
 
-Every row shares the backbone (a training/config.py preset), the pretraining corpus, the
+Every row shares the backbone (a training/pretrain/config.py preset), the pretraining corpus, the
 tokenizer and the token budget (steps x batch x sequence length); only the objective differs:
 
 - ``mlm15``: MLM, 15% of tokens, 80/10/10 mask/random/keep (BERT);
@@ -11,7 +11,7 @@ tokenizer and the token budget (steps x batch x sequence length); only the objec
   converted CLM weights for the rest (two-stage);
 - ``antlm``: CLM and MLM 15% 80/10/10 steps alternating on the same weights, ending on MLM;
 - ``prefixlm``: bidirectional over a prefix, causal over the rest, loss on the suffix.
-  These two save an encoder and a decoder layout of the same weights (training.objectives).
+  These two save an encoder and a decoder layout of the same weights (training.pretrain.objectives).
 
 Columns, each after the identical downstream recipe:
 
@@ -20,8 +20,8 @@ Columns, each after the identical downstream recipe:
 - generation: bits per byte of left-to-right prediction on WikiText-2 validation (the decoder
   layout where a row has one; MLM rows predict a mask appended after the prefix; see evals.lm);
 - grounded QA (decoders only): identical LoRA -> EM/F1 and citation accuracy, SQuAD dev articles;
-- reading: identical span-head fine-tune (training.reader) -> EM/F1 on the SQuAD dev articles'
-  gold paragraphs; the CLM reads causally (``clm-causal``, training.decoder_qa) and converted to
+- reading: identical span-head fine-tune (training.finetune.reader) -> EM/F1 on the SQuAD dev articles'
+  gold paragraphs; the CLM reads causally (``clm-causal``, training.finetune.decoder_qa) and converted to
   the encoder layout (``clm-bidir``);
 - baselines: BM25 and ``minilm`` (retrieval), ``smollm2`` zero-shot and LoRA (generation, QA).
 

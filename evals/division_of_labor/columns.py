@@ -50,8 +50,10 @@ def score_qa(
     from evals.qa import QAEvalConfig, evaluate_qa
     from rag.generate.generator import Generator
 
-    gen = Generator.load(model_dir, adapter=str(adapter) if adapter else None, device=device)
-    qcfg = QAEvalConfig(
+    gen = Generator.load(
+        model_dir, adapter=str(adapter) if adapter else None, device=device, precision="fp32"
+    )
+    qcfg = QAEvalConfig.of(
         squad=cfg.squad, generator=model_dir, mode="oracle", k=p.qa_k, limit=p.qa_questions
     )
     r = evaluate_qa(qcfg, generator=gen, progress=False)
@@ -59,7 +61,7 @@ def score_qa(
 
 
 def score_reading(summary: dict) -> dict:
-    """The reading cell from a training.reader run summary: EM/F1 as fractions (like the QA
+    """The reading cell from a training.finetune.reader run summary: EM/F1 as fractions (like the QA
     column) on the SQuAD dev articles' gold paragraphs, plus the untrained-head score and the
     null-threshold calibration the run also measured."""
     dev, before = summary["dev"], summary.get("dev_before_200", {})

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from evals.division_of_labor.presets import COLUMNS, ROWS, ExperimentConfig, ExperimentPreset
 from rag.evaluation.datasets import RetrievalDataset
-from rag.paths import shared_data_dir
+from rag.storage.paths import shared_data_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,7 +73,7 @@ def dev_sets(cfg: ExperimentConfig, p: ExperimentPreset) -> dict[str, RetrievalD
 def reading_squad(squad: str, out: Path, n_train_articles: int, seed: int = 0) -> str:
     """The SQuAD file the reading column trains and scores on: ``squad`` itself, or (with
     ``n_train_articles``) a copy holding every dev article and that many train articles drawn by
-    ``seed``, written once to ``out``. Why: training.reader mines BM25 distractors for every
+    ``seed``, written once to ``out``. Why: training.finetune.reader mines BM25 distractors for every
     train-article question before it samples its ``max_questions`` (about 40 s per reader on
     two cores), which the tiny preset cannot afford eight times. The split is unchanged: dev is
     the named article list (rag.evaluation.datasets.squad_split), all of it kept."""

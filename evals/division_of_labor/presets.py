@@ -35,7 +35,7 @@ class ExperimentPreset:
     """Sizes for one scale of the experiment; every row of a preset uses the same numbers."""
 
     name: str
-    model_preset: str  # training/config.py preset: the shared backbone
+    model_preset: str  # training/pretrain/config.py preset: the shared backbone
     vocab_size: int  # shared byte-level BPE tokenizer
     pretrain_steps: int  # optimiser steps per row (the token budget with batch and seq_len)
     seq_len: int  # pretraining tokens per sequence
@@ -51,13 +51,13 @@ class ExperimentPreset:
     lora_steps: int  # identical LoRA for every decoder
     lora_examples: int  # SQuAD train-article examples the LoRA draws from
     qa_questions: int  # SQuAD dev questions for grounded QA
-    reading_steps: int  # identical span-head fine-tune (training.reader) for every row
+    reading_steps: int  # identical span-head fine-tune (training.finetune.reader) for every row
     reading_questions: int  # SQuAD train-article questions it draws from (0 = all)
     reading_eval_questions: int  # SQuAD dev questions scored on their gold paragraph (0 = all)
     clm_fraction: float = 0.5  # clm2mlm: share of the steps spent on CLM
     qa_k: int = 3  # passages per QA prompt (LoRA and eval); tiny uses 1 to fit its context
     lora_lr: float = 2e-4  # peak learning rate of the LoRA fine-tune
-    reading_batch: int = 32  # windows per reader step (training.reader's default)
+    reading_batch: int = 32  # windows per reader step (training.finetune.reader's default)
     reading_calibration: int = 300  # train questions kept to choose the null threshold
     reading_articles: int = 0  # SQuAD train articles the reader draws from (0 = all 30)
     antlm_block: int = 1  # antlm: steps per CLM / MLM block (1 = switch every step)
@@ -119,7 +119,7 @@ class ExperimentConfig:
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0 = torch default)
 
-    # value sets: argparse choices of python -m evals.division_of_labor (rag.dataclass_cli)
+    # value sets: argparse choices of python -m evals.division_of_labor (rag.cli.flags)
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
         "preset": tuple(PRESETS),
         "rows": ROWS,

@@ -46,7 +46,7 @@ TABLES = {
     "retrieval": "Retrieval (identical contrastive fine-tune; pooling in brackets)",
     "bpb": "Generation: bits per byte of left-to-right prediction (lower is better)",
     "qa": "Grounded QA on SQuAD dev articles (oracle passages, identical LoRA)",
-    "reading": "Reading: identical span-head fine-tune (training.reader), SQuAD dev articles, "
+    "reading": "Reading: identical span-head fine-tune (training.finetune.reader), SQuAD dev articles, "
     "gold paragraph (clm: -causal as pretrained, -bidir converted to the encoder layout)",
 }
 

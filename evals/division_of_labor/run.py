@@ -21,7 +21,7 @@ from evals.division_of_labor.presets import ExperimentConfig
 
 def main(argv: list[str] | None = None) -> int:
     """Exit 2 for a bad flag or missing data (one line, rag.cli), 1 when a step fails."""
-    from rag.dataclass_cli import config_parser, run_config_cli
+    from rag.cli.flags import config_parser, run_config_cli
 
     parser = config_parser(
         "python -m evals.division_of_labor", __doc__, ExperimentConfig, required=("out",)

@@ -46,14 +46,14 @@ def pretrain(
     eval_every: int = 0,
     threads: int = 0,
 ) -> dict[str, Any]:
-    """One pretraining run via ``training.pretrain.pretrain``; returns its summary (run.json).
+    """One pretraining run via ``training.pretrain.train.pretrain``; returns its summary (run.json).
 
     ``init_from`` starts from another run's weights (the CLM->MLM row): training.pretrain
-    converts the CLM decoder's weights into the encoder's layout (training.init_from) and
+    converts the CLM decoder's weights into the encoder's layout (training.pretrain.init_from) and
     training continues with the MLM objective. ``alternate_every``: the antlm row's block.
     """
-    from training.config import PretrainConfig
-    from training.pretrain import pretrain as run
+    from training.pretrain.config import PretrainConfig
+    from training.pretrain.train import pretrain as run
 
     cfg = PretrainConfig(
         objective=objective,
@@ -84,10 +84,10 @@ def pretrain(
 
 def make_pairs(out: Path, *, scifact: str, squad: str, max_pairs: int, seed: int = 0) -> Path:
     """The one pair file every row is fine-tuned on: SciFact train claims -> abstracts and SQuAD
-    train-article questions -> paragraphs (dev splits filtered out by training.contrastive),
+    train-article questions -> paragraphs (dev splits filtered out by training.finetune.contrastive),
     shuffled by ``seed`` and capped at ``max_pairs``. Written once, so rows share it exactly."""
-    from training.contrastive import ContrastiveConfig, collect_pairs
-    from training.pairs import write_pairs
+    from training.data.pairs import write_pairs
+    from training.finetune.contrastive import ContrastiveConfig, collect_pairs
 
     if not out.exists():
         cfg = ContrastiveConfig(scifact=scifact, squad=squad, max_pairs=max_pairs, seed=seed)
@@ -111,11 +111,11 @@ def contrastive(
     device: str,
     threads: int = 0,
 ):
-    """Identical contrastive recipe for every row (training.contrastive); returns the tuned
+    """Identical contrastive recipe for every row (training.finetune.contrastive); returns the tuned
     SentenceTransformer (also saved in ``out``)."""
     from sentence_transformers import SentenceTransformer
 
-    from training.contrastive import ContrastiveConfig, train_contrastive
+    from training.finetune.contrastive import ContrastiveConfig, train_contrastive
 
     cfg = ContrastiveConfig(
         model=str(model_dir),
@@ -151,11 +151,11 @@ def lora(
     device: str,
     threads: int = 0,
 ) -> Path:
-    """Identical LoRA recipe for every decoder (training.lora); returns the adapter folder."""
+    """Identical LoRA recipe for every decoder (training.finetune.lora); returns the adapter folder."""
     try:
-        from training.lora import LoraTrainConfig, train_lora
+        from training.finetune.lora import LoraTrainConfig, train_lora
     except ImportError as e:
-        raise StepUnavailable(f"training.lora is not available ({e})") from None
+        raise StepUnavailable(f"training.finetune.lora is not available ({e})") from None
     cfg = LoraTrainConfig(
         model=str(model_dir),
         out=str(out),
@@ -187,7 +187,7 @@ def decoder_folder(model_dir: Path) -> Path | None:
     from transformers import AutoConfig
 
     from rag.models import lm_objective
-    from training.config import DECODER_SUBDIR
+    from training.pretrain.config import DECODER_SUBDIR
 
     if (Path(model_dir) / DECODER_SUBDIR / "config.json").exists():
         return Path(model_dir) / DECODER_SUBDIR
@@ -195,9 +195,9 @@ def decoder_folder(model_dir: Path) -> Path | None:
 
 
 def encoder_copy(clm_dir: Path, out: Path, max_seq_length: int) -> Path:
-    """A CLM's weights in the encoder layout (training.init_from's exact conversion), saved once
+    """A CLM's weights in the encoder layout (training.pretrain.init_from's exact conversion), saved once
     in ``out``: the CLM row read with bidirectional attention (the ``clm-bidir`` reading cell)."""
-    from training.export import save_converted_folder
+    from training.pretrain.export import save_converted_folder
 
     if not (out / "config.json").exists():
         save_converted_folder(clm_dir, out, "mlm", max_seq_length)
@@ -219,11 +219,11 @@ def reader(
     device: str,
     threads: int = 0,
 ) -> dict[str, Any]:
-    """Identical span-head recipe for every row (training.reader, its defaults but the sizes):
+    """Identical span-head recipe for every row (training.finetune.reader, its defaults but the sizes):
     ``max_length`` tokens per window (the pretraining length, the longest the rows have seen),
     stride a quarter of it. A decoder folder reads with its causal backbone
-    (training.decoder_qa). Returns the reader's run summary."""
-    from training.reader import ReaderConfig, train_reader
+    (training.finetune.decoder_qa). Returns the reader's run summary."""
+    from training.finetune.reader import ReaderConfig, train_reader
 
     cfg = ReaderConfig(
         model=str(model_dir),

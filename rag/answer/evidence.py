@@ -6,7 +6,7 @@ bidirectional encoder that retrieved the passages reads them again at a finer gr
 every passage is cut into units (a sentence, a list item, a code block, a table row), each unit
 is embedded with the index's own encoder and scored against the question, and the best units
 within a token budget are kept, in document order, as one excerpt per passage. The decoder then
-writes from a prompt a fraction of the size (:func:`rag.prompt.build_evidence_messages`).
+writes from a prompt a fraction of the size (:func:`rag.answer.prompt.build_evidence_messages`).
 
 A unit's score is its cosine to the query (the encoder's reading) plus a lexical term: the share
 of the question's content words the unit holds (what a user typed, an option name or a command,

@@ -20,6 +20,7 @@ kept, and ``tests`` check it gives the pipeline's span on a single passage.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,12 +102,23 @@ class SpanReader:
         self.threshold = threshold
         self._lock = threading.Lock()
 
+    def threshold_for(self, given: float | None) -> float:
+        """The margin a span must beat: ``given`` (``--reader-threshold``), else the one this
+        reader's training chose (its reader.json; 0.0 for a folder without one)."""
+        return self.threshold if given is None else given
+
     @classmethod
-    def load(cls, path: str | Path, device: str = "cpu", precision: str = "fp32") -> SpanReader:
-        """Load a reader folder (``training.reader`` writes them; any HF QA model works).
-        ``precision`` ``bf16`` casts the weights (the logits are compared in fp32)."""
+    def load(cls, path: str | Path, device: str = "cpu", precision: str = "auto") -> SpanReader:
+        """Load a reader folder (``training.finetune.reader`` writes them; any HF QA model works).
+        ``precision`` (:mod:`rag.models.precision`): ``auto`` = bf16 where it runs fast on
+        ``device``, else fp32; ``bf16`` casts the weights (the logits are compared in fp32); the
+        reader has no int8 weights (``int8`` reads in the ``auto`` float precision)."""
         import torch
         from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+        from rag.models.precision import check_precision, float_precision
+
+        precision = float_precision(check_precision(precision), device)
 
         path = Path(path)
         tok = AutoTokenizer.from_pretrained(str(path))
@@ -178,12 +190,23 @@ def _reader_settings(path: Path) -> dict[str, Any]:
         return {}
     saved = json.loads(f.read_text())
     keys = ("max_length", "stride", "max_answer_tokens", "threshold")
-    return {k: saved[k] for k in keys if k in saved}
+    out = {k: saved[k] for k in keys if k in saved}
+    if "threshold" in out:
+        out["threshold"] = check_reader_threshold(out["threshold"], str(f))
+    return out
+
+
+def check_reader_threshold(value: Any, where: str) -> float:
+    """``value`` as a reader threshold (a margin in logits: any finite number), else a one-line
+    error naming ``where`` (the flag, or the reader.json that holds it)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{where}: the reader threshold must be a finite number, not {value!r}")
+    return float(value)
 
 
 # ---------------------------------------------------------------------------- product wiring
 
-READER_ARTEFACT = "minilm-reader"  # what `make models` trains (training.reader)
+READER_ARTEFACT = "minilm-reader"  # what `make models` trains (training.finetune.reader)
 DEFAULT_READER = "auto"
 COMPOSE = ("decoder", "extract")  # who writes the answer around the span (RAGConfig.compose)
 _SENTENCE_END = ".!?\n"
@@ -193,7 +216,7 @@ def resolve_reader(name: str | None) -> Path | None:
     """The reader folder for ``--reader``: ``auto`` = ``$RAG_HOME/models/minilm-reader`` when
     `make models` trained it, else None (no reader stage); ``none`` = None; else a folder or an
     artefact name under ``$RAG_HOME/models`` (a missing one is an error naming the flag)."""
-    from rag.paths import models_dir
+    from rag.storage.paths import models_dir
 
     if name is None or name == "none":
         return None
@@ -205,7 +228,7 @@ def resolve_reader(name: str | None) -> Path | None:
             return path
     raise FileNotFoundError(
         f"--reader {name}: no such reader folder or artefact under {models_dir()} "
-        "(train one with `python -m training.reader`, or use --reader none)"
+        "(train one with `python -m training.finetune.reader`, or use --reader none)"
     )
 
 

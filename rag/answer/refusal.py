@@ -1,6 +1,6 @@
 """The refusal gate: refuse only when the decoder is sure the passages hold no answer.
 
-A LoRA-tuned decoder learns to write :data:`rag.prompt.REFUSAL` when no passage answers, but
+A LoRA-tuned decoder learns to write :data:`rag.answer.prompt.REFUSAL` when no passage answers, but
 greedy decoding turns any refusal that is the single likeliest opening into a refusal, however
 unsure the model is. Measured on SQuAD (docs/answering.md), the adapter refused a third of the
 questions it could answer, and where it did answer it was right far more often than the

@@ -55,6 +55,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+# One definition of what a citation marker is: the parser's own patterns.
+from rag.answer.prompt import CITATION, CITATION_RUN
 from rag.answer.support import (
     SUPPORT_THRESHOLD,
     PassageWords,
@@ -62,9 +64,6 @@ from rag.answer.support import (
     passage_support,
     split_sentences,
 )
-
-# One definition of what a citation marker is: the parser's own patterns.
-from rag.prompt import CITATION, CITATION_RUN
 from rag.types import Answer, Citation, Hit
 
 REATTRIBUTE_MARGIN = 0.25

@@ -5,7 +5,7 @@ the numbers are comparable with published BEIR tables; we only choose the measur
 over queries. QA metrics are the official SQuAD v1.1 script's normalisation and token F1, which
 is a dozen lines and not worth a dependency. Citation accuracy and refusal rate are ours.
 
-They live in ``rag`` so that the fine-tunes' dev evaluations (training.lora_eval) and the evals
+They live in ``rag`` so that the fine-tunes' dev evaluations (training.finetune.lora_eval) and the evals
 score with the same code without training importing ``evals`` (docs/architecture.md).
 
 Shapes: ``qrels = {query_id: {doc_id: grade}}``, ``run = {query_id: {doc_id: score}}``.

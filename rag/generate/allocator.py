@@ -5,11 +5,10 @@ activations, the batch KV cache regrown as rows join and leave, the prompt cache
 glibc's ``malloc`` serves a block above its mmap threshold (128 KB, raised dynamically only
 after such a block is freed) with a fresh ``mmap`` and returns it with ``munmap``, and trims
 the top of its heap back to the OS above 128 KB free. So the next buffer of the same size
-arrives as new pages, and the kernel zeroes each one on first touch. Measured in the serving
-path (16 distinct questions at once through ``RAGPipeline`` with batching on, SmolLM2 in bf16,
-the 2-core Intel Xeon with AMX): 540,000-730,000 minor page faults and 3.4-5.5 s of system time
-in a 12-14 s burst; with :func:`keep_freed_memory`, 208,000 faults, 2.4 s and a 10.8 s burst.
-The unbatched path barely churns (33.0 s vs 33.4 s, the same faults either way).
+arrives as new pages, and the kernel zeroes each one on first touch: in a burst of distinct
+questions through the batched serving path that is a large share of the page faults and system
+time, which :func:`keep_freed_memory` removes; the unbatched path barely churns (the
+measurements: docs/serving.md, *Starting it*, and docs/benchmarks.md, *Chat UI load*).
 
 Why not a library: jemalloc or tcmalloc would do the same but must be preloaded before the
 process starts (``LD_PRELOAD``), which ``python -m rag.serve`` cannot do for its user;

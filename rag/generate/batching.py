@@ -1,15 +1,16 @@
 """Batched decoding: one forward step decodes every request in flight (continuous batching).
 
 Without it, :class:`rag.generate.generator.Generator` serves one ``model.generate`` at a time under
-its decode lock, so N concurrent users wait for each other's whole answers (16 UI sessions: p50
-56-64 s, 0.22 req/s, docs/benchmarks.md). A decode step of a small model reads every weight once
-whatever the batch, so B sequences per step cost far less than B steps. :class:`BatchedDecoder`
-owns a worker thread that, per iteration, admits the requests waiting (all of them, up to
-``max_batch`` rows in all: prefilled *together*, one padded forward per group of at most
-``max_prefill_tokens`` tokens, each row from the generator's prefix cache when it has one, the
-groups then merged into the batch in one copy), runs one step for all rows, and lets rows leave on
-eos, a stop string, the loop guard, ``max_new_tokens`` or cancellation (a closed stream) — the slot
-is free for the next iteration.
+its decode lock, so N concurrent users wait for each other's whole answers (docs/benchmarks.md,
+*Chat UI load*). A decode step of a small model reads every weight once whatever the batch, so B
+sequences per step cost far less than B steps. :class:`BatchedDecoder` owns a worker thread that,
+per iteration, admits the requests waiting (all of them, up to ``max_batch`` rows in all:
+prefilled *together*, one padded forward per group of at most ``max_prefill_tokens`` tokens, each
+row from the generator's prefix cache when it has one, the groups then merged into the batch in
+one copy: :mod:`rag.generate.batch_prefill`), runs one step for all rows, and lets rows leave on
+eos, a stop string, the loop guard, ``max_new_tokens`` or cancellation (a closed stream): the
+slot is free for the next iteration. If a group's prefill forward raises, its requests are prefilled
+again one at a time, so an error reaches only the request that causes it.
 
 Why not a library. ``model.generate`` decodes a fixed batch handed over at once; nothing joins
 or leaves mid-way. transformers 5.24 does ship continuous batching (``model.generate_batch``,
@@ -27,39 +28,15 @@ left-padded ``DynamicCache``.
 Exactness. Rows are left-padded to the longest one; the 2D attention mask hides the padding and
 explicit ``position_ids`` give each row its real positions (rotary embeddings see the same
 angles as alone; transformers builds the causal mask in cache-column space, from the cache
-length, so left padding is valid). Logits processors and stopping criteria are transformers' own
-classes applied per row, with the same options ``generate`` gets, so a greedy answer is the same
-token ids batched or alone (float32; tests/test_batching.py checks Llama and Qwen2). Only caches
-whose layers are all full-attention ``DynamicLayer`` are supported (not sliding-window layers such
-as ModernBERT-decoder's local attention): :meth:`BatchedDecoder.supports`.
-
-Batched prefill. Requests admitted together are prefilled together, one forward per group (which
-ones share a forward: below): each row's cache (the prefix cache the generator handed it, or
-nothing) is left-padded to the longest, and each row's *suffix* (the prompt ids its cache does not
-hold) is left-padded to the longest suffix. So the pads sit in the middle, between a row's cached
-prefix and its suffix; the 2D mask hides them, ``position_ids`` give the suffix tokens their real
-positions (after the row's own prefix), and causality keeps the leading pads out of every real
-token's view. Left padding of the suffix (rather than right) puts every row's last real token in
-the last column, so ``logits_to_keep=1`` gives each row its next-token logits; right padding would
-need the logits of every position (or the model's hidden states) to find them. Pads that see no
-real column at all (a row without a cache, shorter than the longest suffix) are fully masked rows,
-which torch's SDPA returns as zeros and eager attention as a finite average; their outputs are
-never read. After the forward each row's columns are moved right-aligned (one gather per layer; pad
-columns zeroed), which is the decode batch's own layout, and the admission's groups join the
-batch by one copy. Why not keep the middle padding while decoding: with every row right-aligned, a
-step's mask and positions follow from the row lengths alone, and rows leaving trim the padding all
-rows share with a slice. The token budget bounds a prefill forward's activations (rows x longest
-suffix). Which requests share a forward is a cost estimate (:func:`plan_prefill`): on CPU prefill
-is compute-bound, a pad token costs as much as a real one, and batching saves only each forward's
-fixed cost (reading every weight once, ~33 tokens' worth for SmolLM2 in float32), so requests of
-like lengths share a forward and very different ones do not; on an accelerator all that fit the
-budget share one. If a group's forward raises, its requests are prefilled again one at a time, so
-an error reaches only the request that causes it.
+length, so left padding is valid). Each row picks its token as ``generate`` would alone
+(:mod:`rag.generate.batch_request`), so a greedy answer is the same token ids batched or alone.
+Only caches whose layers are all full-attention ``DynamicLayer`` are supported (not
+sliding-window layers such as ModernBERT-decoder's local attention):
+:meth:`BatchedDecoder.supports`.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import threading
 from collections import deque
@@ -67,202 +44,24 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
-from transformers.generation.logits_process import (
-    LogitsProcessorList,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 from transformers.generation.stopping_criteria import StopStringCriteria
 
+from rag.generate.batch_prefill import (
+    CPU_FORWARD_COST_TOKENS,
+    DEFAULT_MAX_PREFILL_TOKENS,
+    Part,
+    merge_caches,
+    plan_prefill,
+    prefill_forward,
+    right_align,
+)
+from rag.generate.batch_request import BatchRequest, Job, eos_ids, takes_logits_to_keep
 from rag.generate.kv_append import appending
-from rag.generate.streaming import Cancel
 
 log = logging.getLogger("rag.generate.batching")
 T = TypeVar("T")
-
-# ---- one request: its options, its ids so far, its next token ---------------------------------
-#
-# Exactness lives here: the logits processors are transformers' own classes, built from the same
-# options and in the same order as ``generate`` builds them, and the stopping criteria are the
-# caller's own objects, so a row decoded in a batch picks the token it would pick alone.
-
-# The ``model.generate`` options a request may carry (what Generator._generate_kwargs builds).
-OPTIONS = frozenset(
-    "input_ids attention_mask max_new_tokens min_new_tokens use_cache pad_token_id do_sample"  # noqa: SIM905
-    " temperature top_p top_k repetition_penalty no_repeat_ngram_size stopping_criteria"
-    " stop_strings tokenizer cache streamer bad_words_ids".split()
-)
-
-
-def eos_ids(model: Any) -> set[int]:
-    """The ids that end a sequence, as ``generate`` reads them (generation config, else config)."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(eos)} if isinstance(eos, int) else {int(e) for e in eos}
-
-
-def takes_logits_to_keep(model: Any) -> bool:
-    """Whether ``model``'s forward (a PEFT wrapper's: its base model's) takes ``logits_to_keep``,
-    so a prompt's forward can project only its last position onto the vocabulary."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    try:
-        return "logits_to_keep" in inspect.signature(base.forward).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-class BatchRequest:
-    """One ``generate`` call: its options, the ids so far, and how it reports back."""
-
-    def __init__(self, kw: dict[str, Any], eos: set[int], stops: StopStringCriteria | None):
-        unknown = set(kw) - OPTIONS
-        if unknown:
-            raise ValueError(f"the batched decoder does not support {sorted(unknown)}")
-        if not kw.get("use_cache", True):
-            raise ValueError("the batched decoder always uses the KV cache")
-        input_ids: torch.Tensor = kw["input_ids"]  # [1, n]
-        if input_ids.shape[0] != 1:
-            raise ValueError("one sequence per request")
-        self.input_ids = input_ids
-        self.prompt_len = n = input_ids.shape[1]
-        self.max_new = int(kw.get("max_new_tokens") or 0)
-        # prompt + new ids, as the stopping criteria and processors see them: [1, n + max_new]
-        self.buf = torch.zeros(1, n + self.max_new, dtype=torch.long)
-        self.buf[:, :n] = input_ids.cpu()
-        self.size = n  # ids in buf; all but the last are in the KV cache once decoding started
-        self.start = 0  # prompt ids the handed-in cache holds (set at admission)
-        self.cache = kw.get("cache")
-        # keep the prompt's keys and values in the prompt cache: it came with a cache to start
-        # from (an empty one when nothing was cached), i.e. the caller used its caches
-        self.remember = self.cache is not None
-        self.streamer = kw.get("streamer")
-        self.sample = bool(kw.get("do_sample"))
-        self.criteria = list(kw.get("stopping_criteria") or ())
-        if stops is not None:
-            self.criteria.append(stops)
-        self.processors = self._processors(kw, eos)
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-    def _processors(self, kw: dict[str, Any], eos: set[int]) -> LogitsProcessorList:
-        """The processors ``generate`` builds for these options, in its order. Sampling options
-        that only a model's ``generation_config`` sets (``min_p``, ``typical_p``, ...) are not
-        applied: Generator passes every option it uses explicitly."""
-        procs = LogitsProcessorList()
-        penalty = kw.get("repetition_penalty")
-        if penalty is not None and penalty != 1.0:
-            procs.append(RepetitionPenaltyLogitsProcessor(penalty=penalty))
-        if kw.get("no_repeat_ngram_size"):
-            procs.append(NoRepeatNGramLogitsProcessor(kw["no_repeat_ngram_size"]))
-        if kw.get("bad_words_ids"):
-            procs.append(NoBadWordsLogitsProcessor(kw["bad_words_ids"], eos_token_id=sorted(eos)))
-        if kw.get("min_new_tokens") and eos:
-            procs.append(
-                MinNewTokensLengthLogitsProcessor(
-                    self.prompt_len, kw["min_new_tokens"], torch.tensor(sorted(eos))
-                )
-            )
-        if self.sample:
-            if kw.get("temperature") is not None and kw["temperature"] != 1.0:
-                procs.append(TemperatureLogitsWarper(kw["temperature"]))
-            if kw.get("top_k"):
-                procs.append(TopKLogitsWarper(top_k=kw["top_k"]))
-            if kw.get("top_p") is not None and kw["top_p"] < 1.0:
-                procs.append(TopPLogitsWarper(top_p=kw["top_p"]))
-        return procs
-
-    @property
-    def ids(self) -> torch.Tensor:
-        """Prompt + new ids so far: [1, size] (a view)."""
-        return self.buf[:, : self.size]
-
-    @property
-    def cancelled(self) -> bool:
-        return any(isinstance(c, Cancel) and c.event.is_set() for c in self.criteria)
-
-    def choose(self, logits: torch.Tensor, greedy: int) -> int:
-        """The next id from this row's logits [1, V]; ``greedy`` is their argmax."""
-        if not self.processors and not self.sample:
-            return greedy
-        scores = self.processors(self.ids.to(logits.device), logits)
-        if self.sample:
-            return int(torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1)[0, 0])
-        return int(scores.argmax(dim=-1)[0])
-
-
-# A prefilled group ready to join the batch: its requests, their right-aligned cache
-# [k, H, width, D] and that width (BatchedDecoder._prefill -> BatchedDecoder._merge).
-Part = tuple[list["BatchRequest"], Any, int]
-
-
-class Job:
-    """A call the worker runs between two steps (:meth:`BatchedDecoder.call`), and its outcome."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.done = threading.Event()
-
-
-# ---- the batch: requests joining and leaving one decode loop --------------------------------
-
-# Padded prompt tokens (rows x longest suffix) one batched prefill forward may compute; requests
-# beyond it go to another forward of the same admission. Bounds the prefill's activations
-# (SmolLM2: 576 wide, so a few hundred MB in float32 at this size); a single longer prompt is
-# still prefilled, alone.
-DEFAULT_MAX_PREFILL_TOKENS = 4096
-# A forward's fixed cost on CPU in prompt tokens' worth: every forward streams all the weights
-# from memory whatever its size. Measured on the 2-core AVX2-only AMD EPYC VM, beside a running
-# chat UI that used about half a core, so a rough figure (SmolLM2-135M, float32, 2 threads, one
-# prefill forward of k = 1, 4, 16 rows x L = 1-256 suffix tokens after the cached system
-# prefix): about 80 ms + 2.4 ms x k x L, so a row joining a forward saves ~33 tokens of
-# time and each pad token costs one. On an accelerator the fixed cost (kernel launches) dwarfs a
-# token's; there the whole budget is used: every request that fits shares the forward.
-CPU_FORWARD_COST_TOKENS = 32
-
-
-def plan_prefill(lengths: Sequence[int], budget: int, forward_cost: int) -> list[int]:
-    """Split requests of suffix ``lengths`` (sorted ascending) into consecutive groups, one
-    prefill forward each, minimising the estimated time ``forward_cost`` + rows x longest per
-    forward, with rows x longest <= ``budget`` unless a group is one request. Returns the group
-    sizes. Sorted lengths make consecutive groups optimal (a group's cost is set by its
-    longest), so a dynamic programme over the split points finds the best plan."""
-    n = len(lengths)
-    best: list[tuple[int, int]] = [(0, 0)] + [(0, 0)] * n  # (cost, forwards) of the first j
-    first = [0] * (n + 1)  # where the last group of the best plan for the first j starts
-    for j in range(1, n + 1):
-        longest, options = lengths[j - 1], []
-        for i in range(j - 1, -1, -1):  # the last group is i..j-1
-            rows = j - i
-            if rows > 1 and rows * longest > budget:
-                break  # more rows only grow it
-            cost, forwards = best[i]
-            options.append((cost + forward_cost + rows * longest, forwards + 1, i))
-        cost, forwards, first[j] = min(options)  # ties: fewer forwards, then longer last group
-        best[j] = (cost, forwards)
-    sizes = []
-    j = n
-    while j:
-        sizes.append(j - first[j])
-        j = first[j]
-    return sizes[::-1]
-
-
-def _pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``t`` [B, H, S, D] with ``n`` zero columns in front: [B, H, n + S, D]."""
-    return F.pad(t, (0, 0, n, 0)) if n else t
 
 
 class BatchedDecoder:
@@ -392,10 +191,9 @@ class BatchedDecoder:
         raises what it raises. Calls queued meanwhile run in the order they came.
 
         Why not take ``lock`` on the caller's thread, as before: the worker takes it again the
-        moment a step ends, and a Python lock is not fair, so a caller could wait many steps.
-        Measured at 16 API sessions (SmolLM2, the AVX2 EPYC): citation scores waited 12 s on
-        average for the lock, by which time the answer they score had left the prompt cache, so
-        each then ran its whole prompt again (2.5 s, no decode step meanwhile).
+        moment a step ends, and a Python lock is not fair, so a caller could wait many steps, by
+        which time the answer a citation score reads has left the prompt cache and its whole
+        prompt runs again (docs/benchmarks.md, *Chat UI load*, commit 99bad7a).
 
         Called on the worker itself (from a streamer callback or a job), ``fn`` runs at once: the
         worker already holds ``lock``, and queueing would wait on itself."""
@@ -523,7 +321,7 @@ class BatchedDecoder:
         their right-aligned cache and its width, for :meth:`_merge`. A failed forward of several
         requests is retried one request at a time."""
         try:
-            cache, logits = self._forward(group)
+            cache, logits = prefill_forward(self.model, self.device, group, self._keep_logits)
         except Exception as e:
             if len(group) == 1:
                 self._finish(group[0], e)
@@ -548,7 +346,7 @@ class BatchedDecoder:
         if not keep:
             return []
         rows = [group[b] for b in keep]
-        cache, width = self._right_align(group, cache, keep)
+        cache, width = right_align(group, cache, keep, self.device)
         self._remember(rows, cache, width)
         return [(rows, cache, width)]
 
@@ -575,116 +373,10 @@ class BatchedDecoder:
         except Exception as e:  # a cache is an optimisation: the answer goes on without it
             log.warning("prompt cache: could not keep a prompt (%s)", e)
 
-    def _forward(self, group: Sequence[BatchRequest]) -> tuple[Any, torch.Tensor]:
-        """Prefill ``group`` in one forward: each row's cache (its prefix, or nothing) left-padded
-        to the longest, each row's suffix left-padded to the longest suffix, so the pads sit
-        before the cache and between cache and suffix (the mask hides them). Returns the cache
-        [k, H, width + longest, D] and each row's next-token logits [k, V] (float32)."""
-        k = len(group)
-        starts = torch.tensor([r.start for r in group])  # [k] cached ids per row
-        lens = torch.tensor([r.prompt_len - r.start for r in group])  # [k] suffix ids per row
-        width, longest = int(starts.max()), int(lens.max())
-        if k == 1:  # alone: the request's own cache, no padding
-            req = group[0]
-            cache = req.cache if req.cache is not None else DynamicCache(config=self.model.config)
-        else:
-            cache = self._stack(group, width)
-        ids = torch.zeros(k, longest, dtype=torch.long)  # pad id 0: any valid id, masked
-        for b, req in enumerate(group):
-            ids[b, longest - int(lens[b]) :] = req.input_ids[0, req.start :].cpu()
-        cols = torch.arange(width + longest)
-        mask = ((cols >= width - starts[:, None]) & (cols < width)) | (
-            cols >= width + longest - lens[:, None]
-        )  # [k, width + longest]: the row's cached columns and its suffix
-        # suffix tokens at their real positions (after the row's prefix); pads at 0..
-        pos = (torch.arange(longest) - (longest - lens)[:, None] + starts[:, None]).clamp(min=0)
-        kw: dict[str, Any] = {
-            "input_ids": ids.to(self.device),
-            "attention_mask": mask.long().to(self.device),
-            "position_ids": pos.to(self.device),
-            "cache": cache,
-            "use_cache": True,
-        }
-        if self._keep_logits:
-            kw["logits_to_keep"] = 1
-        out = self.model(**kw)
-        cache = out["cache"] if "cache" in out else out["past_key_values"]
-        return cache, out["logits"][:, -1, :].float()
-
-    def _stack(self, group: Sequence[BatchRequest], width: int) -> Any:
-        """A new cache holding each request's cache as a row, left-padded to ``width`` columns
-        (zeros for a request without one). The requests' own caches are not changed."""
-        stacked = DynamicCache(config=self.model.config)
-        if width == 0:
-            return stacked
-        first = next(r.cache for r in group if r.start)
-        for i, layer in enumerate(stacked.layers):
-            keys, values = [], []
-            for req in group:
-                if req.start:
-                    theirs = req.cache.layers[i]  # [1, H, start, D]
-                    keys.append(_pad_left(theirs.keys, width - req.start))
-                    values.append(_pad_left(theirs.values, width - req.start))
-                else:
-                    k, v = first.layers[i].keys, first.layers[i].values
-                    keys.append(k.new_zeros(1, k.shape[1], width, k.shape[3]))
-                    values.append(v.new_zeros(1, v.shape[1], width, v.shape[3]))
-            layer.update(torch.cat(keys), torch.cat(values))
-        return stacked
-
-    def _right_align(
-        self, group: Sequence[BatchRequest], cache: Any, keep: Sequence[int]
-    ) -> tuple[Any, int]:
-        """Rows ``keep`` of a prefilled ``cache`` in the batch's layout: each row's prompt in its
-        last columns, zero padding before it (the middle pads moved to the front). Returns the
-        cache and its width (the longest prompt kept)."""
-        # the forward's columns: the longest cache (width) + the longest suffix, of all the group
-        width = max(r.start for r in group)
-        total = width + max(r.prompt_len - r.start for r in group)
-        if len(keep) < len(group):
-            cache.batch_select_indices(torch.tensor(list(keep), device=self.device))
-        rows = [group[b] for b in keep]
-        starts = torch.tensor([r.start for r in rows])[:, None]  # [k, 1]
-        lens = torch.tensor([r.prompt_len - r.start for r in rows])[:, None]
-        prompts = starts + lens  # [k, 1] prompt lengths
-        new = int(prompts.max())
-        t = torch.arange(new)[None, :]  # target column
-        pad = new - prompts  # [k, 1] leading pads in the target
-        src = torch.where(
-            t < pad + starts,
-            width - starts + (t - pad),  # the row's cached prefix
-            total - lens + (t - pad - starts),  # the row's suffix
-        )  # [k, new] source column of each target column
-        real = t >= pad
-        if torch.equal(src[real], (t + total - new).expand_as(src)[real]):
-            trim = total - new  # right-aligned already (no caches, or one suffix length)
-            for layer in cache.layers if trim else ():
-                layer.keys = layer.keys[:, :, trim:, :]
-                layer.values = layer.values[:, :, trim:, :]
-        else:
-            src = torch.where(real, src, 0)[:, None, :, None].to(self.device)  # [k, 1, new, 1]
-            for layer in cache.layers:
-                layer.keys = layer.keys.gather(
-                    2, src.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-                )
-                layer.values = layer.values.gather(
-                    2, src.expand(-1, layer.values.shape[1], -1, layer.values.shape[3])
-                )
-        if not bool(real.all()):  # the pads' keys and values (of pad ids) as zeros, as in a merge
-            hide = (~real)[:, None, :, None].to(self.device)
-            for layer in cache.layers:
-                layer.keys = layer.keys.masked_fill(hide, 0)
-                layer.values = layer.values.masked_fill(hide, 0)
-        return cache, new
-
     def _merge(self, parts: Sequence[Part]) -> None:
         """Add the prefilled groups of one admission to the batch: each part's rows and cache
-        [k, H, width, D] (right-aligned), every side left-padded with zeros to the widest.
-
-        One copy per layer for all of them (the batch's rows first, then each part's), not one
-        concatenation per group: the batch's cache was copied again for every group that
-        joined (7 groups of 16 distinct questions: ~1 s of a 14 s burst, SmolLM2 bf16 on the
-        2-core Xeon)."""
+        [k, H, width, D] (right-aligned), in one copy per layer for all of them, the batch's rows
+        first (:func:`rag.generate.batch_prefill.merge_caches`)."""
         if not self._rows and len(parts) == 1:
             rows, cache, width = parts[0]
             # decode steps append into spare columns instead of copying the cache (kv_append)
@@ -693,19 +385,8 @@ class BatchedDecoder:
             return
         sources = [(self._cache, self._width)] if self._rows else []
         sources += [(cache, width) for _, cache, width in parts]
-        new = max(width for _, width in sources)
-        total = sum(int(cache.layers[0].keys.shape[0]) for cache, _ in sources)
         target = self._cache if self._rows else parts[0][1]  # whose layers take the result
-        for i, layer in enumerate(target.layers):
-            for name in ("keys", "values"):
-                first = getattr(sources[0][0].layers[i], name)  # [B, H, width, D]
-                out = first.new_zeros(total, first.shape[1], new, first.shape[3])
-                at = 0
-                for cache, width in sources:
-                    t = getattr(cache.layers[i], name)
-                    out[at : at + t.shape[0], :, new - width :] = t  # right-aligned
-                    at += t.shape[0]
-                setattr(layer, name, out)
+        new = merge_caches(sources, target)
         if not self._rows:
             self._cache = appending(target)
         self._width = new

@@ -27,10 +27,10 @@ def openvino_available() -> bool:
 
 
 def engine_gguf(name: str | Path) -> Path | None:
-    """The engine folder (:mod:`rag.gguf`) for a decoder the engine can read: the pinned GGUF
+    """The engine folder (:mod:`rag.models.gguf`) for a decoder the engine can read: the pinned GGUF
     aliases, ``smollm2`` (its package's GGUF) and a local ``*.gguf`` file; None for anything
     else (a model folder: a from-scratch decoder, a converted safetensors copy)."""
-    from rag.gguf import GGUF_PACKAGES, gguf_file_engine_path, package_engine_path
+    from rag.models.gguf import GGUF_PACKAGES, gguf_file_engine_path, package_engine_path
 
     name = str(name)
     if name in GGUF_PACKAGES:
@@ -47,7 +47,7 @@ def engine_gguf(name: str | Path) -> Path | None:
 
 def engine_reason(decoder: str | Path, adapter: str | Path | None, device: str) -> str | None:
     """Why the OpenVINO engine cannot run this decoder (None: it can), in one line."""
-    from rag.gguf import GGUF_PACKAGES
+    from rag.models.gguf import GGUF_PACKAGES
 
     name = str(decoder)
     gguf = name in GGUF_PACKAGES or name == "smollm2" or name.endswith(".gguf")

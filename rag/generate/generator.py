@@ -3,7 +3,7 @@
 Decoding itself is ``transformers``' ``model.generate`` (greedy or nucleus sampling, stop strings,
 KV cache), with :mod:`rag.generate.stopping`'s loop guard and stop rules; what is ours here is the *prefix
 cache*. Every grounded prompt starts with the same system turn
-(:data:`rag.prompt.SYSTEM_PROMPT` rendered through the chat template), so its keys and values are
+(:data:`rag.answer.prompt.SYSTEM_PROMPT` rendered through the chat template), so its keys and values are
 computed once per generator and a deep copy of that ``DynamicCache`` is handed to ``generate`` for
 each question, which then only encodes the passages and the question. To make the reuse exact,
 a prompt's token ids are built as ``ids(prefix) + ids(rest)``, so the same ids are decoded with
@@ -17,22 +17,22 @@ from __future__ import annotations
 
 import copy
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rag.defaults import DEFAULT_MAX_NEW_TOKENS
 from rag.generate import scoring
-from rag.generate.batching import DEFAULT_MAX_PREFILL_TOKENS, BatchedDecoder, eos_ids
-from rag.generate.chat import DEFAULT_STOP, FALLBACK_CHAT_TEMPLATE, ChatDecoder
+from rag.generate.batch_prefill import DEFAULT_MAX_PREFILL_TOKENS
+from rag.generate.batch_request import eos_ids
+from rag.generate.batching import BatchedDecoder
+from rag.generate.chat import DEFAULT_STOP, FALLBACK_CHAT_TEMPLATE, ChatDecoder, DecodeOptions
 from rag.generate.kv_append import appending
 from rag.generate.prompt_cache import PromptCache
 from rag.generate.speed import DecodeSpeed
 from rag.generate.stopping import DecodingRules
-from rag.generate.streaming import Cancel, FirstTokenClock, TokenQueue, stream_tokens
+from rag.generate.streaming import Cancel, TokenQueue
 
 __all__ = ["DEFAULT_STOP", "FALLBACK_CHAT_TEMPLATE", "Generator"]
 _MAX_PREFIXES = 4  # distinct system prompts whose KV cache is kept
@@ -97,23 +97,18 @@ class Generator(ChatDecoder):
         adapter: str | Path | None = None,
         device: str = "auto",
         *,
-        precision: str = "fp32",
+        precision: str = "auto",
         profile: str = "auto",
         speed: DecodeSpeed | None = None,
         **kwargs: Any,
     ) -> Generator:
-        """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.models.load_generator`;
+        """Load an alias/folder (plus optional LoRA adapter) via :func:`rag.generate.torch_load.load_generator`;
         ``profile="auto"`` picks the prompt profile for the model (:func:`rag.models.pick_profile`);
-        ``precision`` (:mod:`rag.precision`): ``auto`` = bf16 where the hardware has bf16 units
+        ``precision`` (:mod:`rag.models.precision`): ``auto`` = bf16 where the hardware has bf16 units
         (the pipeline's default), ``int8`` = int8 decode steps over those weights;
         ``speed``: int8 / compile / static cache (:mod:`rag.generate.speed`, off by default)."""
-        from rag.models import (
-            load_generator,
-            pick_device,
-            pick_profile,
-            pick_refusal_threshold,
-            resolve_adapter,
-        )
+        from rag.generate.torch_load import load_generator
+        from rag.models import pick_device, pick_profile, pick_refusal_threshold, resolve_adapter
 
         dev = pick_device(device)
         adapter = resolve_adapter(name, adapter)
@@ -189,47 +184,38 @@ class Generator(ChatDecoder):
     # ---- decoding ------------------------------------------------------------------------------
 
     def _generate_kwargs(
-        self,
-        ids: list[int],
-        prefix_len: int,
-        *,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop: Sequence[str] | None,
-        use_cache: bool,
-        use_prefix_cache: bool | None,
-        min_new_tokens: int,
-        prompt_cache: Any = None,
-        ban: Sequence[Sequence[int]] | None = None,
+        self, ids: list[int], prefix_len: int, options: DecodeOptions
     ) -> dict[str, Any]:
+        """The ``model.generate`` keywords that decode the prompt ``ids`` with ``options``."""
         input_ids = torch.tensor([ids], device=self.device)
         kw: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": torch.ones_like(input_ids),
-            "max_new_tokens": max_new_tokens,
-            "use_cache": use_cache,
+            "max_new_tokens": options.max_new_tokens,
+            "use_cache": options.use_cache,
             "pad_token_id": self.tokenizer.pad_token_id,
         }
-        if min_new_tokens:
-            kw["min_new_tokens"] = min_new_tokens
-        if temperature > 0:
-            kw.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        if options.min_new_tokens:
+            kw["min_new_tokens"] = options.min_new_tokens
+        if options.temperature > 0:
+            kw.update(do_sample=True, temperature=options.temperature, top_p=options.top_p, top_k=0)
         else:
             kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        kw.update(self.rules.generate_kwargs(len(ids), stop, self.tokenizer))
-        if ban:
-            kw["bad_words_ids"] = [list(b) for b in ban]
-        use_prefix = self.prefix_cache if use_prefix_cache is None else use_prefix_cache
+        kw.update(self.rules.generate_kwargs(len(ids), options.stop, self.tokenizer))
+        if options.ban:
+            kw["bad_words_ids"] = [list(b) for b in options.ban]
+        use_cache = options.use_cache
+        use_prefix = (
+            self.prefix_cache if options.use_prefix_cache is None else options.use_prefix_cache
+        )
         cache = None
-        if use_cache and prompt_cache is not None:
-            cache = (
-                prompt_cache  # e.g. rag.generate.scoring.refusal_logprob's, all ids but the last
-            )
+        if use_cache and options.prompt_cache is not None:
+            cache = options.prompt_cache  # e.g. scoring.refusal_logprob's, all ids but the last
         elif use_cache and use_prefix:
             cache = self._start_cache(ids, prefix_len)
         if use_cache:  # the dynamic cache as is, or a static one holding it (rag.generate.speed)
-            kw.update(self.speed.generate_kwargs(self.model, cache, len(ids) + max_new_tokens))
+            total = len(ids) + options.max_new_tokens
+            kw.update(self.speed.generate_kwargs(self.model, cache, total))
         return kw
 
     def _run_generate(self, kw: dict[str, Any], streamer: Any) -> torch.Tensor:
@@ -244,92 +230,11 @@ class Generator(ChatDecoder):
             self._remember(out[0].tolist(), kw["cache"])
         return out
 
-    def generate_ids(
-        self,
-        ids: list[int],
-        prefix_len: int = 0,
-        *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop: Sequence[str] | None = None,
-        use_cache: bool = True,
-        use_prefix_cache: bool | None = None,
-        min_new_tokens: int = 0,
-        stats: dict[str, Any] | None = None,
-        prompt_cache: Any = None,
-        ban: Sequence[Sequence[int]] | None = None,
-    ) -> list[int]:
-        """New token ids for a prompt given as ids (the benchmark's entry point), as decoded:
-        a loop the guard stopped is not trimmed here but in :meth:`generate`.
-
-        ``stats``, when given, is filled with prompt_tokens, new_tokens, ttft_s, total_s and
-        finish_reason (:meth:`finish_reason`).
-        ``prompt_cache`` is a KV cache of a prefix of ``ids`` to start from (instead of the
-        system-prefix cache); ``ban`` lists id sequences never to decode (``bad_words_ids``).
-        """
-        t0 = time.perf_counter()
-        clock = FirstTokenClock()
-        kw = self._generate_kwargs(
-            ids,
-            prefix_len,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=stop,
-            use_cache=use_cache,
-            use_prefix_cache=use_prefix_cache,
-            min_new_tokens=min_new_tokens,
-            prompt_cache=prompt_cache,
-            ban=ban,
-        )
-        cached = int(kw["cache"].get_seq_length()) if "cache" in kw else 0
-        new = self._run_generate(kw, clock)[0, len(ids) :].tolist()
-        if stats is not None:
-            total = time.perf_counter() - t0
-            stats.update(
-                prompt_tokens=len(ids),
-                cached_prefix_tokens=cached,
-                new_tokens=len(new),
-                ttft_s=(clock.first - t0) if clock.first else total,
-                total_s=total,
-                finish_reason=self.finish_reason(new, max_new_tokens, stop),
-            )
-        return new
+    def _start(self, ids: list[int], prefix_len: int, options: DecodeOptions) -> _Run:
+        return _Run(self, self._generate_kwargs(ids, prefix_len, options))
 
     def stop_ids(self) -> set[int]:
         return set(eos_ids(self.model))
-
-    def generate(
-        self,
-        messages: Sequence[dict[str, str]],
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop: Sequence[str] | None = DEFAULT_STOP,
-        *,
-        use_prefix_cache: bool | None = None,
-        stats: dict[str, Any] | None = None,
-        prompt_cache: Any = None,
-        ban: Sequence[Sequence[int]] | None = None,
-        continuation: str = "",
-    ) -> str:
-        """The assistant's reply to chat ``messages`` (greedy when ``temperature`` is 0), cut at
-        the first stop string (``stop`` + :attr:`rules`' own) and trimmed to one copy of a loop."""
-        ids, prefix_len = self.prompt_ids(messages, continuation)
-        new = self.generate_ids(
-            ids,
-            prefix_len,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=stop,
-            use_prefix_cache=use_prefix_cache,
-            stats=stats,
-            prompt_cache=prompt_cache,
-            ban=ban,
-        )
-        return self.reply_text(new, stop)
 
     def score_continuations(
         self, messages: Sequence[dict[str, str]], answer: str, continuations: Sequence[str]
@@ -343,72 +248,38 @@ class Generator(ChatDecoder):
         (:func:`rag.generate.scoring.refusal_logprob`; the refusal gate of :mod:`rag.answer.refusal`)."""
         return scoring.refusal_logprob(self, messages)
 
-    def stream(
-        self,
-        messages: Sequence[dict[str, str]],
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop: Sequence[str] | None = DEFAULT_STOP,
-        *,
-        use_prefix_cache: bool | None = None,
-        stats: dict[str, Any] | None = None,
-        prompt_cache: Any = None,
-        ban: Sequence[Sequence[int]] | None = None,
-        continuation: str = "",
-    ) -> Iterator[str]:
-        """Text deltas of the reply as they are decoded; joined they equal :meth:`generate`.
-        ``stats`` as for :meth:`generate_ids`, filled once the reply is complete.
 
-        Closing the iterator early (e.g. a UI "stop" button) cancels decoding.
-        """
-        t0 = time.perf_counter()
-        ids, prefix_len = self.prompt_ids(messages, continuation)
-        kw = self._generate_kwargs(
-            ids,
-            prefix_len,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=stop,
-            use_cache=True,
-            use_prefix_cache=use_prefix_cache,
-            min_new_tokens=0,
-            prompt_cache=prompt_cache,
-            ban=ban,
+class _Run:
+    """One ``model.generate`` (or batched-decoder row) on a worker thread: the torch engine's
+    :class:`rag.generate.chat.Decoding`. Its new ids arrive through a :class:`TokenQueue`;
+    :meth:`close` sets the :class:`Cancel` criterion and waits for the thread; an error in
+    decoding ends the chunks and waits in :attr:`error`."""
+
+    def __init__(self, gen: Generator, kw: dict[str, Any]) -> None:
+        self.queue, self.cancel = TokenQueue(), Cancel()
+        kw["stopping_criteria"].append(self.cancel)
+        self.cached: int | None = int(kw["cache"].get_seq_length()) if "cache" in kw else 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._work, args=(gen, kw), name="rag-generate", daemon=True
         )
-        streamer, cancel = TokenQueue(), Cancel()
-        kw["stopping_criteria"].append(cancel)
-        errors: list[BaseException] = []
+        self._thread.start()
 
-        def work() -> None:
-            try:
-                self._run_generate(kw, streamer)
-            except BaseException as e:  # surfaced in the consumer's thread below
-                errors.append(e)
-                streamer.end()
-
-        thread = threading.Thread(target=work, name="rag-generate", daemon=True)
-        thread.start()
+    def _work(self, gen: Generator, kw: dict[str, Any]) -> None:
         try:
-            yield from stream_tokens(
-                streamer,
-                lambda new: self.tokenizer.decode(new, skip_special_tokens=True),
-                self.rules.stops(stop),
-                t0,
-                stats,
-                self.rules,
-            )
-        finally:
-            cancel.event.set()
-            thread.join()
-        if errors:
-            raise errors[0]
-        if stats is not None:
-            new = streamer.ids  # every id decoded: a stop string's and a trimmed loop's too
-            stats.update(
-                prompt_tokens=len(ids),
-                new_tokens=len(new),
-                total_s=time.perf_counter() - t0,
-                finish_reason=self.finish_reason(new, max_new_tokens, stop),
-            )
+            gen._run_generate(kw, self.queue)
+        except BaseException as e:  # surfaced in the consumer's thread (error)
+            self.error = e
+            self.queue.end()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.queue)
+
+    @property
+    def ids(self) -> list[int]:
+        """Every new id decoded (read once iteration has ended)."""
+        return self.queue.ids
+
+    def close(self) -> None:
+        self.cancel.event.set()
+        self._thread.join()

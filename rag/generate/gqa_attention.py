@@ -6,10 +6,8 @@ heads, 3 key/value heads). transformers' ``sdpa`` attention (5.25) hands torch's
 attention mask; a one-token decode step packs the query heads instead. Every other forward, a
 prompt's prefill after a cached prefix and the teacher-forced citation scores among them, first
 copies each layer's keys and values once per query head of a group (``repeat_kv``). Over a
-cache of a thousand tokens that copy is most of the forward. Measured on the 2-core AVX2-only AMD
-EPYC (SmolLM2, float32, 1,250 cached tokens): 5 rows x 2 tokens (five citation markers scored)
-593 -> 149 ms, one row of 40 new tokens 231 -> 201 ms, 4 rows x 60 (a batched prefill) 830 ->
-692 ms; the logits are bit-identical.
+cache of a thousand tokens that copy is most of the forward; without it the logits are
+bit-identical (the times: docs/answering.md, *Grouped-query attention on CPU*).
 
 :func:`use_gqa_attention` registers ``sdpa_gqa`` with transformers' ``AttentionInterface`` (and
 its mask, the ``sdpa`` one, with ``AttentionMaskInterface``) and switches a model to it. It

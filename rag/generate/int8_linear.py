@@ -1,12 +1,11 @@
 """int8 decode steps for a causal LM: each ``nn.Linear`` keeps its float weights for prefill and
-gains an int8 copy for one-token calls (``decoder_precision = "int8"``, :mod:`rag.precision`,
+gains an int8 copy for one-token calls (``decoder_precision = "int8"``, :mod:`rag.models.precision`,
 applied by :mod:`rag.generate.speed`).
 
 Why a layer of our own rather than ``torch.ao.quantization.quantize_dynamic`` on the model: a
 decode step reads every weight to produce one token, so int8 weights (a quarter of float32, half
-of bf16) make it faster on CPU (one 576x1536 SmolLM2 layer, one token, 1 thread on this VM: 27 us
-int8 against 107 us bf16 and 121 us float32), while prefill is compute-bound, where bf16 on
-AMX wins. And torch's dynamic
+of bf16) make it faster on CPU, while prefill is compute-bound, where bf16 units win (the
+measurements: docs/benchmarks.md, *Decode variants*). And torch's dynamic
 int8 kernel quantises its input with *one scale per call*: run on a whole prompt or a batch, a
 token's result would depend on the other tokens in the call, and the prefix cache (prefix
 prefilled alone vs with the question) and batching (rows alone vs together) would stop being
@@ -65,7 +64,7 @@ class Int8DecodeLinear(nn.Linear):
 def add_int8_decode_layers(model: Any) -> Any:
     """``model`` with every plain ``nn.Linear`` swapped for an :class:`Int8DecodeLinear`
     (in place; a second call does nothing). Not the encoders' whole-model quantisation
-    (:func:`rag.precision.quantize_dynamic_int8`): the float weights stay for every call of
+    (:func:`rag.models.precision.quantize_dynamic_int8`): the float weights stay for every call of
     more than one token."""
     if getattr(model, "_rag_int8", False):
         return model

@@ -3,10 +3,9 @@
 transformers' ``DynamicLayer.update`` grows the cache with ``torch.cat``, so every decode step
 copies the whole cache of every layer to add one column. For one stream that is a small part of
 a step, but the batched decoder's cache is [rows, heads, width, head_dim] for up to 16 rows of
-~700-token prompts, and there the copies were half of a step: SmolLM2-135M in float32, 16 rows
-of a 700-token cache, 2 cores of an AVX2-only AMD EPYC, ``aten::cat`` 48% of a step
-(torch.profiler); ``benchmarks/batch_cache.py`` measured 260 -> 206 ms per step at 16 rows with
-this layer (1.10x at 4 rows, none at 1), greedy logits bit-identical (docs/benchmarks.md).
+~700-token prompts, and there the copies were about half of a step; with this layer the greedy
+logits are bit-identical (``benchmarks/batch_cache.py``'s measurements: docs/benchmarks.md,
+*The batch KV cache: appending in place*).
 
 :class:`AppendLayer` keeps ``keys``/``values`` as views [B, H, n, D] of buffers with spare
 columns [B, H, n + spare, D]; ``update`` writes the new columns into the spare ones and returns

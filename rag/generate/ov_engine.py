@@ -4,7 +4,7 @@ What the engine does for us, and so what is not written here: continuous batchin
 requests (one scheduler step serves every running answer), prefix caching (the keys and values
 of a prompt another request already read are reused block by block), a paged KV cache in u8, and
 the int4/int8 weight kernels for each CPU kind (AMX, AVX512, AVX2), reading the pinned GGUF
-files directly (:func:`rag.gguf.package_engine_path`). The torch engine
+files directly (:func:`rag.models.gguf.package_engine_path`). The torch engine
 (:class:`rag.generate.generator.Generator`) stays where training and scoring need gradients or
 logits; docs/answering.md measures the two side by side.
 
@@ -15,7 +15,7 @@ steps the engine while any request runs (``ContinuousBatchingPipeline.step`` rel
 so HTTP handlers and the retriever keep running beside it).
 
 What the engine does not offer: the log-probability of a given continuation (citation scores,
-the refusal gate of :mod:`rag.answer.refusal`) and LoRA adapters trained by ``training.lora``
+the refusal gate of :mod:`rag.answer.refusal`) and LoRA adapters trained by ``training.finetune.lora``
 on the dequantised weights. A decoder with an adapter runs on torch (``engine = "auto"`` picks
 it, :func:`rag.generate.engines.choose_engine`); an answer with no citation of its own is attributed by the passages'
 support of its words (:func:`rag.answer.verify.attribute`), not by decoder likelihoods.
@@ -26,16 +26,13 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from rag.defaults import DEFAULT_MAX_NEW_TOKENS
-from rag.generate.chat import DEFAULT_STOP, ChatDecoder
+from rag.generate.chat import ChatDecoder, DecodeOptions
 from rag.generate.engines import EngineUnavailable, engine_gguf, engine_reason
 from rag.generate.stopping import DecodingRules, loop_cut
-from rag.generate.streaming import stream_tokens
 
 
 def _running(handle: Any) -> bool:
@@ -59,6 +56,44 @@ class _Request:
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+
+class _Run:
+    """One request as the engine decodes it: the OpenVINO engine's
+    :class:`rag.generate.chat.Decoding`. Iterating gives the request's new ids as they come,
+    stopping the request when the loop guard fires; :meth:`close` cancels it when the consumer
+    goes away (a closed stream, a stop string already met). Engine errors are raised while
+    iterating."""
+
+    cached: int | None = None  # the engine keeps no per-request count of reused prompt ids
+    error: BaseException | None = None
+
+    def __init__(self, req: _Request, rules: DecodingRules) -> None:
+        self.req, self.rules = req, rules
+        self._chunks = self._read()
+
+    def _read(self) -> Iterator[list[int]]:
+        seen: list[int] = []
+        try:
+            for chunk in self.req:
+                seen.extend(chunk)
+                yield chunk
+                if self.rules.loop_guard and loop_cut(seen, self.rules) is not None:
+                    self.req.handle.stop()
+        finally:
+            if _running(self.req.handle):
+                self.req.handle.cancel()
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self._chunks
+
+    @property
+    def ids(self) -> list[int]:
+        """Every new id read from the engine (the worker's side)."""
+        return self.req.ids
+
+    def close(self) -> None:
+        self._chunks.close()
 
 
 class _Stepper:
@@ -143,10 +178,10 @@ class _Stepper:
 
 
 class OpenVINOGenerator(ChatDecoder):
-    """A GGUF decoder on OpenVINO GenAI's continuous-batching pipeline, with the interface of
-    :class:`rag.generate.generator.Generator` that answering uses (``generate``, ``stream``,
-    ``generate_ids``, the prompt side). One instance serves every request; concurrent requests
-    are batched by the engine (``batching=False``: one at a time)."""
+    """A GGUF decoder on OpenVINO GenAI's continuous-batching pipeline: ``generate``, ``stream``
+    and ``generate_ids`` (:class:`rag.generate.chat.ChatDecoder`'s, the same as the torch
+    engine's) over the engine's requests (:meth:`_start`). One instance serves every request;
+    concurrent requests are batched by the engine (``batching=False``: one at a time)."""
 
     def __init__(
         self,
@@ -191,8 +226,8 @@ class OpenVINOGenerator(ChatDecoder):
         import openvino_genai as og
         from transformers import AutoTokenizer
 
-        from rag.loading import MODEL_LOAD_LOCK
         from rag.models import pick_profile
+        from rag.models.loading import MODEL_LOAD_LOCK
 
         reason = engine_reason(name, None, "cuda" if device == "cuda" else "cpu")
         if reason:
@@ -231,142 +266,35 @@ class OpenVINOGenerator(ChatDecoder):
                 ids.add(i)
         return ids
 
-    def _config(
-        self,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        stop: Sequence[str] | None,
-    ) -> Any:
+    def _config(self, options: DecodeOptions) -> Any:
         import openvino_genai as og
 
         cfg = og.GenerationConfig()
-        cfg.max_new_tokens = max_new_tokens
+        cfg.max_new_tokens = options.max_new_tokens
         cfg.apply_chat_template = False
         cfg.stop_token_ids = set(self._eos)
-        if stops := self.rules.stops(stop):
+        if stops := self.rules.stops(options.stop):
             cfg.stop_strings = set(stops)
             cfg.include_stop_str_in_output = True  # cut here (cut_at_stop), as on torch
         if self.rules.repetition_penalty != 1.0:
             cfg.repetition_penalty = self.rules.repetition_penalty
         if self.rules.no_repeat_ngram_size:
             cfg.no_repeat_ngram_size = self.rules.no_repeat_ngram_size
-        if temperature > 0:
-            cfg.do_sample, cfg.temperature, cfg.top_p = True, temperature, top_p
+        if options.temperature > 0:
+            cfg.do_sample, cfg.temperature, cfg.top_p = True, options.temperature, options.top_p
         else:
             cfg.do_sample = False
         return cfg
 
-    def _chunks(self, req: _Request) -> Iterator[list[int]]:
-        """The request's new ids as they come; stops the request when the loop guard fires and
-        cancels it when the consumer goes away (a closed stream, a stop string already met)."""
-        seen: list[int] = []
-        try:
-            for chunk in req:
-                seen.extend(chunk)
-                yield chunk
-                if self.rules.loop_guard and loop_cut(seen, self.rules) is not None:
-                    req.handle.stop()
-        finally:
-            if _running(req.handle):
-                req.handle.cancel()
-
-    def generate_ids(
-        self,
-        ids: list[int],
-        prefix_len: int = 0,
-        *,
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop: Sequence[str] | None = None,
-        stats: dict[str, Any] | None = None,
-        **_: Any,
-    ) -> list[int]:
-        """New token ids for a prompt given as ids (the engine stops at ``stop`` itself);
-        ``stats`` as :meth:`rag.generate.generator.Generator.generate_ids` fills it."""
-        t0 = time.perf_counter()
-        req = self._stepper.submit(ids, self._config(max_new_tokens, temperature, top_p, stop))
-        first = None
-        for _chunk in self._chunks(req):
-            first = first or time.perf_counter()
-        self._stats(stats, ids, req, t0, max_new_tokens, stop)
-        if stats is not None:
-            stats["ttft_s"] = (first or time.perf_counter()) - t0
-        return list(req.ids)
-
-    def _stats(
-        self,
-        stats: dict[str, Any] | None,
-        ids: Sequence[int],
-        req: _Request,
-        t0: float,
-        max_new_tokens: int,
-        stop: Sequence[str] | None,
-    ) -> None:
-        """Fill ``stats`` as the torch engine does (the engine keeps no per-request count of
-        reused prompt ids, so no ``cached_prefix_tokens``; ``ttft_s`` is the caller's)."""
-        if stats is not None:
-            stats.update(
-                prompt_tokens=len(ids),
-                new_tokens=len(req.ids),
-                total_s=time.perf_counter() - t0,
-                finish_reason=self.finish_reason(req.ids, max_new_tokens, stop),
-            )
-
     def stop_ids(self) -> set[int]:
         return self._eos
 
-    def generate(
-        self,
-        messages: Sequence[dict[str, str]],
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop: Sequence[str] | None = DEFAULT_STOP,
-        *,
-        stats: dict[str, Any] | None = None,
-        continuation: str = "",
-        **_: Any,
-    ) -> str:
-        """The assistant's reply to chat ``messages``, cut at the first stop string and trimmed
-        to one copy of a loop: what the torch engine's ``generate`` returns for the same ids."""
-        ids, prefix_len = self.prompt_ids(messages, continuation)
-        new = self.generate_ids(
-            ids,
-            prefix_len,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            stop=stop,
-            stats=stats,
-        )
-        return self.reply_text(new, stop)
-
-    def stream(
-        self,
-        messages: Sequence[dict[str, str]],
-        max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        stop: Sequence[str] | None = DEFAULT_STOP,
-        *,
-        stats: dict[str, Any] | None = None,
-        continuation: str = "",
-        **_: Any,
-    ) -> Iterator[str]:
-        """Text deltas of the reply as they are decoded; joined they equal :meth:`generate`.
-        Closing the iterator early cancels the request in the engine."""
-        t0 = time.perf_counter()
-        ids, _prefix = self.prompt_ids(messages, continuation)
-        req = self._stepper.submit(ids, self._config(max_new_tokens, temperature, top_p, stop))
-        chunks = self._chunks(req)
-        stops = self.rules.stops(stop)
-        try:
-            yield from stream_tokens(chunks, self.decode, stops, t0, stats, self.rules)
-        finally:
-            chunks.close()  # a stop string ended the text, or the consumer left: cancel the rest
-        self._stats(stats, ids, req, t0, max_new_tokens, stop)
+    def _start(self, ids: list[int], prefix_len: int, options: DecodeOptions) -> _Run:
+        """Submit the prompt ``ids`` to the engine, which stops at the stop strings itself. Of
+        ``options`` the engine reads the token limit, sampling and ``stop``; ``use_cache``,
+        ``use_prefix_cache``, ``min_new_tokens``, ``prompt_cache`` and ``ban`` are the torch
+        engine's (this one keeps its own prefix cache) and are ignored."""
+        return _Run(self._stepper.submit(ids, self._config(options)), self.rules)
 
     def close(self) -> None:
         """Cancel running requests and stop the worker thread."""

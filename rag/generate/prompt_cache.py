@@ -1,11 +1,11 @@
 """The prompt cache: keys and values of recent prompts, reused by their longest shared token prefix.
 
 Why: on a CPU a grounded prompt's prefill is most of an answer's work. A ~1,000-token prompt
-(five passages and a question) costs about 1 s of the two cores before the first new token,
-and it is compute-bound, so batching cannot share it (docs/benchmarks.md, *Chat UI load*). The
+(five passages and a question) is prefilled before the first new token, and that is
+compute-bound, so batching cannot share it (docs/benchmarks.md, *Chat UI load*). The
 system-prefix cache (:meth:`rag.generate.generator.Generator._prefix_cache_for`) saves only the
 fixed system turn. But every prompt is laid out system turn, then the numbered passages, then
-the question (:func:`rag.prompt.user_message`). So a request whose top passages another request
+the question (:func:`rag.answer.prompt.user_message`). So a request whose top passages another request
 already read shares all their tokens with that prompt: a repeated or regenerated question, two
 users asking about the same page, a retry after a closed stream. Only the tokens after the first
 difference need a forward.

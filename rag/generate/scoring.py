@@ -4,7 +4,7 @@ Two questions the pipeline asks the decoder without sampling from it:
 
 - :func:`score_continuations`: log p(continuation | prompt, answer) for several short
   continuations at once (citation completion asks for `` [1]``, `` [2]``, ...);
-- :func:`refusal_logprob`: log p(:data:`rag.prompt.REFUSAL` | prompt), the refusal gate's
+- :func:`refusal_logprob`: log p(:data:`rag.answer.prompt.REFUSAL` | prompt), the refusal gate's
   number (:mod:`rag.answer.refusal`). It also returns the prompt's KV cache, so the answer decoded
   next only pays for one token of prefill.
 
@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from rag.generate.batching import takes_logits_to_keep
-from rag.prompt import REFUSAL
+from rag.answer.prompt import REFUSAL
+from rag.generate.batch_request import takes_logits_to_keep
 
 T = TypeVar("T")
 
@@ -129,10 +129,8 @@ def score_continuations(
     its own branch only (:func:`tree_mask`, the tree attention of speculative decoding), so
     each continuation's ids see exactly what they would alone, and the markers' shared `` [``
     runs once. Only the last run position and the nodes are projected onto the vocabulary.
-    Measured on the 2-core Intel Xeon with AMX (SmolLM2 in bf16, ~1,000 cached ids, five
-    markers, 8 docs questions): a median of 63 ms against 147-277 ms for the repeat-the-cache
-    pass below, the same likeliest marker 8 of 8 times (bf16 rounding moves a score by up to
-    0.26 nats between the two shapes; float32 agrees to 1e-4). Models whose cache has
+    Several times faster than the repeat-the-cache pass below, with the same likeliest marker
+    (docs/answering.md, citation completion: the times and the agreement). Models whose cache has
     sliding-window layers (ModernBERT-decoder: a custom mask would reach past their window)
     still use that pass: the prompt and answer first, their cache repeated once per
     continuation, then all continuations right-padded in one batched pass (a causal model

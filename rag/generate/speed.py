@@ -1,16 +1,17 @@
 """Decoder speed options: int8 decode layers, ``torch.compile`` and a static KV cache.
 
-Why: one stream of SmolLM2-135M decodes at about 12-22 tokens/s on 2 CPU cores (issue 12 item 3
-asks for 25). A decode step of a small model is many small matrix-vector products plus Python
+Why: one stream of SmolLM2-135M decoded below the 25 tokens/s on 2 CPU cores that issue 12
+item 3 asks for (docs/benchmarks.md, *Decode variants*). A decode step of a small model is many
+small matrix-vector products plus Python
 and dispatch overhead around them; these three options attack different parts of that and are
 measured side by side (speed and greedy agreement) by ``benchmarks.decode_variants``. All are off
 by default until the measurement says which to keep.
 
-- ``quantize="int8"`` (what ``decoder_precision = "int8"`` turns on, :mod:`rag.precision`): every
+- ``int8=True`` (what ``decoder_precision = "int8"`` turns on, :mod:`rag.models.precision`): every
   ``nn.Linear`` (the LM head included) gains an int8 copy of its weights that serves the
   one-token calls of decode steps, through torch's dynamic int8 kernel; prefill and scoring keep
-  the float (bf16 on AMX) weights, and each sequence of a batch is its own call, so the prefix
-  cache and batching stay exact (:mod:`rag.generate.int8_linear` says why not
+  the float weights (``auto``: bf16 where it runs fast), and each sequence of a batch is its own
+  call, so the prefix cache and batching stay exact (:mod:`rag.generate.int8_linear` says why not
   ``quantize_dynamic`` on the whole model). CPU only.
 - ``compile=True``: with the dynamic cache, the model's ``forward`` is replaced by
   ``torch.compile(forward, dynamic=True)``, so every caller (``generate``, the prefix cache, the
@@ -37,7 +38,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-QUANTIZE = ("none", "int8")  # DecodeSpeed.quantize values (int8: decoder_precision int8)
 CACHE_IMPLEMENTATIONS = ("dynamic", "static")  # cache_implementation values
 STATIC_CACHE_STEP = 256  # static cache capacity is a multiple of this (few shapes to compile)
 RECOMPILE_LIMIT = 24  # compiled graphs per function before dynamo falls back to eager
@@ -51,50 +51,37 @@ class DecodeSpeedError(ValueError):
 class DecodeSpeed:
     """The decoder speed options of one :class:`rag.generate.generator.Generator` (module docstring)."""
 
-    quantize: str = "none"  # none | int8
+    int8: bool = False  # int8 decode layers: decoder_precision int8 (rag.models.precision)
     compile: bool = False  # torch.compile the forward (dynamic cache) or the decode step (static)
     cache: str = "dynamic"  # dynamic | static KV cache
 
     def __post_init__(self) -> None:
-        if self.quantize not in QUANTIZE:
-            raise DecodeSpeedError(
-                f"decoder quantize must be one of {', '.join(QUANTIZE)}, not {self.quantize!r}"
-            )
         if self.cache not in CACHE_IMPLEMENTATIONS:
             raise DecodeSpeedError(
                 f"--cache-implementation must be one of {', '.join(CACHE_IMPLEMENTATIONS)}, "
                 f"not {self.cache!r}"
             )
-        if self.quantize == "int8" and self.compile:
+        if self.int8 and self.compile:
             raise DecodeSpeedError(
                 "--decoder-compile does not combine with --decoder-precision int8: torch.compile "
                 "cannot trace the int8 layers (a graph break at every linear layer), so choose one"
             )
 
-    @classmethod
-    def from_config(cls, cfg: Any) -> DecodeSpeed:
-        """The options of any config with ``decoder_precision`` / ``decoder_compile`` /
-        ``cache_implementation`` fields (RAGConfig, the evals' configs)."""
-        speed = cls(compile=bool(cfg.decoder_compile), cache=cfg.cache_implementation)
-        return speed.with_precision(cfg.decoder_precision)
-
     def with_precision(self, precision: str) -> DecodeSpeed:
-        """These options for a decoder of ``precision`` (:mod:`rag.precision`): ``int8`` adds
+        """These options for a decoder of ``precision`` (:mod:`rag.models.precision`): ``int8`` adds
         the int8 decode layers; the float precisions change nothing here."""
-        return replace(self, quantize="int8") if precision == "int8" else self
+        return replace(self, int8=True) if precision == "int8" else self
 
     @property
     def label(self) -> str:
         """Short name for tables: ``eager`` when nothing is on, else e.g. ``int8+static``."""
-        parts = [
-            p for p, on in (("int8", self.quantize == "int8"), ("compile", self.compile)) if on
-        ]
+        parts = [p for p, on in (("int8", self.int8), ("compile", self.compile)) if on]
         parts += ["static"] if self.cache == "static" else []
         return "+".join(parts) or "eager"
 
     def check(self, *, device: str = "cpu", batching: bool = False) -> None:
         """Refuse the combinations with the rest of the setup that cannot work (one line each)."""
-        if self.quantize == "int8" and device == "cuda":
+        if self.int8 and device == "cuda":
             raise DecodeSpeedError(
                 "--decoder-precision int8 runs on CPU only (torch's dynamic int8 kernels): "
                 "drop it or use --device cpu"
@@ -112,7 +99,7 @@ class DecodeSpeed:
         """``model`` (on its device, in eval mode) with the options applied: int8 layers swapped
         in, or its forward compiled (dynamic cache only; the static cache compiles in
         :meth:`generate_kwargs`). Idempotent for unchanged options; returns the model to use."""
-        if self.quantize == "int8":
+        if self.int8:
             from rag.generate.int8_linear import add_int8_decode_layers
 
             try:

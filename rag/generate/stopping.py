@@ -32,7 +32,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 T = TypeVar("T")
 
 # Text that means the model has finished its turn or started writing the prompt's structure
-# (a new chat turn, or the ``Passages:``/``Question:`` labels of rag.prompt.user_message).
+# (a new chat turn, or the ``Passages:``/``Question:`` labels of rag.answer.prompt.user_message).
 DEFAULT_STOP_STRINGS: tuple[str, ...] = (
     "<|im_end|>",
     "<|endoftext|>",

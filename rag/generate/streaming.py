@@ -1,4 +1,5 @@
-"""Streaming pieces of :class:`rag.generate.generator.Generator`: stop strings, cancellation, timing.
+"""Streaming pieces of the decoders (:meth:`rag.generate.chat.ChatDecoder.stream`): stop strings,
+cancellation, timing.
 
 ``transformers`` stops on stop strings only inside ``generate``; what the UI needs on top is text
 that never has to be taken back (a stop string split across two pieces, or the extra copies of a
@@ -19,26 +20,6 @@ from typing import Any
 import torch
 
 from rag.generate.stopping import DecodingRules, settled_length, trim_repetition
-
-
-class FirstTokenClock:
-    """A streamer that only notes when the first new token arrives (time to first token)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.first: float | None = None
-        self.new_tokens = 0
-
-    def put(self, value: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls == 1:  # generate() first pushes the prompt
-            return
-        if self.first is None:
-            self.first = time.perf_counter()
-        self.new_tokens += int(value.numel())
-
-    def end(self) -> None:
-        pass
 
 
 class Cancel:
@@ -142,7 +123,7 @@ def stream_tokens(
     rules: DecodingRules | None = None,
 ) -> Iterator[str]:
     """Deltas whose concatenation is ``cut_at_stop(decode(trim_repetition(ids)))[0].strip()``,
-    exactly what :meth:`Generator.generate` returns, for new token ids arriving in chunks.
+    exactly what :meth:`rag.generate.chat.ChatDecoder.generate` returns, for new token ids arriving in chunks.
 
     Besides what :func:`stream_text` holds back, the tokens a loop trim could still remove
     (:func:`rag.generate.stopping.settled_length`) and a trailing incomplete character wait until decided.

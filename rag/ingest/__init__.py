@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from rag.ingest.apply import CRASH_ENV, ingest, ingest_config
 from rag.ingest.cli import build_parser, main
-from rag.ingest.config import IngestConfig, IngestReport
+from rag.ingest.config import IngestConfig, IngestReport, NoDocumentReadError
 from rag.ingest.manage import (
     DocumentInfo,
     DocumentNotFoundError,
@@ -36,6 +36,7 @@ __all__ = [
     "IndexDocuments",
     "IngestConfig",
     "IngestReport",
+    "NoDocumentReadError",
     "RemovalReport",
     "build_parser",
     "ingest",

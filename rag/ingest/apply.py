@@ -3,13 +3,14 @@
 A file whose size and mtime match the manifest is unchanged without being read; otherwise its
 bytes are hashed and only a new hash re-chunks and re-embeds it (:mod:`rag.ingest.plan`). Files
 that disappeared (or lie under a folder given now and were not found) lose their chunks. Every
-run that changes anything writes a complete new generation (see :mod:`rag.manifest`) and
+run that changes anything writes a complete new generation (see :mod:`rag.storage.manifest`) and
 publishes it in one rename, so a crash or ``kill -9`` leaves the previous index loadable and the
 next run redoes the work. Where the vectors of a generation live and how they are written
 without disturbing the live one is the vector index's business (:mod:`indexes`), so nothing
 here depends on the backend. Settings are checked before anything is written, and a run that
 fails before its first generation is published removes the index folder it created
-(docs/security.md).
+(docs/security.md); so does a first run in which every file failed
+(:class:`rag.ingest.config.NoDocumentReadError`): no empty index is ever published.
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
 from rag.ingest.config import (
     IngestConfig,
     IngestReport,
+    NoDocumentReadError,
     check_sources,
     effective_chunking,
     validate_config,
 )
 from rag.ingest.plan import EncoderHandle, plan_changes, walk_sources
-from rag.manifest import (
+from rag.retrieval.bm25 import BM25Index
+from rag.storage.manifest import (
     CURRENT,
     MANIFEST,
     Manifest,
@@ -54,7 +57,6 @@ from rag.manifest import (
     write_chunks,
     write_json,
 )
-from rag.retrieval.bm25 import BM25Index
 from rag.types import Chunk
 
 # test hook: SIGKILL ourselves at the named checkpoint ("mid-encode"), or SIGTERM
@@ -133,7 +135,7 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
     clean_stale(root)  # a bad CURRENT raises here, before anything is removed or written
     gen = current_generation(root)
     old = read_manifest(gen) if gen else None
-    if gen is not None:  # never build on a damaged generation (rag.manifest, *Integrity*)
+    if gen is not None:  # never build on a damaged generation (rag.storage.manifest, *Integrity*)
         check_generation(root, gen, old)
     check_sources(cfg, old, cfg.label())  # a DOCS path gone or unreadable: nothing changes
     walk = walk_sources(cfg, old)  # too many files, a folder emptied: refused, no model loaded
@@ -169,6 +171,8 @@ def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine, walk) -> 
     ``walk``: what the DOCS hold, :func:`rag.ingest.plan.walk_sources`)."""
     plan = plan_changes(cfg, old, chunking, encoder, report, engine=engine, walk=walk)
     report.timings["load_chunk"] = time.perf_counter() - t0
+    if old is None and not report.added:  # every file failed: no empty index is published
+        raise NoDocumentReadError(report, cfg.label())  # (ingest_config removes the folder)
     chunks = read_chunks(gen) if gen else {}
     if gen is not None:
         check_chunks(root, gen, old, chunks)
@@ -257,7 +261,9 @@ def _write_generation(cfg, root, tmp, manifest, chunks, vindex, todo, vectors, d
     _checkpoint("after-bm25")
     write_chunks(tmp, chunks)
     write_json(tmp / "run.json", asdict(cfg))
-    manifest.files = file_records(tmp)  # checked at every opening (rag.manifest, *Integrity*)
+    manifest.files = file_records(
+        tmp
+    )  # checked at every opening (rag.storage.manifest, *Integrity*)
     (tmp / MANIFEST).write_text(manifest.to_json())
     _checkpoint("before-publish")
     final = publish_generation(root, tmp, _checkpoint)

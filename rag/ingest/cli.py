@@ -17,13 +17,19 @@ import sys
 
 from indexes import BACKENDS
 from rag.cli import OneLineParser, add_index_args, run_cli, sigterm_exits
-from rag.dataclass_cli import add_dataclass_args, config_from_args
+from rag.cli.flags import add_dataclass_args, config_from_args
 from rag.defaults import DEFAULT_CHUNK_TOKENS
 from rag.ingest.apply import ingest_config
-from rag.ingest.config import ENGINES, FAISS_KINDS, IngestConfig, IngestReport
-from rag.paths import printable
-from rag.precision import PRECISION_SETTINGS
+from rag.ingest.config import (
+    ENGINES,
+    FAISS_KINDS,
+    IngestConfig,
+    IngestReport,
+    NoDocumentReadError,
+)
+from rag.models.precision import PRECISION_SETTINGS
 from rag.retrieval.encoder import ENCODER_BACKENDS
+from rag.storage.paths import printable
 
 PROG = "rag.ingest"
 
@@ -40,7 +46,7 @@ INGEST_HELP = {
     "then HNSW on CPU, IVF on a GPU) (default: the index's, else auto)",
     "faiss_nprobe": "IVF lists searched per query; more = higher recall, slower "
     "(default: the index's, else 16)",
-    "precision": "encoder weights (rag.precision): bf16 = bfloat16 (about 3x fp32 on CPUs with "
+    "precision": "encoder weights (rag.models.precision): bf16 = bfloat16 (about 3x fp32 on CPUs with "
     "AMX, and on GPUs); int8 = quantised CPU encoder; auto = bf16 where it runs fast, else fp32",
     "encoder_backend": "encoder runtime: torch, or onnx (ONNX Runtime on CPU, export cached under "
     "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
@@ -57,7 +63,7 @@ INGEST_HELP = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Flags from :class:`IngestConfig` (rag.dataclass_cli), ``--index``/``--index-dir`` as one
+    """Flags from :class:`IngestConfig` (rag.cli.flags), ``--index``/``--index-dir`` as one
     choice (rag.cli), and ``--json``."""
     p = OneLineParser(prog="python -m rag.ingest", description=__doc__.split("\n")[0])
     add_index_args(p)
@@ -84,10 +90,16 @@ MAX_SKIPPED_LINES = 20  # a folder of images should not bury the summary; --json
 
 def print_report(report: IngestReport) -> None:
     """The per-file lines and the summary on stderr (stdout stays for --json); control
-    characters in names and reasons escaped (:func:`rag.paths.printable`), so a file named
+    characters in names and reasons escaped (:func:`rag.storage.paths.printable`), so a file named
     ``"x\\nfailed: y"`` is one line."""
     for note in report.notes:
         print(f"note: {printable(note)}", file=sys.stderr)
+    print_files(report)
+    print(report.summary(), file=sys.stderr)
+
+
+def print_files(report: IngestReport) -> None:
+    """The ``failed:`` and ``skipped:`` lines of :func:`print_report`."""
     for path, reason in report.failures:
         print(f"failed: {printable(path)}: {printable(reason)}", file=sys.stderr)
     for path, reason in report.skipped[:MAX_SKIPPED_LINES]:
@@ -95,15 +107,19 @@ def print_report(report: IngestReport) -> None:
     if len(report.skipped) > MAX_SKIPPED_LINES:
         more = len(report.skipped) - MAX_SKIPPED_LINES
         print(f"skipped: ... and {more} more (--json lists them all)", file=sys.stderr)
-    print(report.summary(), file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
     """Exit 0 when every file was ingested, 1 when some failed (the rest is published); a
     SIGTERM stops the run cleanly (:func:`rag.cli.sigterm_exits`: a first run's folder is
-    removed, the lock released, exit 143)."""
+    removed, the lock released, exit 143). A new index of which no file could be read is not
+    created: the per-file lines, then one error line (exit 1)."""
     with sigterm_exits():
-        report = ingest_config(config_from_args(IngestConfig, args))
+        try:
+            report = ingest_config(config_from_args(IngestConfig, args))
+        except NoDocumentReadError as e:
+            print_files(e.report)
+            raise
     print_report(report)
     if args.json:
         print(json.dumps(report.to_dict(), indent=1))

@@ -28,17 +28,17 @@ from rag.documents import (
     Limits,
     iter_files,
 )
-from rag.manifest import CURRENT, Manifest, index_dir
 from rag.models import default_encoder, resolve_model
-from rag.paths import printable
-from rag.precision import PRECISION_SETTINGS
+from rag.models.precision import PRECISION_SETTINGS
 from rag.retrieval.encoder import ENCODER_BACKENDS, check_backend
+from rag.storage.manifest import CURRENT, Manifest, index_dir
+from rag.storage.paths import printable
 
 AUTO_ENCODER = "auto"  # --encoder auto (= not given): the index's own, else default_encoder()
 # = indexes.faiss_index.KINDS, repeated so that checking settings does not import faiss
 FAISS_KINDS = ("auto", "flat", "hnsw", "ivf")
 ENGINES = ("local", "ray")  # ray: rag.ingest.ray_engine, the optional `ray` extra
-MIN_CHUNK_TOKENS = 8  # rag.chunking refuses smaller budgets
+MIN_CHUNK_TOKENS = 8  # rag.documents.chunking refuses smaller budgets
 # Files one run may find under its DOCS: 20,000 tiny files took 196 s; more is refused before
 # anything is read (--max-files raises it), so `rag.ingest ~` is one line, not an hour.
 DEFAULT_MAX_FILES = 50_000
@@ -48,6 +48,26 @@ class SourceRootError(ValueError):
     """A DOCS path that is missing, cannot be read, or is now empty where the index holds
     documents from it (an unmounted disk, a renamed folder, a typo): the run is refused before
     anything is written, so the index keeps every document (``--allow-empty`` goes on)."""
+
+
+class NoDocumentReadError(RuntimeError):
+    """A run into a new index that read no document at all (every file it found failed: a
+    hostile PDF, a name that is not UTF-8, a symbolic link loop): nothing is created, where
+    such a run used to publish an empty index that then appeared as a model and in the UI.
+    ``report`` holds the failures (``rag.ingest`` prints them before its one line, exit 1)."""
+
+    def __init__(self, report: IngestReport, label: str) -> None:
+        n = len(report.failures)
+        super().__init__(
+            f"no document could be read ({failed_files(n)}); nothing was ingested and index "
+            f"{label!r} was not created"
+        )
+        self.report = report
+
+
+def failed_files(n: int) -> str:
+    """``1 file failed`` / ``3 files failed``."""
+    return f"{n} file{'' if n == 1 else 's'} failed"
 
 
 def under(path: str, roots: list[str] | list[Path]) -> bool:
@@ -126,7 +146,7 @@ def check_found(cfg: IngestConfig, old: Manifest | None, label: str, found: dict
 
 
 def check_chunking(chunk_tokens: int | None, overlap: int) -> None:
-    """Refuse chunk settings ``rag.chunking`` would refuse, before anything is created: a
+    """Refuse chunk settings ``rag.documents.chunking`` would refuse, before anything is created: a
     refused run must leave no index folder behind (the same rule, checked early)."""
     n = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
     if n < MIN_CHUNK_TOKENS:
@@ -139,7 +159,7 @@ def effective_chunking(chunk_tokens: int, overlap: int, max_tokens: int) -> dict
     """The chunking a run really applies, as the manifest records it.
 
     ``chunk_tokens`` is capped at what the encoder reads (``max_tokens``) and the overlap then
-    kept proportionate, exactly as :func:`rag.chunking.chunk_document` does, so chunking with
+    kept proportionate, exactly as :func:`rag.documents.chunking.chunk_document` does, so chunking with
     these values gives the same chunks. The requested values are kept beside them."""
     budget = min(chunk_tokens, max_tokens)
     eff_overlap = min(overlap, budget // 4) if budget < chunk_tokens else overlap
@@ -182,9 +202,9 @@ class IngestConfig:
     # limit if smaller); a larger explicit value is capped, and the report says so
     overlap: int = DEFAULT_OVERLAP  # tokens shared by consecutive chunks of a section
     device: str = "auto"  # auto | cpu | cuda
-    # encoder weights (rag.precision): auto (the default: bf16 on CUDA and on a CPU where a cached
-    # probe measured it faster, ~2.7x ingest with AMX; else fp32; the manifest records the one
-    # chosen) | fp32 | bf16 (weights cast) | int8 (CPU)
+    # encoder weights (rag.models.precision): auto (the default: bf16 on CUDA and on a CPU where
+    # a cached probe measured it faster, docs/scaling.md; else fp32; the manifest records the
+    # one chosen) | fp32 | bf16 (weights cast) | int8 (CPU)
     precision: str = "auto"
     # torch | onnx: the encoder's runtime; onnx runs a cached ONNX Runtime export on CPU (with
     # precision int8: onnxruntime's dynamic int8). Same embeddings within float tolerance, so the
@@ -209,7 +229,7 @@ class IngestConfig:
     # or emptied path are removed, those of an unreadable folder kept
     allow_empty: bool = False
     follow_links: bool = False  # read links that leave the folder, walk linked folders
-    progress: bool = True  # progress on stderr (rag.progress: a bar on a terminal, else lines)
+    progress: bool = True  # progress on stderr (rag.cli.progress: a bar on a terminal, else lines)
     engine: str = "local"  # local (this process) | ray (Ray Data chunks, encoder actors embed)
     ray_address: str | None = None  # --engine ray: a running cluster; None = start a local one
     workers: int = 1  # --engine ray: encoder actors

@@ -16,7 +16,7 @@ out. To keep a file out of an index, remove it from the folder you ingest (or in
 folder).
 
 Documents are named as people see them: the path relative to the ingested folder that
-:func:`rag.paths.display_names` gives (``library/io.rst.txt``; with the folder's name in front
+:func:`rag.storage.paths.display_names` gives (``library/io.rst.txt``; with the folder's name in front
 where two ingested folders hold the same relative path), or a folder of such paths
 (``library`` or ``library/``: every document under it). Every path is checked by one function,
 :func:`check_document_path`, for every front end (``rag.docs``, ``DELETE /v1/documents``, MCP's
@@ -44,7 +44,7 @@ import numpy as np
 from indexes import open_for_generation
 from rag.documents import document_type
 from rag.ingest.apply import _write_generation
-from rag.manifest import (
+from rag.storage.manifest import (
     Manifest,
     clean_stale,
     ingest_lock,
@@ -53,7 +53,7 @@ from rag.manifest import (
     open_generation,
     read_chunks,
 )
-from rag.paths import display_names, printable
+from rag.storage.paths import display_names, printable
 
 LIST_HINT = "python -m rag.docs list"
 
@@ -219,7 +219,7 @@ def _documents(manifest: Manifest) -> dict[str, DocumentInfo]:
 
 def list_documents(index: str | Path) -> IndexDocuments:
     """The documents of ``index`` (a name under ``$RAG_HOME/indexes``, or an index folder as a
-    :class:`~pathlib.Path`), sorted by path; :class:`rag.manifest.IndexNotFoundError` when
+    :class:`~pathlib.Path`), sorted by path; :class:`rag.storage.manifest.IndexNotFoundError` when
     there is no index."""
     _, gen, manifest = open_generation(index)
     docs = sorted(_documents(manifest).values(), key=lambda d: (d.path, d.source))
@@ -229,7 +229,7 @@ def list_documents(index: str | Path) -> IndexDocuments:
 def _named_by(asked: str, doc: DocumentInfo, shown: bool = False) -> bool:
     """Whether the path ``asked`` (checked, :func:`check_document_path`; with ``shown``, as
     typed) names ``doc``: its path, or a folder above it; with ``shown``, that path as ``list``
-    shows it, control characters escaped (:func:`rag.paths.printable`), so a name holding a
+    shows it, control characters escaped (:func:`rag.storage.paths.printable`), so a name holding a
     newline is typed back as ``\\n``."""
     own = printable(doc.path) if shown else doc.path
     return own == asked or own.startswith(asked.rstrip("/") + "/")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from rag.chunking import chunk_document
+from rag.cli.progress import track
 from rag.documents import (
     Deadline,
     DocumentError,
@@ -25,17 +25,18 @@ from rag.documents import (
     iter_files,
     load_document,
 )
+from rag.documents.chunking import chunk_document
 from rag.ingest.config import (
     IngestConfig,
     IngestReport,
     check_found,
+    failed_files,
     same_chunking,
     under,
 )
-from rag.manifest import Manifest, SourceEntry, file_hash
 from rag.models import ModelNotFoundError, default_encoder, resolve_model
-from rag.progress import track
 from rag.retrieval.encoder import Encoder, weights_fingerprint
+from rag.storage.manifest import Manifest, SourceEntry, file_hash
 from rag.types import Chunk
 
 log = logging.getLogger("rag.ingest")
@@ -102,14 +103,25 @@ def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, limits: Lim
     return chunks
 
 
+KEPT = "kept the previous version"  # said in the failure line of a stored document kept
+
+
 def _record_failure(
     plan: Plan, report: IngestReport, sources: dict, key: str, reason: str, shown: Any = None
 ) -> None:
-    """A file that could not be chunked: reported (as ``shown``, else ``key``); its old chunks
-    go."""
-    report.failures.append((key if shown is None else shown, reason))
-    if key in sources:
+    """A file that could not be loaded or chunked: reported (as ``shown``, else ``key``).
+
+    A document the index already holds keeps its previous version (its chunks and manifest
+    entry, so the index still answers from it), and its line says so (:data:`KEPT`): it is
+    counted as failed, neither as updated nor as removed. A good ``doc.pdf`` overwritten by a
+    hostile one used to lose its chunks while the summary said 0 removed. The manifest keeps
+    the old size and mtime, so the next run tries the file again. A file gone from disk
+    meanwhile (deleted during the run) goes, as a deleted file does."""
+    if key in sources and os.path.lexists(key):
+        reason = f"{reason}; {KEPT}"
+    elif key in sources:
         plan.drop_sources.append(key)
+    report.failures.append((key if shown is None else shown, reason))
 
 
 def _record_chunks(
@@ -137,7 +149,9 @@ def plan_changes(
     or (``engine`` given) all at once by the engine, recorded in file order either way.
 
     Any exception one file raises (a loader's, the chunker's, an encoding error) is that
-    file's failure; the run goes on. Before any file is read the walk is checked: more than
+    file's failure; the run goes on, and a document the index holds keeps its previous
+    version (:func:`_record_failure`). A run into an existing index in which every file
+    failed changes nothing (no removal either) unless ``--allow-empty``. Before any file is read the walk is checked: more than
     ``--max-files`` is refused, and so is a DOCS folder now empty where the index holds
     documents from it (:func:`rag.ingest.config.check_found`). Documents under a folder that
     could not be listed, and under an earlier DOCS path that is gone altogether (an unmounted
@@ -166,6 +180,8 @@ def plan_changes(
                         "(ingest it with --allow-empty to remove them)"
                     )
     for item in track(files, "load+chunk", unit="file", enabled=cfg.progress):
+        # Refused by the walk: a stored document so refused is not kept (a link out of the
+        # folder, read by an earlier run with --follow-links, leaves the index without it).
         if isinstance(item, DocumentError):
             report.failures.append((item.path, item.reason))
             continue
@@ -217,6 +233,18 @@ def plan_changes(
                 _record_failure(plan, report, sources, f.key, got)
             else:
                 _record_chunks(plan, report, sources, f, got)
+    if (
+        old is not None
+        and report.failures
+        and not (report.added or report.updated or report.unchanged)
+        and not cfg.allow_empty
+    ):  # every file failed: change nothing, as for a folder found empty (check_found)
+        report.notes.append(
+            f"no document could be read ({failed_files(len(report.failures))}): index "
+            f"{cfg.label()!r} was not changed (documents deleted from its folders are removed "
+            "by the next run that reads one, or with --allow-empty)"
+        )
+        return Plan()
     for key in sorted(sources):
         if key in seen or under(key, keep_under):
             continue

@@ -28,7 +28,7 @@ import numpy as np
 
 from rag.ingest.config import IngestConfig
 from rag.ingest.plan import EncoderHandle, PendingFile, chunk_file, os_reason
-from rag.paths import rag_home
+from rag.storage.paths import rag_home
 from rag.types import Chunk
 
 BATCH_SIZE = 256  # chunks per map_batches call; the encoder re-batches them by token length
@@ -232,7 +232,7 @@ class RayEngine:
     def _collect(self, ds: Any) -> list[dict[str, Any]]:
         """The pipeline's rows; off a terminal a progress line counts them (the total is not
         known while Ray streams; on a terminal Ray Data draws its own bars)."""
-        from rag.progress import Progress
+        from rag.cli.progress import Progress
 
         rows: list[dict[str, Any]] = []
         with Progress(None, "ray chunk+embed", "chunk", enabled=self.cfg.progress, bar=False) as p:

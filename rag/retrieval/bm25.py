@@ -36,8 +36,8 @@ def terms(texts: Sequence[str], stopwords: str | Sequence[str] = "en") -> list[l
 class BM25Index:
     """BM25 (Lucene variant, k1=0.9, b=0.4 as Pyserini's defaults) over ``ids``/``texts``.
 
-    bm25s indexes are immutable, so an update rebuilds from the full text list: on CPU this
-    takes about a second per 100k short chunks, far below the cost of embedding them.
+    bm25s indexes are immutable, so an update rebuilds from the full text list: on CPU far
+    below the cost of embedding them (docs/retrieval.md, below the modes table).
     """
 
     def __init__(self, ids: Sequence[str], texts: Sequence[str], k1: float = 0.9, b: float = 0.4):

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag.paths import cache_dir
+from rag.storage.paths import cache_dir
 
 if TYPE_CHECKING:
     from rag.retrieval.encoder import Encoder

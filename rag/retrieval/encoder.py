@@ -17,8 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag.chunking import count_tokens, special_tokens
-from rag.precision import check_precision, encoder_auto_precision, quantize_dynamic_int8, to_bf16
+from rag.documents.chunking import count_tokens, special_tokens
+from rag.models.precision import (
+    check_precision,
+    encoder_auto_precision,
+    quantize_dynamic_int8,
+    to_bf16,
+)
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -55,7 +60,7 @@ def state_fingerprint(model: Any) -> str:
     return h.hexdigest()[:16]
 
 
-def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -> None:
+def check_backend(backend: str, device: str = "auto", precision: str = "auto") -> None:
     """Refuse unknown backends, ONNX on a GPU (only the CPU provider is wired and tested), and
     ONNX in bf16 (onnxruntime's CPU provider has no bf16 kernels for these graphs)."""
     if backend not in ENCODER_BACKENDS:
@@ -73,8 +78,8 @@ def check_backend(backend: str, device: str = "auto", precision: str = "fp32") -
 class Encoder:
     """A SentenceTransformer plus how we batch it and who it is.
 
-    ``precision``: :mod:`rag.precision` (``auto`` is resolved for the model's device by
-    :func:`rag.precision.encoder_auto_precision`: bf16 on CUDA, and on a CPU only where a cached
+    ``precision``: :mod:`rag.models.precision` (``auto`` is resolved for the model's device by
+    :func:`rag.models.precision.encoder_auto_precision`: bf16 on CUDA, and on a CPU only where a cached
     probe measured it faster; :attr:`precision` and the index's manifest record what ran). ``batch_tokens`` bounds padded tokens per batch (batch size x longest text), ``max_batch``
     bounds texts per batch.
     """
@@ -84,7 +89,7 @@ class Encoder:
         model: SentenceTransformer,
         name: str = "",
         path: str | Path | None = None,
-        precision: str = "fp32",
+        precision: str = "auto",
         batch_tokens: int = 8192,
         max_batch: int = 128,
         backend: str = "torch",
@@ -118,7 +123,7 @@ class Encoder:
         cls,
         name: str | Path,
         device: str = "auto",
-        precision: str = "fp32",
+        precision: str = "auto",
         backend: str = "torch",
         **kw: Any,
     ) -> Encoder:
@@ -136,12 +141,13 @@ class Encoder:
     def wrap(
         cls, model: SentenceTransformer | str | Path | Encoder, device: str = "auto"
     ) -> Encoder:
-        """An Encoder from a model object, a name, or an Encoder (returned as is)."""
+        """An Encoder from a model object (its weights used as they are), a name (loaded in
+        the ``auto`` precision), or an Encoder (returned as is)."""
         if isinstance(model, Encoder):
             return model
         if isinstance(model, (str, Path)):
             return cls.load(model, device=device)
-        return cls(model)
+        return cls(model, precision="fp32")  # no cast: the caller's object stays as it is
 
     # ------------------------------------------------------------------ identity
 
@@ -236,11 +242,11 @@ class Encoder:
         """L2-normalised float32 embeddings, shape (len(texts), dim), in input order.
         ``kind`` selects the model's document or query prompt; ``on_batch(n)`` is called after
         each batch of ``n`` texts; ``progress`` shows a bar on a terminal, else a line at a
-        steady interval (:mod:`rag.progress`); ``batch_tokens`` overrides :attr:`batch_tokens`
+        steady interval (:mod:`rag.cli.progress`); ``batch_tokens`` overrides :attr:`batch_tokens`
         (texts of mixed lengths, such as sentences, pad less in smaller batches)."""
         import torch
 
-        from rag.progress import Progress
+        from rag.cli.progress import Progress
 
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:

@@ -21,7 +21,7 @@ from rag.answer.answerability import COVERAGE_STOPWORDS, coverage
 from rag.defaults import MODES
 from rag.retrieval.bm25 import BM25Index, terms
 from rag.retrieval.encoder import Encoder
-from rag.retrieval.fusion import check_fusion, check_rerank_weight, fuse, rerank_head
+from rag.retrieval.fusion import fuse, rerank_head
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.settings import DEFAULTS, RetrievalSettings
 
@@ -70,9 +70,6 @@ class SearchEngine:
         self._encoder = encoder
         self.vectors, self.bm25, self.text_of = vectors, bm25, text_of
         self.reranker, self.settings, self.keep = reranker, settings, keep
-        self.depth, self.rerank_depth = settings.depth, settings.rerank_depth
-        self.fusion, self.alpha, self.norm = settings.fusion, settings.alpha, settings.norm
-        self.rerank_weight = settings.rerank_weight
         self.timings = {
             "query_encode_s": 0.0,
             "dense_search_s": 0.0,
@@ -133,29 +130,27 @@ class SearchEngine:
         queries: list[str],
         k: int | None = None,
         mode: str | None = None,
-        fusion: str | None = None,
-        alpha: float | None = None,
+        *,
+        settings: RetrievalSettings | None = None,
         rerank: bool = True,
-        rerank_weight: float | None = None,
         allowed: Collection[str] | None = None,
     ) -> list[list[Scored]]:
         """Top-``k`` results per query, best first (``k``, ``mode``: the settings' when None).
-        ``fusion``/``alpha`` override the settings' for this call (hybrid only),
-        ``rerank_weight`` the settings' interpolation weight;
-        ``rerank=False`` skips the rerank stage, so one engine serves both sides of a
-        with/without-reranker comparison. ``allowed``: the only ids results may have (a
-        document filter, :mod:`rag.retrieval.filters`), pushed into every stage: the vector
+        ``settings``: this call's settings, whole, in place of the engine's (fusion, alpha,
+        norm, depth, rerank depth and weight: a comparison of settings over one loaded engine,
+        evals.retrieval); ``rerank=False`` skips the rerank stage, so one engine serves both
+        sides of a with/without-reranker comparison. ``allowed``: the only ids results may have
+        (a document filter, :mod:`rag.retrieval.filters`), pushed into every stage: the vector
         index and BM25 search only those, so the reranker sees only their candidates and ``k``
         results come back whenever they hold ``k`` (no post-filter)."""
-        weight = self.rerank_weight if rerank_weight is None else rerank_weight
-        check_rerank_weight(weight)
+        s = settings or self.settings
         queries = list(queries)
         reranking = rerank and self.reranker is not None
-        k = self.settings.k if k is None else k
-        rows = self.first_stage(queries, k, mode, fusion, alpha, reranking, allowed)
+        k = s.k if k is None else k
+        rows = self.first_stage(queries, k, mode, settings=s, reranking=reranking, allowed=allowed)
         if reranking:
             rows = [
-                self.apply_rerank(row, self.rerank_scores(q, row), weight) if row else row
+                self.apply_rerank(row, self.rerank_scores(q, row, s), s) if row else row
                 for q, row in zip(queries, rows)
             ]
         return [row[:k] for row in rows]
@@ -165,22 +160,20 @@ class SearchEngine:
         queries: list[str],
         k: int | None = None,
         mode: str | None = None,
-        fusion: str | None = None,
-        alpha: float | None = None,
+        *,
+        settings: RetrievalSettings | None = None,
         reranking: bool = False,
         allowed: Collection[str] | None = None,
     ) -> list[list[Scored]]:
         """The candidates :meth:`search_many` ranks before its rerank stage (at least ``k``,
         and ``rerank_depth`` when ``reranking``), best first, from ``allowed`` ids only when
-        given. Public so that tuning ``rerank_weight`` (evals.retrieval) reranks exactly what a
-        search would, once."""
-        k = self.settings.k if k is None else k
-        mode = mode or self.settings.mode
+        given; ``settings`` as for :meth:`search_many`. Public so that tuning ``rerank_weight``
+        (evals.retrieval) reranks exactly what a search would, once."""
+        s = settings or self.settings
+        k = s.k if k is None else k
+        mode = mode or s.mode
         if mode not in MODES:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {mode!r}")
-        fusion = fusion or self.fusion
-        alpha = self.alpha if alpha is None else alpha
-        check_fusion(fusion, alpha, self.norm)
         queries = list(queries)
         self.timings["queries"] += len(queries)
         only = None
@@ -190,9 +183,9 @@ class SearchEngine:
             only = frozenset(i for i in allowed if self.keep(i))
         if not queries or k <= 0 or only is not None and not only:
             return [[] for _ in queries]
-        n = max(k, self.depth) if mode == "hybrid" else k
+        n = max(k, s.depth) if mode == "hybrid" else k
         if reranking:
-            n = max(n, self.rerank_depth)
+            n = max(n, s.rerank_depth)
         dense = self._dense(queries, n, only) if mode in ("dense", "hybrid") else None
         sparse = self._bm25(queries, n, only) if mode in ("bm25", "hybrid") else None
         out = []
@@ -200,33 +193,39 @@ class SearchEngine:
             d = dict(dense[qi]) if dense else {}
             b = dict(sparse[qi]) if sparse else {}
             if mode == "hybrid":
-                fused = fuse(dense[qi], sparse[qi], fusion, alpha, self.norm)
+                fused = fuse(dense[qi], sparse[qi], s.fusion, s.alpha, s.norm)
             else:
                 fused = dense[qi] if mode == "dense" else sparse[qi]
             out.append([Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused])
         return out
 
-    def rerank_scores(self, query: str, row: Sequence[Scored]) -> list[float]:
+    def rerank_scores(
+        self, query: str, row: Sequence[Scored], settings: RetrievalSettings | None = None
+    ) -> list[float]:
         """The reranker's raw scores of the top ``rerank_depth`` of ``row`` (timed)."""
         if self.reranker is None:
             raise ValueError("this search engine has no reranker")
         t0 = time.perf_counter()
-        head = row[: self.rerank_depth]
+        head = row[: (settings or self.settings).rerank_depth]
         scores = [float(s) for s in self.reranker.score(query, [self.text_of(r.id) for r in head])]
         self.timings["rerank_s"] += time.perf_counter() - t0
         return scores
 
     def apply_rerank(
-        self, row: Sequence[Scored], scores: Sequence[float], weight: float | None = None
+        self,
+        row: Sequence[Scored],
+        scores: Sequence[float],
+        settings: RetrievalSettings | None = None,
     ) -> list[Scored]:
         """``row`` with its head (one entry per score) re-ordered by the reranker's ``scores``
-        interpolated with the first stage's by ``weight`` (default: the engine's;
+        interpolated with the first stage's by ``rerank_weight`` (``settings``', default: the
+        engine's;
         :func:`rag.retrieval.fusion.rerank_head`); the rest keep their order below them, with scores under
         the lowest reranked one (evaluators sort by score). Head entries become mode ``rerank``
         and keep their component scores."""
-        weight = self.rerank_weight if weight is None else weight
+        s = settings or self.settings
         by_id = {r.id: r for r in row}
-        ranked = rerank_head([(r.id, r.score) for r in row], scores, weight, self.norm)
+        ranked = rerank_head([(r.id, r.score) for r in row], scores, s.rerank_weight, s.norm)
         out = []
         for j, (doc, score) in enumerate(ranked):
             r = by_id[doc]

@@ -3,7 +3,7 @@
 A filter is clauses ANDed; each clause is one key and one or more values ORed (``type=pdf,docx``):
 
 - ``path=GLOB``: the document's path relative to the ingested folder (what results show,
-  :func:`rag.paths.display_source`), matched with :func:`fnmatch.fnmatchcase` (``*`` crosses
+  :func:`rag.storage.paths.display_source`), matched with :func:`fnmatch.fnmatchcase` (``*`` crosses
   folders: ``library/*`` is everything under ``library/``); a value without ``*?[`` names a
   document or a folder of documents (``library`` = ``library/*``), as ``rag.docs remove`` does;
 - ``type=T``: the document's type (:func:`rag.documents.document_type`: ``md``, ``txt``,
@@ -17,8 +17,8 @@ their candidates), so ``k`` results come from the filtered documents whenever th
 A filter is bounded, whichever front end sends it (``--where``, ``rag.toml``, the API's
 ``rag.filter``, MCP's ``where``, the UI's box): at most :data:`MAX_CLAUSES` clauses,
 :data:`MAX_VALUES` values in all and :data:`MAX_FILTER_CHARS` characters in all, else one
-:class:`FilterError` saying which bound (10,000 ``path=*`` clauses took 30 s on the CLI, a
-minute over MCP and held an answer slot for 54 s in a chat request).
+:class:`FilterError` saying which bound (an unbounded filter held an answer slot for its whole
+evaluation: docs/security.md, *Filters without a bound*).
 
 Why not each backend's metadata filter alone: FAISS has none, and Chroma's ``where`` on a
 ``source`` field would also match the chunks a previous generation of the same file left in the

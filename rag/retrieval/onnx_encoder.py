@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rag.paths import rag_home
+from rag.storage.paths import rag_home
 
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
@@ -71,7 +71,7 @@ class _Traced(torch.nn.Module):
 
 def down_projections_to_keep(onnx_model: Any) -> list[str]:
     """MatMul nodes to leave in fp32: the last third of the feed-forward down-projections (weight
-    ``[in, out]`` with in > out), the same recipe and reason as :func:`rag.precision.quantize_dynamic_int8`
+    ``[in, out]`` with in > out), the same recipe and reason as :func:`rag.models.precision.quantize_dynamic_int8`
     (their GELU inputs have outliers a per-tensor activation scale clips)."""
     from onnx import numpy_helper
 
@@ -86,9 +86,10 @@ def down_projections_to_keep(onnx_model: Any) -> list[str]:
     return down[len(down) - math.ceil(len(down) / 3) :] if down else []
 
 
-def export_onnx(model: SentenceTransformer, fingerprint: str, precision: str = "fp32") -> Path:
-    """The cached ONNX export of ``model``'s transformer (exported on first use). The folder is
-    written aside and renamed into place, so a crash never leaves a half-written cache entry."""
+def export_onnx(model: SentenceTransformer, fingerprint: str, precision: str) -> Path:
+    """The cached ONNX export of ``model``'s transformer (exported on first use) in ``precision``
+    (as the encoder resolved it: ``fp32`` or ``int8``). The folder is written aside and renamed
+    into place, so a crash never leaves a half-written cache entry."""
     folder = onnx_cache_root() / f"{fingerprint}-{precision}"
     if (folder / ONNX_FILE).exists():
         return folder

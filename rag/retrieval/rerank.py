@@ -19,16 +19,16 @@ from typing import Protocol
 
 import numpy as np
 
-from rag.loading import MODEL_LOAD_LOCK
 from rag.models import ModelNotFoundError, check_cross_encoder, is_cross_encoder, resolve_model
-from rag.paths import models_dir
-from rag.precision import check_precision, quantize_dynamic_int8, resolve_precision, to_bf16
+from rag.models.loading import MODEL_LOAD_LOCK
+from rag.models.precision import check_precision, quantize_dynamic_int8, resolve_precision, to_bf16
 from rag.retrieval.settings import RetrievalSettings
+from rag.storage.paths import models_dir
 
 log = logging.getLogger("rag.retrieval.rerank")
 
 # ``auto`` (the default ``rerank`` setting, rag.retrieval.settings) finds AUTO_RERANKER, the
-# cross-encoder `make models` writes (python -m training.rerank) under $RAG_HOME/models.
+# cross-encoder `make models` writes (python -m training.finetune.rerank) under $RAG_HOME/models.
 AUTO = "auto"
 AUTO_RERANKER = "minilm-rerank"
 
@@ -41,14 +41,14 @@ class Reranker(Protocol):
 
 class CrossEncoderReranker:
     """A sentence-transformers ``CrossEncoder`` from a local folder, alias or artefact name
-    (``minilm-rerank`` = ``$RAG_HOME/models/minilm-rerank``, what ``python -m training.rerank``
+    (``minilm-rerank`` = ``$RAG_HOME/models/minilm-rerank``, what ``python -m training.finetune.rerank``
     writes); nothing downloads. ``max_length`` truncates each (query, passage) pair (None: the
     length the folder was saved with). Scores are raw logits: the order is the model's, and
     unlike its sigmoid they never saturate into ties. ``precision`` ``int8`` quantises the
     transformer's Linear layers with the bi-encoder's recipe
-    (:func:`rag.precision.quantize_dynamic_int8`; the scoring head stays fp32) and runs on CPU, so
+    (:func:`rag.models.precision.quantize_dynamic_int8`; the scoring head stays fp32) and runs on CPU, so
     ``device`` ``auto`` means CPU there; ``bf16`` casts the whole model to bfloat16
-    (:func:`rag.precision.to_bf16`); ``auto`` is bf16 where it runs fast, else fp32."""
+    (:func:`rag.models.precision.to_bf16`); ``auto`` is bf16 where it runs fast, else fp32."""
 
     def __init__(
         self,
@@ -56,7 +56,7 @@ class CrossEncoderReranker:
         device: str = "auto",
         batch_size: int = 32,
         max_length: int | None = None,
-        precision: str = "fp32",
+        precision: str = "auto",
     ):
         from sentence_transformers import CrossEncoder
 
@@ -73,7 +73,7 @@ class CrossEncoderReranker:
             path = resolve_model(model)
         except ModelNotFoundError as e:
             raise ModelNotFoundError(
-                f"{e}; a reranker is trained with `python -m training.rerank`"
+                f"{e}; a reranker is trained with `python -m training.finetune.rerank`"
             ) from None
         check_cross_encoder(path)
         with MODEL_LOAD_LOCK:
@@ -161,7 +161,7 @@ def resolve_reranker(setting: str | Path | None) -> str | None:
     except ModelNotFoundError as e:
         what = str(e).replace("unknown model", "unknown reranker", 1)
         raise ModelNotFoundError(
-            f"{what}; a reranker is trained with `python -m training.rerank` (or use auto / none)"
+            f"{what}; a reranker is trained with `python -m training.finetune.rerank` (or use auto / none)"
         ) from None
     check_cross_encoder(path)
     log.info("reranker: %s", name)

@@ -22,15 +22,6 @@ from typing import Any
 
 from indexes import VectorIndex, load_generation, scratch_index
 from rag.documents import document_type
-from rag.manifest import (
-    IndexIntegrityError,
-    Manifest,
-    check_chunks,
-    current_generation,
-    open_generation,
-    read_chunks,
-)
-from rag.paths import display_names, display_source
 from rag.retrieval.bm25 import BM25Index
 from rag.retrieval.embedding_cache import EmbeddingCache
 from rag.retrieval.encoder import Encoder, EncoderMismatchError
@@ -39,6 +30,15 @@ from rag.retrieval.filters import Where
 from rag.retrieval.query import check_query
 from rag.retrieval.rerank import Reranker, load_reranker
 from rag.retrieval.settings import DEFAULTS, RetrievalSettings
+from rag.storage.manifest import (
+    IndexIntegrityError,
+    Manifest,
+    check_chunks,
+    current_generation,
+    open_generation,
+    read_chunks,
+)
+from rag.storage.paths import display_names, display_source
 from rag.types import Chunk, Hit
 
 
@@ -118,18 +118,30 @@ class CorpusRetriever:
         return self.engine._encoder if isinstance(self.engine._encoder, Encoder) else None
 
     def search_many(
-        self, queries: list[str], k: int | None = None, mode: str | None = None, **options: Any
+        self,
+        queries: list[str],
+        k: int | None = None,
+        mode: str | None = None,
+        *,
+        settings: RetrievalSettings | None = None,
+        rerank: bool = True,
     ) -> list[list[tuple[str, float]]]:
         """(id, score) lists, best first, one per query (``k``, ``mode``: the settings' when
-        None); ``options`` (``fusion``, ``alpha``, ``rerank``, ``rerank_weight``) as
+        None); ``settings`` (this call's, whole) and ``rerank`` as
         :meth:`rag.retrieval.engine.SearchEngine.search_many`."""
-        rows = self.engine.search_many(queries, k, mode, **options)
+        rows = self.engine.search_many(queries, k, mode, settings=settings, rerank=rerank)
         return [[(r.id, r.score) for r in row] for row in rows]
 
     def search(
-        self, query: str, k: int | None = None, mode: str | None = None, **options: Any
+        self,
+        query: str,
+        k: int | None = None,
+        mode: str | None = None,
+        *,
+        settings: RetrievalSettings | None = None,
+        rerank: bool = True,
     ) -> list[tuple[str, float]]:
-        return self.search_many([query], k, mode, **options)[0]
+        return self.search_many([query], k, mode, settings=settings, rerank=rerank)[0]
 
     def coverage(self, query: str, ids: Sequence[str]) -> float | None:
         """Share of the query's IDF weight the best of ``ids`` holds (rag.answer.answerability)."""
@@ -170,7 +182,7 @@ class Snapshot:
     def display(self, source: str) -> str:
         """The path of ``source`` relative to the folder it was ingested from (the manifest's
         roots), so results and citations never show the machine's absolute path; distinct
-        for every document of the generation (:func:`rag.paths.display_names`: two folders'
+        for every document of the generation (:func:`rag.storage.paths.display_names`: two folders'
         ``same.md`` are ``dupA/same.md`` and ``dupB/same.md``), computed once for all."""
         if not self.paths and self.manifest.sources:
             self.paths = display_names(self.manifest.sources, self.manifest.roots)
@@ -216,7 +228,7 @@ class Retriever:
     question sees), then the new :class:`Snapshot` replaces the old in one assignment.
     Queries already running finish on the snapshot they took: the old generation stays
     searchable meanwhile because ingest keeps the previous generation's folder and its
-    vectors (``rag.manifest.publish_generation``, ``VectorIndex.reconcile``).
+    vectors (``rag.storage.manifest.publish_generation``, ``VectorIndex.reconcile``).
 
     ``settings`` (:class:`~rag.retrieval.settings.RetrievalSettings`) say how to search, as for
     :class:`~rag.retrieval.engine.SearchEngine`, and which query encoder to use (``encoder``,
@@ -252,7 +264,7 @@ class Retriever:
         pipeline, ``rag.ask --index`` or ``--index-dir``, ``rag.search``, ``rag.serve``, the UI,
         the evals), so a name and a folder of the same index answer alike. ``index``: a name
         under ``$RAG_HOME/indexes``, or an index folder given as a :class:`~pathlib.Path`; a
-        string that is not a plain name raises :class:`rag.paths.IndexNameError`. An encoder
+        string that is not a plain name raises :class:`rag.storage.paths.IndexNameError`. An encoder
         other than the index's own must have the same weights fingerprint, else
         :class:`EncoderMismatchError` names both."""
         return cls(index, settings, encoder=encoder, reranker=load_reranker(settings))
@@ -287,7 +299,7 @@ class Retriever:
         return self._read_once()
 
     def _read_once(self) -> Snapshot:
-        """Load the live generation, checked (:mod:`rag.manifest`, *Integrity*): its files'
+        """Load the live generation, checked (:mod:`rag.storage.manifest`, *Integrity*): its files'
         sizes, its chunk store against the manifest, and a store of its own holding exactly
         its chunks' vectors, so a lost or foreign vector file is an error naming it rather
         than a dense search that quietly finds nothing (hybrid silently BM25 only)."""
@@ -358,22 +370,23 @@ class Retriever:
     def _get_encoder(self) -> Encoder:
         if self._encoder is None:
             rec = self.manifest.encoder
+            # queries are encoded in fp32 whatever precision the index was built in: one query
+            # is cheap, and the scores stay those every measurement in docs/ was taken with
+            opts = {"device": self.device, "backend": self.encoder_backend, "precision": "fp32"}
             if self._given is not None:
                 enc = (
-                    Encoder.load(self._given, device=self.device, backend=self.encoder_backend)
+                    Encoder.load(self._given, **opts)
                     if isinstance(self._given, (str, Path))
                     else Encoder.wrap(self._given, device=self.device)
                 )
             else:
                 name = rec["name"]
                 try:
-                    enc = Encoder.load(name, device=self.device, backend=self.encoder_backend)
+                    enc = Encoder.load(name, **opts)
                 except Exception:  # the alias/folder moved: fall back to the recorded path
                     if not rec.get("path"):
                         raise
-                    enc = Encoder.load(
-                        rec["path"], device=self.device, backend=self.encoder_backend
-                    )
+                    enc = Encoder.load(rec["path"], **opts)
                     enc.name = name
             enc.check_matches(rec, str(self.index))
             self._encoder = enc
@@ -394,15 +407,19 @@ class Retriever:
         k: int | None = None,
         mode: str | None = None,
         where: Any = None,
-        **options: Any,
+        *,
+        settings: RetrievalSettings | None = None,
+        rerank: bool = True,
     ) -> list[Hit]:
         """Top-``k`` hits for ``query``, best first (``k``, ``mode``: dense, bm25 or hybrid, the
         settings' when None; ``where``: a document filter, :meth:`Where.parse
         <rag.retrieval.filters.Where.parse>`'s input, None = the settings' own, ``[]`` = none;
-        ``options``: ``fusion``, ``alpha``, ``rerank``, ``rerank_weight`` as
+        ``settings`` (this call's, whole) and ``rerank`` as
         :meth:`rag.retrieval.engine.SearchEngine.search_many`). A query without a word is
         refused (:func:`rag.retrieval.query.check_query`): its hits would be arbitrary."""
-        return self.search_many([check_query(query)], k, mode, where, **options)[0]
+        return self.search_many(
+            [check_query(query)], k, mode, where, settings=settings, rerank=rerank
+        )[0]
 
     def search_many(
         self,
@@ -410,7 +427,9 @@ class Retriever:
         k: int | None = None,
         mode: str | None = None,
         where: Any = None,
-        **options: Any,
+        *,
+        settings: RetrievalSettings | None = None,
+        rerank: bool = True,
     ) -> list[list[Hit]]:
         """Hits per query, all from one generation (the one published when the call began);
         a filter (``where``) is searched inside every stage, so ``k`` hits come from the
@@ -418,7 +437,9 @@ class Retriever:
         state = self._current()
         filt = self._where if where is None else Where.parse(where)
         allowed = state.allowed(filt)
-        rows = state.engine.search_many(queries, k, mode, allowed=allowed, **options)
+        rows = state.engine.search_many(
+            queries, k, mode, settings=settings, rerank=rerank, allowed=allowed
+        )
         return [
             [
                 FusedHit(

@@ -6,9 +6,9 @@ Why: the settings used to travel as about ten loose keyword arguments whose defa
 ``CorpusRetriever`` and ``SearchEngine`` defaulted to RRF, ``Retriever.open`` to fp32), and one
 entry point passed three of them, so the same index answered differently named
 (``rag.ask --index pydocs``: convex fusion and the reranker) and given as a folder
-(``--index-dir``: RRF, no reranker). Now every path builds a :class:`RetrievalSettings`, from
-:class:`rag.config.RAGConfig` (whose retrieval fields take their defaults from here) or from any
-config or parsed flags with the same field names (:meth:`RetrievalSettings.from_config`), and
+(``--index-dir``: RRF, no reranker). Now every path builds a :class:`RetrievalSettings` (the
+``retrieval`` section of :class:`rag.config.RAGConfig`, ``rag.toml``'s ``[retrieval]`` table, or
+any config or parsed flags with the same field names: :meth:`RetrievalSettings.from_config`) and
 opens its retriever with :meth:`rag.retrieval.retriever.Retriever.from_settings`.
 
 The measured choices behind the defaults are in docs/retrieval.md: convex fusion at alpha 0.5
@@ -19,13 +19,13 @@ The measured choices behind the defaults are in docs/retrieval.md: convex fusion
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from rag.defaults import DEVICES, MODES
-from rag.precision import check_precision
+from rag.models.precision import check_precision
 from rag.retrieval.encoder import ENCODER_BACKENDS
 from rag.retrieval.filters import Where
-from rag.retrieval.fusion import check_fusion, check_rerank_weight
+from rag.retrieval.fusion import FUSIONS, NORMS, check_fusion, check_rerank_weight
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,9 @@ class RetrievalSettings:
     rerank: str | None = "auto"
     rerank_depth: int = 10  # candidates the reranker re-scores (one forward pass each: latency)
     rerank_weight: float = 0.5  # reranker share of a reranked score, in [0, 1] (fusion.interpolate)
-    rerank_precision: str = "auto"  # reranker weights: auto | fp32 | bf16 | int8 (rag.precision)
+    rerank_precision: str = (
+        "auto"  # reranker weights: auto | fp32 | bf16 | int8 (rag.models.precision)
+    )
     rerank_max_length: int | None = None  # tokens per query+passage pair; None = the model's
     encoder: str | None = None  # query encoder alias/folder; None = the one the index records
     encoder_backend: str = "torch"  # query encoder runtime: torch | onnx (rag.retrieval.encoder)
@@ -51,6 +53,15 @@ class RetrievalSettings:
     # document filter of every search that names none (rag.retrieval.filters): KEY=VALUE
     # clauses, ANDed: path=GLOB (relative path), type=pdf,md (values ORed)
     where: tuple[str, ...] = ()
+
+    # The value sets of the fields that have one: checked here, argparse choices on every CLI.
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "mode": MODES,
+        "fusion": FUSIONS,
+        "norm": NORMS,
+        "encoder_backend": ENCODER_BACKENDS,
+        "device": DEVICES,
+    }
 
     def __post_init__(self) -> None:
         # one spelling (and a checked one) for every caller: lists from TOML, strings, a Where
@@ -74,9 +85,13 @@ class RetrievalSettings:
 
     @classmethod
     def from_config(cls, config: Any, **changes: Any) -> RetrievalSettings:
-        """The settings ``config`` holds: every field of this class that ``config`` (a
-        :class:`rag.config.RAGConfig`, an eval's config, an ``argparse.Namespace`` of the same
-        flags) has under the same name; the others keep their defaults. ``changes`` win."""
+        """The settings ``config`` holds: its ``retrieval`` section when it has one (a
+        :class:`rag.config.RAGConfig`), else every field of this class that ``config`` (an
+        eval's config, an ``argparse.Namespace`` of the same flags) has under the same name;
+        the others keep their defaults. ``changes`` win."""
+        section = getattr(config, "retrieval", None)
+        if isinstance(section, cls):
+            return section.replace(**changes) if changes else section
         have = {f.name: getattr(config, f.name) for f in fields(cls) if hasattr(config, f.name)}
         return cls(**{**have, **changes})
 

@@ -10,8 +10,9 @@ another answer than it asked for, are refused instead (:func:`check_chat_request
 verification are the whole answer's), a ``response_format`` other than text, ``logprobs``,
 a ``tool_choice`` or ``function_call`` other than ``none``, and ``functions``. Their empty or
 default values (``stop: null``, ``response_format: {"type": "text"}``, ``logprobs: false``) pass.
-An embedding input longer than the encoder reads is refused, not cut silently
-(:func:`embedding_tokens`).
+An embedding input longer than the encoder reads is refused, not cut silently, its length
+counted as ingest counts a chunk's, so a long run without spaces (one unknown token to a
+WordPiece encoder) is refused too (:func:`embedding_tokens`).
 
 The extensions to the format, all documented in docs/serving.md:
 
@@ -310,27 +311,53 @@ def embedding_tokens(encoder: Any, texts: list[str], kind: str) -> int:
     """The tokens ``encoder`` reads of ``texts`` (with its prompt for ``kind``), for ``usage``.
     An input longer than the encoder reads is refused, a 400 naming it, rather than cut
     silently: one 900 KB input was reported as 180,000 prompt tokens while the encoder read
-    256 of them. 0 for an encoder without a tokenizer (nothing to count with)."""
+    256 of them. 0 for an encoder without a tokenizer (nothing to count with).
+
+    The length is counted as ingest counts a chunk's (:data:`rag.documents.chunking.MAX_TOKEN_CHARS`):
+    a token that covers more than 32 characters counts as one per 32. A WordPiece encoder
+    (minilm) reads a run of more than 100 characters without a space or punctuation as one
+    ``[UNK]``, so a 200 KB run was one token, accepted, and embedded as the vector of "unknown"
+    (every such input alike). Ingest never embeds such a run whole: it cuts it every 32
+    characters, a chunk at most budget x 32 characters. Refusing here, rather than cutting
+    the input, keeps one input one vector of what it says: the endpoint takes exactly what
+    ingest would embed as one chunk, and a longer run is a 400 naming the input and the run
+    (the client splits it, as ingest would), never a meaningless vector. ``usage`` stays the
+    tokens the encoder really reads (the ``[UNK]`` is one)."""
     tokenizer = getattr(encoder, "tokenizer", None)
     if tokenizer is None:
         return 0
-    from rag.chunking import count_tokens
+    from rag.documents.chunking import MAX_TOKEN_CHARS, _backend
 
     prompt = getattr(encoder, "query_prompt" if kind == "query" else "document_prompt", "")
     prompt = prompt if isinstance(prompt, str) else ""
-    counts = count_tokens(tokenizer, [prompt + t for t in texts])
+    encodings = _backend(tokenizer).encode_batch(
+        [prompt + t for t in texts], add_special_tokens=False
+    )
     limit = getattr(encoder, "max_chunk_tokens", None)
-    if isinstance(limit, int):
-        for i, n in enumerate(counts):
-            if n > limit:
-                raise ApiError(
-                    400,
-                    f"input {i} is {n:,} tokens, over the {limit} this index's encoder reads "
-                    "(it would be cut silently); split it",
-                    param="input",
-                    code="context_length_exceeded",
-                )
-    return sum(counts)
+    total = 0
+    for i, enc in enumerate(encodings):
+        read = len(enc.ids)
+        total += read
+        if not isinstance(limit, int):
+            continue
+        runs = [b - a for a, b in enc.offsets if b - a > MAX_TOKEN_CHARS]
+        counted = read + sum(-(-n // MAX_TOKEN_CHARS) - 1 for n in runs)  # as ingest counts
+        if counted > limit:
+            why = (
+                f" as ingest counts them, over the {limit} this index's encoder reads: a run of "
+                f"{max(runs):,} characters without a space, which the encoder reads as one "
+                f"token (ingest cuts such runs every {MAX_TOKEN_CHARS} characters); split it"
+                if runs and read <= limit
+                else f", over the {limit} this index's encoder reads (it would be cut "
+                "silently); split it"
+            )
+            raise ApiError(
+                400,
+                f"input {i} is {counted:,} tokens{why}",
+                param="input",
+                code="context_length_exceeded",
+            )
+    return total
 
 
 # ---- responses -------------------------------------------------------------------------------

@@ -31,8 +31,8 @@ from rag.ingest.manage import (
     list_documents,
     remove_documents,
 )
-from rag.manifest import IndexNotFoundError
 from rag.serve.api import MODEL_PREFIX, ApiError
+from rag.storage.manifest import IndexNotFoundError
 
 
 def not_ingested(index: str) -> ApiError:

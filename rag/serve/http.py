@@ -25,8 +25,8 @@ from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from rag.cli import one_line
-from rag.paths import indexes_dir, rag_home
 from rag.serve.api import ApiError, error_body
+from rag.storage.paths import indexes_dir, rag_home
 
 log = logging.getLogger("rag.serve")
 

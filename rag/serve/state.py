@@ -1,5 +1,7 @@
 """Process state behind :mod:`rag.serve`: the pipelines per index (sharing one decoder), the
-slots that bound answers in flight, and one generation's run with its clean-up.
+slots that bound answers in flight, and one generation's run with its clean-up. The chat UI keeps
+its pipelines in the same :class:`Pipelines`, keyed by whole configs (its settings panel picks
+the models per request).
 
 Why the clean-up lives here: a client that disconnects mid-answer must stop its decoding and
 give its slot back, whatever path the request left by (finished, failed, cancelled). A
@@ -8,6 +10,7 @@ give its slot back, whatever path the request left by (finished, failed, cancell
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -72,24 +75,35 @@ def default_factory(base: RAGConfig) -> PipelineFactory:
     return build
 
 
+def config_key(config: RAGConfig) -> str:
+    """What tells two configs' pipelines apart: every setting's value (and the rewrite hook's
+    name), as one string."""
+    return json.dumps(config.to_dict(), sort_keys=True, default=str)
+
+
 class Pipelines:
-    """Built pipelines by index name, the most recently used ``size`` kept; built under a lock
-    so concurrent first requests for one index load it once."""
+    """Built pipelines by config, the most recently used ``size`` kept; built under a lock so
+    concurrent first requests for one config load it once. :meth:`get` takes an index name (the
+    base config on that index: the server) or a whole config (the UI)."""
 
     def __init__(self, base: RAGConfig, factory: PipelineFactory, size: int = 4) -> None:
         self.base, self.factory, self.size = base, factory, size
-        self._items: OrderedDict[str, Any] = OrderedDict()
-        self._view: dict[str, Any] = {}  # a copy for readers that must not wait on a load
+        self._items: OrderedDict[str, tuple[str, Any]] = OrderedDict()  # key -> (index, pipeline)
+        self._view: dict[str, tuple[str, Any]] = {}  # a copy for readers that must not wait
         self._lock = threading.Lock()
 
-    def get(self, index: str) -> Any:
+    def get(self, config: str | RAGConfig) -> Any:
+        """The pipeline for ``config`` (an index name: the base config on that index), built on
+        first use; equal settings share one pipeline."""
+        cfg = replace(self.base, index=config) if isinstance(config, str) else config
+        key = config_key(cfg)
         with self._lock:
-            if index in self._items:
-                self._items.move_to_end(index)
-                return self._items[index]
-            log.info("loading pipeline for index %s", index)
-            pipe = self.factory(replace(self.base, index=index))
-            self._items[index] = pipe
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key][1]
+            log.info("loading pipeline for index %s", cfg.index)
+            pipe = self.factory(cfg)
+            self._items[key] = (cfg.index, pipe)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
             self._view = dict(self._items)
@@ -98,7 +112,7 @@ class Pipelines:
     def generations(self) -> dict[str, str]:
         """The index generation each built pipeline has loaded (``/health``), without taking
         the lock a pipeline load holds: a probe must answer while an index loads."""
-        found = {name: getattr(pipe, "generation", None) for name, pipe in self._view.items()}
+        found = {name: getattr(pipe, "generation", None) for name, pipe in self._view.values()}
         return {name: gen for name, gen in found.items() if isinstance(gen, str) and gen}
 
 

@@ -1,0 +1,250 @@
+"""How an answer is put together from what was decided before decoding and what the decoder
+wrote: the prepared prompt (:class:`Prepared`), citation markers mapped to passages, citation
+completion (by the decoder's likelihoods, or by word support for excerpt prompts), the reply
+around a reader span, the evidence reply with its short answer line, and the finish reason.
+
+Pure functions of a :class:`Prepared` and a decoder's text (the decoder only where a likelihood
+or a continuation is asked for), so :class:`rag.pipeline.RAGPipeline` reads as the steps it takes
+and these rules can be tested alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from rag.answer.answerability import AnswerabilityDecision
+from rag.answer.prompt import (
+    DEFAULT_STOP,
+    REFUSAL,
+    SHORT_ANSWER,
+    clean_short_answer,
+    is_refusal,
+    parse_citations,
+    split_short_answer,
+)
+from rag.answer.verify import locate
+from rag.types import Answer, AnswerSpan, Citation, Hit
+
+
+@dataclass
+class Prepared:
+    """Everything decided before decoding: the query used, the hits given, the prompt."""
+
+    question: str
+    query: str
+    hits: list[Hit]  # passages given to the model, in prompt order ([1] first)
+    messages: list[dict[str, str]]
+    timings: dict[str, float]
+    answerable: AnswerabilityDecision | None = None  # rag.answer.answerability; None = not checked
+    reranker: str | None = None  # the retriever's cross-encoder (named in the Answer)
+    span: AnswerSpan | None = None  # the reader's trusted short answer (hits[0] = its passage)
+    # the encoder's excerpts of the hits (rag.answer.evidence), one per hit given, in prompt
+    # order; None = whole passages (or a reader span)
+    evidence: list[Any] | None = None
+
+
+def make_answer(raw: str, prep: Prepared) -> Answer:
+    """Answer from the model's raw text: markers parsed, each valid one mapped to its passage."""
+    parsed = parse_citations(raw, len(prep.hits))
+    citations = []
+    for n in parsed.cited:
+        hit = prep.hits[n - 1]
+        c = hit.chunk
+        citations.append(Citation(n, c.source, tuple(c.heading_path), c.text, hit.score, c.id))
+    return Answer(
+        text=REFUSAL if parsed.refused else parsed.text,
+        citations=citations,
+        raw_text=raw,
+        refused=parsed.refused,
+        invalid_citations=parsed.invalid,
+        passages=list(prep.hits),
+        query=prep.query,
+        timings=prep.timings,
+        reranker=prep.reranker,
+        unanswerable_probability=prep.answerable.probability if prep.answerable else None,
+        answer_span=prep.span,
+    )
+
+
+def complete_citation(raw: str, prep: Prepared, generator: Any) -> Answer:
+    """:func:`make_answer`, plus the likeliest marker when the model cited nothing by itself.
+
+    Fires only when the answer is no refusal and holds no valid marker (invalid ones alone do not
+    count). ``generator.score_continuations`` gives log p(`` [i]`` | prompt, answer) for each
+    passage i; the argmax is appended to the raw text and parsed like a marker the model wrote.
+    ``Answer.raw_text`` stays the model's own text.
+    """
+    answer = make_answer(raw, prep)
+    if answer.refused or answer.citations or not prep.hits:
+        return answer
+    n = len(prep.hits)
+    scores = generator.score_continuations(prep.messages, raw, [f" [{i}]" for i in range(1, n + 1)])
+    best = max(range(n), key=lambda i: scores[i]) + 1
+    completed = make_answer(f"{raw} [{best}]", prep)
+    completed.raw_text = raw
+    completed.citations_completed = True
+    completed.citation_logprobs = [float(x) for x in scores]
+    return completed
+
+
+def refusal(prep: Prepared) -> Answer:
+    """The answer when nothing relevant was retrieved (the model is not called)."""
+    return Answer(
+        REFUSAL, refused=True, query=prep.query, timings=prep.timings, reranker=prep.reranker
+    )
+
+
+# Tokens the decoder may spend on the one to three sentences around a reader span.
+SPAN_MAX_NEW_TOKENS = 80
+SPAN_CITATION = "[1]"  # how the reader-first reply ends (rag.answer.prompt.SPAN_SYSTEM_PROMPT)
+
+
+def extracted_answer(prep: Prepared) -> str:
+    """The passage's own sentence(s) holding the reader's span, cited: the answer when nothing is
+    decoded (``compose="extract"``), or when the decoder's reply lost the span."""
+    from rag.answer.reader import sentence_around
+
+    span = prep.span
+    return f"{sentence_around(prep.hits[0].chunk.text, span.start, span.end)} {SPAN_CITATION}"
+
+
+def span_reply(raw: str, prep: Prepared) -> str:
+    """The decoder's sentence around the span, cited [1]; the extracted sentence instead when
+    the reply refuses or does not hold the span word for word (normalised)."""
+    from rag.evaluation.metrics import normalize_answer
+
+    parsed = parse_citations(raw, 1)  # the markers it wrote come out; [1] is appended
+    if parsed.refused or normalize_answer(prep.span.text) not in normalize_answer(parsed.text):
+        return extracted_answer(prep)
+    return f"{parsed.text} {SPAN_CITATION}"
+
+
+def finish_reason(stats: dict[str, Any], answer: Answer, prep: Prepared) -> str:
+    """``"length"`` when the decoder stopped at its token limit (``stats["finish_reason"]``,
+    :meth:`rag.generate.generator.Generator.finish_reason`) and its reply is the answer, else
+    ``"stop"``: a reply around a reader span that was replaced by the passage's own sentence
+    was not cut, nor is text nothing decoded."""
+    if stats.get("finish_reason") != "length":
+        return "stop"
+    if prep.span is not None and answer.raw_text == extracted_answer(prep):
+        return "stop"
+    return "length"
+
+
+def gen_timings(stats: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    if "prompt_tokens" in stats:
+        out["prompt_tokens"] = float(stats["prompt_tokens"])
+    if "ttft_s" in stats:
+        out["ttft_s"] = stats["ttft_s"]
+    if "total_s" in stats:
+        out["generate_s"] = stats["total_s"]
+    if "new_tokens" in stats:
+        out["new_tokens"] = float(stats["new_tokens"])
+    return out
+
+
+def attribute_citation(raw: str, prep: Prepared) -> Answer:
+    """:func:`make_answer`, plus a marker for the passage that supports the answer best when the
+    model cited nothing (:func:`rag.answer.verify.attribute`): citation completion for a decoder
+    whose engine gives no marker likelihoods, and for excerpt prompts, whose markers name
+    excerpts the support of the passage's words checks directly."""
+    from rag.answer.verify import attribute
+
+    answer = make_answer(raw, prep)
+    if answer.refused or answer.citations or not prep.hits:
+        return answer
+    given = prep.evidence or []
+    texts = [e.text for e in given] or [h.chunk.text for h in prep.hits]
+    best = attribute(answer.text, texts, prep.query)
+    if best is None:
+        return answer
+    completed = make_answer(f"{raw} [{best}]", prep)
+    completed.raw_text = raw
+    completed.citations_completed = True
+    return completed
+
+
+def short_answer_span(raw: str, answer: Answer, prep: Prepared) -> AnswerSpan | None:
+    """The evidence reply's short answer (rag.answer.prompt.split_short_answer`) as an
+    :class:`AnswerSpan`, found word for word in a given passage: the cited ones first, then the
+    rest in prompt order; None when the reply has none or no passage holds it (an answer
+    the documents do not contain is never shown as a span of them)."""
+    if answer.refused:
+        return None
+    short = split_short_answer(raw).short
+    if not short:
+        return None
+    found = find_short_answer(short, prep.hits, [c.number for c in answer.citations])
+    if found is None:
+        return None
+    n, start, end = found
+    c = prep.hits[n - 1].chunk
+    return AnswerSpan(
+        text=c.text[start:end],
+        number=n,
+        source=c.source,
+        chunk_id=c.id,
+        start=start,
+        end=end,
+        source_start=c.start + start,
+        source_end=c.start + end,
+        score=0.0,
+        path=c.path,
+        origin="decoder",
+    )
+
+
+def find_short_answer(
+    short: str, hits: list[Hit], first: list[int] | tuple[int, ...] = ()
+) -> tuple[int, int, int] | None:
+    """(passage number, start, end) of the first given passage that holds ``short`` word for
+    word (:func:`rag.answer.verify.locate`): the numbers in ``first`` (the cited ones) before
+    the rest in prompt order; None when none does."""
+    order = [*first, *(n for n in range(1, len(hits) + 1) if n not in first)]
+    for n in order:
+        found = locate(short, hits[n - 1].chunk.text)
+        if found is not None:
+            return n, *found
+    return None
+
+
+def evidence_reply(
+    gen: Any, prep: Prepared, args: dict[str, Any], stats: dict[str, Any]
+) -> Iterator[str]:
+    """Text deltas of the reply to an evidence prompt: the explanation, then a last line
+    ``Short answer: ...`` (:data:`rag.answer.prompt.SHORT_ANSWER`) when a given passage holds that
+    answer word for word (an answer the documents do not hold is not shown as theirs). The explanation is decoded up to
+    that line; the short answer is always decoded as a continuation of the explanation
+    (``continuation``: prompt + explanation + the line's label, whose keys and values the
+    engine's prefix cache already holds: a few tokens of prefill), because small decoders
+    often end their turn without it. ``stats`` gets the first call's time to first token and
+    both calls' tokens and time."""
+    first: dict[str, Any] = {}
+    parts: list[str] = []
+    stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER)
+    for delta in gen.stream(prep.messages, **{**args, "stop": stop}, stats=first):
+        parts.append(delta)
+        yield delta
+    stats.update(first)
+    explanation = "".join(parts).strip()
+    left = min(SHORT_ANSWER_TOKENS, args["max_new_tokens"] - first.get("new_tokens", 0))
+    if not explanation or is_refusal(explanation) or first.get("finish_reason") == "length":
+        return  # nothing to read it off, or the answer's token limit already reached
+    if left < 1:  # no token left of the limit for it
+        return
+    more: dict[str, Any] = {}
+    short_args = {**args, "max_new_tokens": left, "stop": ("\n", *DEFAULT_STOP)}
+    label = f"{explanation}\n{SHORT_ANSWER}"
+    short = "".join(gen.stream(prep.messages, **short_args, stats=more, continuation=label))
+    short = clean_short_answer(short) or ""
+    if short and find_short_answer(short, prep.hits) is not None:
+        yield f"\n{SHORT_ANSWER} {short}"  # shown only where a passage holds it word for word
+    stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
+    stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)
+
+
+# Tokens the decoder may spend on the short answer line of an evidence reply.
+SHORT_ANSWER_TOKENS = 24

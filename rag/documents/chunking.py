@@ -1,0 +1,246 @@
+"""Token-aware chunking: split on headings, then paragraphs, then sentences, with overlap.
+
+The document is tokenised once with the encoder's own (fast) tokenizer. The tokens' character
+offsets let us cut each heading section at a token budget, preferring in order a paragraph
+break, a sentence end, a line break, then any space. The next chunk starts ``overlap`` tokens
+before the previous one ended (moved to a word start). Chunks near the budget are re-tokenised
+on their own and cut again if the tokenizer disagrees at the edges, so a chunk never exceeds the
+encoder's maximum sequence length.
+
+Whatever the text, a chunk is also bounded in characters: a token that covers more than
+:data:`MAX_TOKEN_CHARS` characters (a WordPiece tokenizer reads a run of more than 100 letters
+without a space or punctuation as one ``[UNK]``: 15,000,000 such characters were one chunk, and
+every question on that index then took 53 s and 2 GB) counts as one token per
+:data:`MAX_TOKEN_CHARS` characters and may be cut inside. Chunking is linear in the document
+(heading paths by bisection, :meth:`rag.documents.Document.heading_path_at`), and a caller's
+``deadline`` (the file's ``--max-load-seconds``) is checked as it goes.
+
+Why hand-written: LangChain's splitters count characters or tokens but drop the heading path
+and character offsets that citations need, and cannot honour the encoder's exact token limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from bisect import bisect_left
+from collections.abc import Callable
+from typing import Any
+
+from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
+from rag.documents.loaders import Document
+from rag.types import Chunk
+
+# Boundary strength: higher is a better place to cut.
+_BOUNDARIES = (
+    (4, re.compile(r"\n\s*\n[ \t]*")),  # paragraph break
+    (3, re.compile(r"(?<=[.!?:;])[\"')\]]*\s+")),  # sentence end
+    (2, re.compile(r"\n[ \t]*")),  # line break (code, lists)
+    (1, re.compile(r"\s+")),  # any space
+)
+_MIN_SECTION_FRACTION = 8  # sections under chunk_tokens/8 tokens (a bare heading) join the next
+# The characters one token may stand for in a chunk's budget: longer tokens (an [UNK] for a run
+# without spaces) count as several and may be cut inside (module docstring). Ordinary subword
+# tokens are under 20 characters; a chunk is then at most budget * 32 characters.
+MAX_TOKEN_CHARS = 32
+CHECK_EVERY = 64  # chunks (or sections) between two deadline checks
+_backends: dict[int, tuple[Any, Any]] = {}
+
+
+def _backend(tokenizer):
+    """A private copy of the fast tokenizer's backend without padding/truncation state."""
+    key = id(tokenizer)
+    cached = _backends.get(key)
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
+    from tokenizers import Tokenizer
+
+    if not getattr(tokenizer, "is_fast", False):
+        raise TypeError("chunking needs a fast (Rust) tokenizer with character offsets")
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.no_padding()
+    backend.no_truncation()
+    _backends[key] = (tokenizer, backend)
+    return backend
+
+
+def special_tokens(tokenizer) -> int:
+    """How many special tokens ([CLS], [SEP], ...) the encoder adds to one sequence."""
+    return tokenizer.num_special_tokens_to_add(pair=False)
+
+
+def count_tokens(tokenizer, texts: list[str]) -> list[int]:
+    """Token counts without special tokens, in one batched call."""
+    return [len(e.ids) for e in _backend(tokenizer).encode_batch(texts, add_special_tokens=False)]
+
+
+def _split_long_tokens(offsets: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    """``offsets`` with every token longer than ``limit`` characters cut into pieces of at most
+    ``limit`` characters (each then counts as a token of the budget)."""
+    if all(b - a <= limit for a, b in offsets):
+        return offsets
+    out: list[tuple[int, int]] = []
+    for a, b in offsets:
+        if b - a <= limit:
+            out.append((a, b))
+        else:
+            out.extend((s, min(s + limit, b)) for s in range(a, b, limit))
+    return out
+
+
+def _sections(doc: Document) -> list[tuple[int, int]]:
+    """(start, end) character spans of the text between consecutive headings."""
+    cuts = sorted({0, *(h.offset for h in doc.headings if 0 < h.offset < len(doc.text))})
+    return [(s, e) for s, e in zip(cuts, [*cuts[1:], len(doc.text)]) if doc.text[s:e].strip()]
+
+
+def _boundary_strength(text: str) -> dict[int, int]:
+    """Character positions where a chunk may start, mapped to how good a cut there is."""
+    strength: dict[int, int] = {}
+    for level, pattern in _BOUNDARIES:
+        for m in pattern.finditer(text):
+            strength[m.end()] = max(strength.get(m.end(), 0), level)
+    return strength
+
+
+def _split_section(
+    offsets: list[tuple[int, int]], strength: dict[int, int], budget: int, overlap: int
+) -> list[tuple[int, int, int]]:
+    """(start char, end char, token count) of the chunks of one section, given its tokens'
+    absolute character ``offsets`` and the cut ``strength`` at each character position."""
+    n = len(offsets)
+    if n <= budget:
+        return [(offsets[0][0], offsets[-1][1], n)]
+    starts = [a for a, _ in offsets]
+    # a chunk may start at token t with the strength of the boundary just before it
+    tok_strength = [strength.get(starts[t], 0) if t else 4 for t in range(n)]
+    spans, s = [], 0
+    while s < n:
+        if n - s <= budget:
+            spans.append((starts[s], offsets[-1][1], n - s))
+            break
+        hi = s + budget  # exclusive end token: the chunk is tokens [s, e)
+        lo = s + max(1, budget // 2)
+        best = max(range(lo, hi + 1), key=lambda t: (tok_strength[t], t))
+        e = best if tok_strength[best] > 0 else hi
+        spans.append((starts[s], offsets[e - 1][1], e - s))
+        nxt = max(s + 1, e - overlap)
+        while nxt < e and tok_strength[nxt] == 0:  # start the overlap on a word boundary
+            nxt += 1
+        s = nxt
+    return spans
+
+
+def chunk_id(source: str, text_hash: str, start: int, end: int) -> str:
+    """Stable id: same file content and chunking give the same ids on every run."""
+    return hashlib.sha1(f"{source}\x00{text_hash}\x00{start}\x00{end}".encode()).hexdigest()[:20]
+
+
+def _merge_small(ranges: list[tuple[int, int]], budget: int) -> list[tuple[int, int, int]]:
+    """Join a tiny section (usually a heading with no body) onto the section after it.
+    ``ranges`` are token index ranges; returns (first token, end token, anchor token) where the
+    anchor is the first token of the section that gives the merged one its heading path."""
+    out: list[tuple[int, int, int]] = []
+    carry: int | None = None
+    small = max(1, budget // _MIN_SECTION_FRACTION)
+    for s, e in ranges:
+        first = s if carry is None else carry
+        if e - first < small:
+            carry = first
+            continue
+        out.append((first, e, s))
+        carry = None
+    if carry is not None:
+        if out:
+            out[-1] = (out[-1][0], ranges[-1][1], out[-1][2])
+        else:
+            out.append((carry, ranges[-1][1], carry))
+    return out
+
+
+def chunk_document(
+    doc: Document,
+    tokenizer,
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+    overlap: int = DEFAULT_OVERLAP,
+    max_tokens: int | None = None,
+    deadline: Callable[[], None] | None = None,
+) -> list[Chunk]:
+    """Split ``doc`` into chunks of at most ``min(chunk_tokens, max_tokens)`` tokens of
+    ``tokenizer`` (special tokens excluded) and at most that many times
+    :data:`MAX_TOKEN_CHARS` characters. ``max_tokens`` defaults to the tokenizer's
+    ``model_max_length`` minus its special tokens, i.e. what the encoder can read.
+    ``deadline``: called every :data:`CHECK_EVERY` sections and chunks; it raises to stop
+    (``rag.documents.Deadline.check``: the file's one time bound, loading included)."""
+    check = deadline or (lambda: None)
+    if max_tokens is None:
+        limit = getattr(tokenizer, "model_max_length", None) or 512
+        limit = limit if limit < 1_000_000 else 512
+        max_tokens = limit - special_tokens(tokenizer)
+    budget = min(chunk_tokens, max_tokens)
+    if budget < 8:
+        raise ValueError(f"chunk size {budget} tokens is too small (need at least 8)")
+    if not 0 <= overlap < chunk_tokens // 2:
+        raise ValueError(
+            f"--overlap must be in [0, {chunk_tokens // 2}) for {chunk_tokens}-token chunks, got {overlap}"
+        )
+    if budget < chunk_tokens:  # the encoder reads less than asked: keep overlap proportionate
+        overlap = min(overlap, budget // 4)
+    backend = _backend(tokenizer)
+    text = doc.text
+    offsets = [o for o in backend.encode(text, add_special_tokens=False).offsets if o[1] > o[0]]
+    offsets = _split_long_tokens(offsets, MAX_TOKEN_CHARS)
+    check()
+    starts = [a for a, _ in offsets]
+    ranges = [(bisect_left(starts, s), bisect_left(starts, e)) for s, e in _sections(doc)]
+    strength = _boundary_strength(text)
+    check()
+    spans: list[tuple[int, int, int]] = []  # (start, end, heading anchor) in characters
+    merged = _merge_small([r for r in ranges if r[1] > r[0]], budget)
+    for i, (first, end, anchor) in enumerate(merged):
+        if i % CHECK_EVERY == 0:
+            check()
+        for a, b, n in _split_section(offsets[first:end], strength, budget, overlap):
+            anchor_char = max(a, starts[anchor])
+            # re-tokenising a substring can differ at its edges: re-check chunks near the limit
+            pieces = _fit(text, a, b, backend, budget) if n > budget - 16 else [(a, b)]
+            spans.extend((pa, pb, anchor_char) for pa, pb in pieces)
+    text_hash = hashlib.sha256(text.encode()).hexdigest()
+    chunks = []
+    for i, (a, b, anchor) in enumerate(spans):
+        if i % CHECK_EVERY == 0:
+            check()
+        if text[a:b].strip():
+            chunks.append(
+                Chunk(
+                    id=chunk_id(doc.path, text_hash, a, b),
+                    text=text[a:b],
+                    source=doc.path,
+                    heading_path=doc.heading_path_at(max(a, anchor) if anchor < b else a),
+                    start=a,
+                    end=b,
+                )
+            )
+    return chunks
+
+
+def _fit(text: str, a: int, b: int, backend, budget: int) -> list[tuple[int, int]]:
+    """Spans covering ``text[a:b]``, each at most ``budget`` tokens when tokenised alone."""
+    out = []
+    while a < b:
+        enc = backend.encode(text[a:b], add_special_tokens=False)
+        if len(enc.ids) <= budget:
+            out.append((a, b))
+            break
+        ends = [o[1] for o in enc.offsets if o[1] > o[0]]
+        n = min(budget, len(ends))
+        while (
+            n > 1
+            and len(backend.encode(text[a : a + ends[n - 1]], add_special_tokens=False).ids)
+            > budget
+        ):
+            n -= 1
+        end = a + ends[n - 1]
+        out.append((a, end))
+        a = end + len(text[end:b]) - len(text[end:b].lstrip())
+    return out

@@ -1,0 +1,327 @@
+"""Document loading: one module for ingestion, pretraining corpora and pair mining.
+
+Every supported file becomes a :class:`Document`: clean text plus the headings found in it, each
+with its character offset, so that chunking can split on headings and keep a heading path.
+
+Formats: .md/.markdown, .txt, .rst (and Sphinx ``*.rst.txt`` sources), .html/.htm (text only,
+scripts and styles dropped, headings kept as ``#`` lines), .pdf (pypdf), .docx (python-docx,
+optional extra). Anything that cannot be loaded raises :class:`DocumentError` naming the path
+and the reason; :func:`load_documents` collects those instead of stopping. Every file is loaded
+within :class:`Limits` (:mod:`rag.documents.limits`).
+
+Why hand-written: the PDF and Word parsers are libraries (pypdf, python-docx); what is ours is
+the heading extraction for md/rst/html, the limits and the uniform error reporting that ingest
+needs, and the HTML text extraction (:mod:`rag.documents.html`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import unicodedata
+from bisect import bisect_right
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rag.documents.html import _html_text
+from rag.documents.limits import (
+    DEFAULT_MAX_BYTES,
+    PDF_CHECK_EVERY,
+    Deadline,
+    DocumentError,
+    Limits,
+    _too_long,
+    check_zip,
+    failure_reason,
+)
+from rag.documents.walk import (
+    HTML_SUFFIXES,
+    SUPPORTED_SUFFIXES,
+    TEXT_SUFFIXES,
+    _suffix_of,
+    iter_files,
+)
+
+
+@dataclass(frozen=True)
+class Heading:
+    """A heading at character ``offset`` of the document text; ``level`` 1 is the top."""
+
+    offset: int
+    level: int
+    title: str
+
+
+@dataclass
+class Document:
+    """Clean text of one file plus its headings (in order of offset)."""
+
+    path: str
+    text: str
+    headings: list[Heading] = field(default_factory=list)
+    # (headings list, its length, prefix maxima of the offsets, the heading path after each
+    # heading): built once by heading_path_at, rebuilt when the headings change
+    _paths: Any = field(default=None, init=False, repr=False, compare=False)
+
+    def _heading_index(self) -> tuple[list[int], list[tuple[str, ...]]]:
+        """The heading path in force after each heading, computed in one pass over the
+        headings (a stack of open levels), with the running maximum of their offsets."""
+        cached = self._paths
+        if cached is not None and cached[0] is self.headings and cached[1] == len(self.headings):
+            return cached[2], cached[3]
+        ends: list[int] = []
+        paths: list[tuple[str, ...]] = []
+        stack: list[Heading] = []
+        top = -1
+        for h in self.headings:
+            while stack and stack[-1].level >= h.level:
+                stack.pop()
+            stack.append(h)
+            top = max(top, h.offset)
+            ends.append(top)
+            paths.append(tuple(s.title for s in stack))
+        self._paths = (self.headings, len(self.headings), ends, paths)
+        return ends, paths
+
+    def heading_path_at(self, offset: int) -> tuple[str, ...]:
+        """The chain of headings (top level first) that governs character ``offset``: the
+        path after the last of the leading headings that start at or before it, found by
+        bisection, so chunking a file of 200,000 headings costs one pass over them, not one
+        per chunk (a scan per chunk took 356 s)."""
+        ends, paths = self._heading_index()
+        i = bisect_right(ends, offset)
+        return paths[i - 1] if i else ()
+
+
+# ---------------------------------------------------------------------------- text cleaning
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def clean_text(text: str) -> str:
+    """NFC-normalise, unify newlines, drop control characters and trailing spaces, and collapse
+    runs of blank lines; meaning-bearing layout (indentation, single newlines) is kept."""
+    text = unicodedata.normalize("NFC", text).replace("\r\n", "\n").replace("\r", "\n")
+    text = _CONTROL.sub("", text)
+    text = "\n".join(line.rstrip() for line in text.split("\n"))
+    text = re.sub(r"\n{3,}", "\n\n", text)
+    return text.strip()
+
+
+# ---------------------------------------------------------------------------- headings
+
+_ATX = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
+_RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+<>:._])\1{2,}\s*$")
+
+
+def markdown_headings(text: str) -> list[Heading]:
+    """ATX (``# Title``) headings, skipping fenced code blocks."""
+    out, offset, fenced = [], 0, False
+    for line in text.split("\n"):
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (m := _ATX.match(line)):
+            out.append(Heading(offset, len(m.group(1)), m.group(2).strip()))
+        offset += len(line) + 1
+    return out
+
+
+def rst_headings(text: str) -> list[Heading]:
+    """reStructuredText section titles: a line underlined (optionally overlined) by a repeated
+    punctuation character at least as long as the title. Levels follow the order in which
+    adornment styles first appear, as docutils assigns them."""
+    lines = text.split("\n")
+    offsets, pos = [], 0
+    for line in lines:
+        offsets.append(pos)
+        pos += len(line) + 1
+    styles: list[tuple[str, bool]] = []
+    out: list[Heading] = []
+    for i in range(1, len(lines)):
+        under, title = lines[i], lines[i - 1].strip()
+        m = _RST_UNDERLINE.match(under)
+        if (
+            not m
+            or not title
+            or _RST_UNDERLINE.match(lines[i - 1])
+            or len(under.rstrip()) < len(title)
+        ):
+            continue
+        overlined = i >= 2 and lines[i - 2].strip() == under.strip()
+        style = (m.group(1), overlined)
+        if style not in styles:
+            styles.append(style)
+        out.append(Heading(offsets[i - 1], styles.index(style) + 1, title))
+    return out
+
+
+# ---------------------------------------------------------------------------- format loaders
+
+
+def _decode(path: Path, data: bytes) -> str:
+    if b"\x00" in data[:8192]:
+        raise DocumentError(path, "binary file (contains NUL bytes)")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise DocumentError(
+            path,
+            f"not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}); re-save it as UTF-8",
+        ) from None
+
+
+def _load_html(path: Path, data: bytes, deadline: Deadline) -> tuple[str, list[Heading]]:
+    text = clean_text(_html_text(_decode(path, data), deadline))
+    return text, markdown_headings(text)
+
+
+def _load_pdf(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
+    """The text of a PDF, page by page, within ``limits``: at most ``max_pages`` pages, each
+    page's decompressed content at most ``max_bytes`` (so no page's extraction parses more than
+    that), and the deadline checked every :data:`PDF_CHECK_EVERY` operators inside a page's
+    extraction (a one-page PDF of 900,000 ``Tj`` operators took 471 s in one call). Whatever
+    pypdf raises (``LimitReachedError`` for a page tree deeper than 100 or a stream that
+    decompresses beyond its cap, ``RecursionError``, ...) is this file's failure."""
+    # pypdf logs its repairs of damaged files ("Ignoring wrong pointing object ...") as
+    # warnings; without a handler Python prints them on stderr between ingest's own one-line
+    # failure reports. A file it cannot read still raises and is reported once, by us.
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    from pypdf import PdfReader
+
+    ops = itertools.count(1)
+
+    def every_operator(*_: Any) -> None:  # pypdf's visitor, called before each operator
+        if next(ops) % PDF_CHECK_EVERY == 0:
+            deadline.check()
+
+    try:
+        reader = PdfReader(str(path))
+        if (n := len(reader.pages)) > limits.max_pages:
+            raise DocumentError(
+                path, f"too many pages ({n:,} > limit {limits.max_pages:,}; --max-pages)"
+            )
+        pages, chars = [], 0
+        for number, page in enumerate(reader.pages, start=1):
+            deadline.check()
+            contents = page.get_contents()
+            size = len(contents.get_data()) if contents is not None else 0
+            if size > limits.max_bytes:
+                raise DocumentError(
+                    path,
+                    f"page {number} content expands to {size:,} bytes "
+                    f"(> limit {limits.max_bytes:,}; --max-bytes)",
+                )
+            pages.append(page.extract_text(visitor_operand_before=every_operator) or "")
+            chars += len(pages[-1])
+            if chars > limits.max_text_chars:
+                _too_long(path, limits)
+    except DocumentError:
+        raise
+    except Exception as e:  # noqa: BLE001 - pypdf raises many types on hostile files
+        raise DocumentError(path, f"unreadable PDF ({failure_reason(e)})") from None
+    return clean_text("\n\n".join(pages)), []
+
+
+def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
+    try:
+        import docx
+    except ImportError:
+        raise DocumentError(
+            path, "reading .docx needs the 'docx' extra (pip install python-docx)"
+        ) from None
+    check_zip(path, limits.max_bytes)
+    deadline.check()
+    try:
+        document = docx.Document(str(path))
+    except Exception as e:  # python-docx raises several unrelated types for corrupt files
+        raise DocumentError(path, f"unreadable .docx ({e})") from None
+    parts, headings, offset = [], [], 0
+    for para in document.paragraphs:
+        deadline.check()
+        text = para.text.strip()
+        if not text:
+            continue
+        style = (para.style.name or "").lower() if para.style is not None else ""
+        if style.startswith("heading") and style[-1:].isdigit():
+            headings.append(Heading(offset, int(style[-1]), text))
+        parts.append(text)
+        offset += len(text) + 2
+        if offset > limits.max_text_chars:
+            _too_long(path, limits)
+    return "\n\n".join(parts), headings
+
+
+def load_document(
+    path: str | Path,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    limits: Limits | None = None,
+    deadline: Deadline | None = None,
+) -> Document:
+    """Load one file into a :class:`Document` within ``limits`` (default: :class:`Limits` with
+    ``max_bytes``); raise :class:`DocumentError` saying why not, whatever went wrong (a
+    parser's own exception becomes its :func:`failure_reason`). ``deadline``: the file's time
+    bound when the caller goes on to chunk it within the same bound (default: a new one of
+    ``limits.max_seconds``)."""
+    path = Path(path)
+    limits = limits or Limits(max_bytes=max_bytes)
+    deadline = deadline or Deadline(path, limits.max_seconds)
+    try:
+        size = path.stat().st_size
+        if path.is_dir():
+            raise DocumentError(path, "is a directory")
+        if size > limits.max_bytes:
+            raise DocumentError(path, f"too large ({size:,} bytes > limit {limits.max_bytes:,})")
+        if size == 0:
+            raise DocumentError(path, "empty file")
+        suffix = _suffix_of(path)
+        if suffix == ".pdf":
+            text, headings = _load_pdf(path, limits, deadline)
+        elif suffix == ".docx":
+            text, headings = _load_docx(path, limits, deadline)
+        else:
+            data = path.read_bytes()
+            if suffix in HTML_SUFFIXES:
+                text, headings = _load_html(path, data, deadline)
+            elif suffix in TEXT_SUFFIXES:
+                text = clean_text(_decode(path, data))
+                headings = rst_headings(text) if suffix == ".rst" else markdown_headings(text)
+            else:
+                raise DocumentError(path, f"unsupported file type '{suffix or path.name}'")
+    except DocumentError:
+        raise
+    except OSError as e:
+        reason = e.strerror or str(e)
+        if e.errno == 40:
+            reason = "symbolic link loop"
+        raise DocumentError(path, reason) from None
+    except Exception as e:  # noqa: BLE001 - a parser's surprise is this file's failure only
+        raise DocumentError(path, failure_reason(e)) from None
+    if not text.strip():
+        raise DocumentError(path, "no text (empty after cleaning)")
+    if len(text) > limits.max_text_chars:
+        _too_long(path, limits)
+    deadline.check()
+    return Document(path=str(path), text=text, headings=headings)
+
+
+def load_documents(
+    paths: Iterable[str | Path],
+    suffixes: tuple[str, ...] = SUPPORTED_SUFFIXES,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    follow_links: bool = False,
+) -> tuple[list[Document], list[DocumentError]]:
+    """Load every supported file under ``paths``; failures are collected, never raised."""
+    docs: list[Document] = []
+    errors: list[DocumentError] = []
+    for item in iter_files(paths, suffixes, follow_links=follow_links):
+        if isinstance(item, DocumentError):
+            errors.append(item)
+            continue
+        try:
+            docs.append(load_document(item, max_bytes=max_bytes))
+        except DocumentError as e:
+            errors.append(e)
+    return docs, errors

@@ -1,0 +1,73 @@
+"""Loading a decoder: :func:`load_decoder` builds either engine from the generation settings;
+:func:`load_generator` (from :mod:`rag.generate.torch_load`) is the torch engine's (model,
+tokenizer) with an optional LoRA adapter folded in; and the process-wide settings a server makes
+at start-up (:func:`prepare_serving_process`).
+
+Here, not in :mod:`rag.models`, because it needs :mod:`rag.generate`: ``rag.generate`` imports
+``rag.models`` (names, resolution, devices, profiles), never the reverse.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rag.generate.torch_load import load_generator
+from rag.models import pick_device
+
+__all__ = ["load_decoder", "load_generator", "prepare_serving_process"]
+
+if TYPE_CHECKING:
+    from rag.generate.settings import GenerationSettings
+
+
+def prepare_serving_process() -> bool:
+    """Process-wide settings for a server (``rag.serve``, ``ui.app``) at start-up: glibc keeps
+    freed memory for the batched decoder's buffers to reuse
+    (:func:`rag.generate.allocator.keep_freed_memory`). Returns whether they took."""
+    from rag.generate.allocator import keep_freed_memory
+
+    return keep_freed_memory()
+
+
+def load_decoder(
+    settings: GenerationSettings, device: str = "auto", adapter: str | Path | None = None
+) -> Any:
+    """The decoder ``settings`` ask for, with ``adapter`` (``auto`` / ``none`` / a folder, as
+    :attr:`GenerationSettings.adapter`; the pipeline loads its k-passage fallback without one),
+    on the engine ``settings.engine`` resolves to on ``device``
+    (:func:`rag.generate.engines.choose_engine`: OpenVINO GenAI where it can run the decoder, a
+    :class:`rag.generate.generator.Generator` on torch elsewhere). The settings are passed whole:
+    every decoding option is theirs."""
+    from rag.generate.engines import choose_engine
+    from rag.generate.generator import Generator
+    from rag.generate.ov_engine import OpenVINOGenerator
+    from rag.models import resolve_adapter
+
+    s = settings
+    resolved = resolve_adapter(s.decoder, adapter)
+    if choose_engine(s.engine, s.decoder, resolved, pick_device(device)) == "openvino":
+        return OpenVINOGenerator.load(
+            s.decoder,
+            device=device,
+            profile=s.profile,
+            prompt_cache_mb=s.prompt_cache_budget_mb,
+            batching=s.batching,
+            max_batch=s.max_batch,
+            max_prefill_tokens=s.max_prefill_tokens,
+            max_context_tokens=s.max_context_tokens,
+        )
+    return Generator.load(
+        s.decoder,
+        adapter=adapter,
+        device=device,
+        prefix_cache=s.prefix_cache,
+        prompt_cache_mb=s.prompt_cache_budget_mb,
+        max_context_tokens=s.max_context_tokens,
+        precision=s.decoder_precision,
+        profile=s.profile,
+        batching=s.batching,
+        max_batch=s.max_batch,
+        max_prefill_tokens=s.max_prefill_tokens,
+        speed=s.speed,
+    )
