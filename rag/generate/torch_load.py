@@ -46,8 +46,8 @@ def load_generator(
 
             model = PeftModel.from_pretrained(model, str(resolve_model(adapter)))
             # Fold the adapter into the weights for inference: an unmerged LoRA layer runs two
-            # extra matmuls and a dtype cast per linear layer per token (about half the decode
-            # time of Qwen2.5-0.5B in bf16 on 2 cores); the merged model answers the same.
+            # extra matmuls and a dtype cast per linear layer per token (a large share of the
+            # decode time: docs/answering.md); the merged model answers the same.
             model = model.merge_and_unload()
     model.to(dev).eval()
     if str(dev).startswith("cpu"):  # prefill and scoring without copying the KV cache

@@ -355,9 +355,9 @@ class Retriever:
         already loading it, waited for. So a question that starts after a publication has
         returned (``rag.ingest``, ``rag.docs remove``, ``DELETE /v1/documents``) is answered
         from it, never from the generation before: answering from the loaded one while another
-        thread loaded the new one let 34 of 48 questions sent within 30 ms of a ``DELETE``'s
-        200 answer from the old generation, 3 citing the removed document. Queries already
-        running finish on the snapshot they took."""
+        thread loaded the new one let questions sent just after a ``DELETE``'s 200 answer from
+        the old generation (docs/security.md, case 3). Queries already running finish on the
+        snapshot they took."""
         state = self._state
         if current_generation(state.root) == state.gen:
             return state

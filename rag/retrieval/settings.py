@@ -11,9 +11,9 @@ entry point passed three of them, so the same index answered differently named
 any config or parsed flags with the same field names: :meth:`RetrievalSettings.from_config`) and
 opens its retriever with :meth:`rag.retrieval.retriever.Retriever.from_settings`.
 
-The measured choices behind the defaults are in docs/retrieval.md: convex fusion at alpha 0.5
-(SciFact dev ties RRF, SQuAD dev +0.03), the reranker over the first stage's best 10 at weight
-0.5 (0.8120 -> 0.8132 and 0.9145 -> 0.9209), bf16 reranker weights where bf16 runs fast.
+The measured choices behind the defaults are in docs/retrieval.md: convex fusion at alpha 0.5,
+the reranker over the first stage's best 10 at weight 0.5, bf16 reranker weights where bf16
+runs fast.
 """
 
 from __future__ import annotations
