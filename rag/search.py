@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rag.cli import OneLineParser, add_index_args, run_cli
+from rag.cli import OneLineParser, run_cli
 from rag.config import add_config_args, config_from_args, section_fields
 from rag.retrieval.query import check_query
 from rag.storage.paths import printable
@@ -39,13 +39,10 @@ PROG = "rag.search"
 # Where rag.search starts from other values than rag.ask: more hits to look through.
 SEARCH_DEFAULTS = {"k": 10}
 # The settings rag.search has no flag for, and why (tests/test_config_flags.py).
-EXCLUDED = {
-    "index": "given by --index NAME or --index-dir PATH (rag.cli.add_index_args)",
-    **dict.fromkeys(
-        [*section_fields("answer"), *section_fields("generate")],
-        "rag.search retrieves only: nothing is read or decoded",
-    ),
-}
+EXCLUDED = dict.fromkeys(
+    [*section_fields("answer"), *section_fields("generate")],
+    "rag.search retrieves only: nothing is read or decoded",
+)
 
 
 def format_hit(hit: Hit, width: int = 240) -> str:
@@ -59,7 +56,6 @@ def format_hit(hit: Hit, width: int = 240) -> str:
 def build_parser() -> OneLineParser:
     p = OneLineParser(prog="python -m rag.search", description=__doc__.split("\n")[0])
     p.add_argument("query", help="what to search for")
-    add_index_args(p)
     p.add_argument(
         "--config", default=None, help="TOML config file (default: ./rag.toml if present)"
     )
@@ -78,6 +74,12 @@ def build_parser() -> OneLineParser:
         },
     )
     p.add_argument(
+        "--index-dir",
+        default=None,
+        metavar="PATH",
+        help="an index folder elsewhere, instead of --index (default: none)",
+    )
+    p.add_argument(
         "--verify",
         action="store_true",
         help="first check every file of the index against the SHA-256 recorded when it was "
@@ -87,10 +89,16 @@ def build_parser() -> OneLineParser:
     return p
 
 
-def search_settings(args: argparse.Namespace) -> RetrievalSettings:
-    """The retrieval section of the config the flags, ``--config`` (or ./rag.toml) and
-    :data:`SEARCH_DEFAULTS` give: the settings ``rag.ask`` would retrieve with."""
-    return config_from_args(args, args.config, base=SEARCH_DEFAULTS).retrieval
+def search_settings(args: argparse.Namespace) -> tuple[str | Path, RetrievalSettings]:
+    """(the index, the retrieval settings) the flags, ``--config`` (or ./rag.toml) and
+    :data:`SEARCH_DEFAULTS` give: the index and settings ``rag.ask`` would retrieve with;
+    ``--index-dir`` names a folder instead of the config's index (not both)."""
+    cfg = config_from_args(args, args.config, base=SEARCH_DEFAULTS)
+    if args.index_dir is None:
+        return cfg.index, cfg.retrieval
+    if getattr(args, "index", None) is not None:
+        raise ValueError("give --index NAME or --index-dir PATH, not both")
+    return Path(args.index_dir), cfg.retrieval
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,13 +106,12 @@ def run(args: argparse.Namespace) -> int:
 
     check_query(args.query)  # before anything loads: no word, no meaningful hits
     t0 = time.perf_counter()
-    index = Path(args.index_dir) if args.index_dir else args.index
+    index, settings = search_settings(args)
     if args.verify:
         from rag.storage.manifest import verify_generation
 
         _, gen, n = verify_generation(index)
         print(f"verified {n} files of {str(index)!r} ({gen.name})", file=sys.stderr)
-    settings = search_settings(args)
     retriever = Retriever.from_settings(index, settings)
     hits = retriever.search(args.query)
     seconds = time.perf_counter() - t0

@@ -54,9 +54,28 @@ def test_every_setting_is_a_flag_or_excluded_with_a_reason(name):
 
 
 def test_search_excludes_only_what_it_cannot_use():
-    assert set(search.EXCLUDED) - {"index"} == {
+    assert set(search.EXCLUDED) == {
         n for n, s in field_sections().items() if s in ("answer", "generate")
     }
+
+
+def test_search_takes_the_index_and_retrieval_of_rag_toml_as_ask_does(tmp_path, monkeypatch):
+    """./rag.toml (or --config) gives rag.search the index and the retrieval settings rag.ask
+    gets; a flag wins over the file; --index-dir replaces the index, never beside --index."""
+    import rag.ask
+
+    (tmp_path / "rag.toml").write_text('index = "docs"\n[retrieval]\nfusion = "rrf"\nk = 4\n')
+    monkeypatch.chdir(tmp_path)
+    args = search.build_parser().parse_args([QUERY, "--alpha", "0.3"])
+    index, settings = search.search_settings(args)
+    ask = config_from_args(rag.ask.build_parser().parse_args([QUERY, "--alpha", "0.3"]))
+    assert (index, settings) == (ask.index, ask.retrieval)
+    assert (settings.fusion, settings.k, settings.alpha) == ("rrf", 4, 0.3)
+    folder = search.build_parser().parse_args([QUERY, "--index-dir", str(tmp_path)])
+    assert search.search_settings(folder)[0] == tmp_path
+    both = search.build_parser().parse_args([QUERY, "--index", "x", "--index-dir", "y"])
+    with pytest.raises(ValueError, match="not both"):
+        search.search_settings(both)
 
 
 @pytest.fixture
