@@ -90,7 +90,7 @@ class DecodeSpeed:
             raise DecodeSpeedError(
                 "--cache-implementation static does not combine with batching (the batched "
                 "decoder merges requests into one growing DynamicCache): add --no-batching "
-                "(batching = false in rag.toml) or use --cache-implementation dynamic"
+                "(batching = false in rag.toml's [generate]) or use --cache-implementation dynamic"
             )
 
     # ---- model ----------------------------------------------------------------------------------
