@@ -12,7 +12,8 @@ Built on the official ``mcp`` SDK's :class:`mcp.server.mcpserver.MCPServer`:
   with its cited sources and the reader's answer span, as ``rag.serve`` returns them;
 - the index's documents as resources ``rag://documents/<path>``: their text as the index holds
   it (the chunks stitched back in order), listed from the live generation on every request, so
-  an ingest or a removal shows at once.
+  an ingest or a removal shows at once (a document is also found by the name it had while
+  another folder held one of the same relative path: :func:`rag.ingest.manage.resolve_documents`).
 
 A bad argument (``k`` out of range, an unreadable filter, an empty question) is the tool's
 error result, and an unknown resource an MCP error; the server goes on. stdio by default (its
@@ -42,7 +43,13 @@ from rag.cli.flags import add_dataclass_args
 from rag.cli.flags import config_from_args as options_from_args
 from rag.config import RAGConfig, add_config_args, check_models, config_from_args
 from rag.documents import document_type
-from rag.ingest.manage import DocumentPathError, check_document_path, list_documents
+from rag.ingest.manage import (
+    AmbiguousDocumentError,
+    DocumentPathError,
+    check_document_path,
+    list_documents,
+    resolve_documents,
+)
 from rag.storage.paths import check_existing_index
 from rag.types import Answer, Hit
 
@@ -174,7 +181,10 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
                 check_document_path(path)  # the check rag.docs, the API and the UI share
             except DocumentPathError:
                 raise ResourceNotFoundError(f"index {index!r} has no document {path!r}") from None
-            found = await anyio.to_thread.run_sync(document_text, path)
+            try:
+                found = await anyio.to_thread.run_sync(document_text, path)
+            except AmbiguousDocumentError as e:
+                raise ResourceNotFoundError(f"index {index!r}: {e}") from None
             if found is None:
                 raise ResourceNotFoundError(f"index {index!r} has no document {path!r}")
             body, mime = found
@@ -184,11 +194,15 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
         retriever = pipeline().retriever
         retriever.refresh()  # the live generation, as a search would use
         snap = retriever.snapshot
-        for source, entry in snap.manifest.sources.items():
-            if snap.display(source) == path:
-                chunks = [snap.chunks[i] for i in entry.chunk_ids if i in snap.chunks]
-                return stitched_text(chunks), MIME.get(document_type(source), "text/plain")
-        return None
+        names = {source: snap.display(source) for source in snap.manifest.sources}
+        # the resolver rag.docs and the API use: the name, else an earlier name of one document
+        found = resolve_documents(path, names, snap.manifest.roots, as_listed=False)
+        if not found:
+            return None
+        source = found[0]
+        entry = snap.manifest.sources[source]
+        chunks = [snap.chunks[i] for i in entry.chunk_ids if i in snap.chunks]
+        return stitched_text(chunks), MIME.get(document_type(source), "text/plain")
 
     server = RagServer(
         "rag",

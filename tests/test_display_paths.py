@@ -14,7 +14,7 @@ from rag.ingest import main as ingest_main
 from rag.retrieval.retriever import Retriever
 from rag.search import main as search_main
 from rag.storage.manifest import open_generation
-from rag.storage.paths import display_source
+from rag.storage.paths import display_source, earlier_display_name
 from rag.types import Answer, Chunk, Citation, Hit
 from ui.render import sources_html, uncited_html
 
@@ -26,6 +26,25 @@ def test_display_source_rules():
     assert display_source("/elsewhere/x.md", roots) == "x.md"  # no root: the name, not the path
     assert display_source("/data/python-docs-2/a.md", roots) == "a.md"  # a prefix is no parent
     assert display_source("/a/b.md", ["/"]) == "a/b.md"
+
+
+def test_earlier_display_names():
+    """Issue 47, case 16: the names display_names gave a document beside a same-named one of
+    another recorded root, and no other tail of its path."""
+    roots = ["/d/dupA", "/d/dupB", "/x/docs", "/y/docs", "/s/one/same.md"]
+    assert earlier_display_name("dupB/same.md", "/d/dupB/same.md", roots)
+    assert earlier_display_name("dupB/sub/same.md", "/d/dupB/sub/same.md", roots)
+    assert earlier_display_name("x/docs/same.md", "/x/docs/same.md", roots)
+    two = ["/x/docs", "/y/docs"]
+    assert earlier_display_name("x/docs/same.md", "/x/docs/same.md", two)
+    assert not earlier_display_name("docs/same.md", "/x/docs/same.md", two)  # never its name
+    assert not earlier_display_name(
+        "d/dupB/same.md", "/d/dupB/same.md", roots
+    )  # deeper than needed
+    assert not earlier_display_name("same.md", "/d/dupB/same.md", roots)
+    assert not earlier_display_name("dupA/same.md", "/d/dupB/same.md", roots)
+    assert earlier_display_name("one/same.md", "/s/one/same.md", roots)  # a file given alone
+    assert not earlier_display_name("docs/a.md", "/x/docs/a.md", ["/x/docs"])  # one root: none
 
 
 def test_hits_answers_and_ui_show_relative_paths(tmp_path, tiny_mlm_dir, capsys):

@@ -26,7 +26,12 @@ from rag.ingest import (
     list_documents,
     remove_documents,
 )
-from rag.ingest.manage import DocumentPathError, WouldEmptyIndexError, check_document_path
+from rag.ingest.manage import (
+    AmbiguousDocumentError,
+    DocumentPathError,
+    WouldEmptyIndexError,
+    check_document_path,
+)
 from rag.retrieval.retriever import Retriever
 from rag.storage.manifest import current_generation, index_dir, kept_chunk_ids, open_generation
 
@@ -249,6 +254,55 @@ def test_two_folders_with_the_same_relative_name_are_told_apart(tmp_path, tiny_m
     report = remove_documents(name, ["dupA/same.md"])
     assert [d.source for d in report.removed] == [str(a / "same.md")]
     assert [d.path for d in list_documents(name).documents] == ["other.md", "same.md"]
+
+
+def test_a_name_from_two_folders_still_works_once_the_other_is_removed(
+    tmp_path, tiny_mlm_dir, capsys
+):
+    """Issue 47, case 16: removing dupA/same.md renamed dupB's to same.md, and a client holding
+    `dupB/same.md` got "no document". The earlier, root-qualified name still names it (through
+    rag.docs), the plain name does too, and one that was several documents' names is refused
+    naming them."""
+    a = write_docs(tmp_path / "dupA", {"same.md": "# Same\n\nAardvarks dig burrows.\n"})
+    b = write_docs(
+        tmp_path / "dupB", {"same.md": "# Same\n\nBadgers dig setts.\n", "other.md": "Otters.\n"}
+    )
+    name = f"dup-{tmp_path.name}"
+
+    def paths() -> list[str]:
+        return [d.path for d in list_documents(name).documents]
+
+    for plain in (False, True):
+        ingest([a, b], index=name, encoder=str(tiny_mlm_dir), progress=False)
+        assert paths() == ["dupA/same.md", "dupB/same.md", "other.md"]
+        assert main(["remove", "--index", name, "dupA/same.md"]) == 0
+        assert paths() == ["other.md", "same.md"]  # the current names are as before
+        capsys.readouterr()
+        assert main(["remove", "--index", name, "dupA/same.md"]) == 2  # gone: names none
+        assert "has no document 'dupA/same.md'" in capsys.readouterr().err
+        assert main(["remove", "--index", name, "same.md" if plain else "dupB/same.md"]) == 0
+        assert "removed: same.md (" in capsys.readouterr().err
+        assert {d.source for d in list_documents(name).documents} == {str(b / "other.md")}
+
+    # dupB/same.md was the name of p/dupB's and of q/dupB's (beside dupA's): refused, naming both
+    c = write_docs(tmp_path / "p" / "dupB", {"same.md": "# Same\n\nCats.\n"})
+    d = write_docs(tmp_path / "q" / "dupB", {"same.md": "# Same\n\nDogs.\n"})
+    name = f"amb-{tmp_path.name}"
+    ingest([a, c, d], index=name, encoder=str(tiny_mlm_dir), progress=False)
+    before = paths()
+    assert sorted(before) == sorted(
+        [f"{tmp_path.name}/dupA/same.md", "p/dupB/same.md", "q/dupB/same.md"]
+    )
+    with pytest.raises(AmbiguousDocumentError) as err:
+        remove_documents(name, ["dupB/same.md"])
+    assert err.value.candidates == ["p/dupB/same.md", "q/dupB/same.md"]
+    capsys.readouterr()
+    assert main(["remove", "--index", name, "dupB/same.md"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and "'p/dupB/same.md', 'q/dupB/same.md'" in said, said
+    assert str(tmp_path) not in said and paths() == before
+    assert main(["remove", "--index", name, "dupA/same.md"]) == 0  # one document's: taken
+    assert paths() == ["p/dupB/same.md", "q/dupB/same.md"]
 
 
 def test_reingest_brings_back_only_what_is_still_in_the_folder(tmp_path, tiny_mlm_dir):

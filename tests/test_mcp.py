@@ -19,7 +19,7 @@ import httpx
 import pytest
 from ingest_support import DOCS, write_docs
 
-from rag.ingest import ingest
+from rag.ingest import ingest, remove_documents
 
 pytest.importorskip("mcp")
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
@@ -206,7 +206,8 @@ def test_tool_errors_hide_the_servers_paths(tmp_path, monkeypatch):
 def test_two_folders_with_the_same_name_are_two_resources(tmp_path, tiny_mlm_dir):
     """Issue 47, case 8: dupA/same.md and dupB/same.md were listed as two resources with one
     URI, both serving A's text. Now each has its own URI and text; a root, an absolute or a
-    backslash path is no resource (the one check rag.docs and the API make)."""
+    backslash path is no resource (the one check rag.docs and the API make). Case 16: once
+    dupA/same.md is removed, dupB's (now same.md) is still the resource dupB/same.md."""
     from types import SimpleNamespace
 
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
@@ -236,5 +237,13 @@ def test_two_folders_with_the_same_name_are_two_resources(tmp_path, tiny_mlm_dir
         for bad in ("same.md", "%5C", "%2F", ".", "%5Ctmp%5Cx", str(a / "same.md")):
             with pytest.raises(ResourceNotFoundError):
                 await server.read_resource(URI_PREFIX + bad)
+        # case 16: once dupA's is removed, dupB's is same.md, and its earlier name still works
+        remove_documents(name, ["dupA/same.md"])
+        assert [r.name for r in await server.list_resources()] == ["same.md"]
+        for path in ("same.md", "dupB/same.md"):
+            [content] = await server.read_resource(URI_PREFIX + path)
+            assert "Badgers" in content.content
+        with pytest.raises(ResourceNotFoundError):
+            await server.read_resource(URI_PREFIX + "dupA/same.md")
 
     anyio.run(main)

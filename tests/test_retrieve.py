@@ -152,3 +152,23 @@ def test_encoder_bf16_is_fp32_within_tolerance(tiny_mlm_dir, tiny_encoder):
     assert np.all(np.sum(ref * got, axis=1) > 0.995)
     assert bf16.fingerprint == tiny_encoder.fingerprint
     assert bf16.identity()["precision"] == "bf16"
+
+
+def test_a_corpus_of_stop_words_only_is_indexed_and_matches_nothing(tmp_path, tiny_mlm_dir):
+    """bm25s cannot build an index with no term ("A.", "To be or not to be."): ingest and every
+    search still work, BM25 matches nothing, dense search still finds the document, and the
+    saved index loads again (it once failed: max() of an empty sequence)."""
+    from rag.retrieval.bm25 import BM25Index
+
+    empty = BM25Index(["a", "b"], ["A.", "To be or not to be."])
+    assert empty.search("be") == [] and empty.idf(["apples"])["apples"] > 0
+    empty.save(tmp_path / "bm")
+    assert BM25Index.load(tmp_path / "bm").search_many(["apples", "be"]) == [[], []]
+    docs = write_docs(tmp_path / "docs", {"hamlet.md": "To be or not to be.\n"})
+    ingest([docs], index="stop", encoder=str(tiny_mlm_dir), progress=False)
+    r = Retriever.from_settings("stop", RetrievalSettings(rerank="none"))
+    assert r.search("who speaks", k=3, mode="bm25") == []
+    assert [h.chunk.source.endswith("hamlet.md") for h in r.search("be", k=3, mode="dense")] == [
+        True
+    ]
+    assert len(r.search("be", k=3, mode="hybrid")) == 1

@@ -240,3 +240,38 @@ def test_two_folders_with_the_same_name_are_addressed_apart(tmp_path, tiny_mlm_d
         str(a / "same.md"),
         str(a / "a.md"),
     }
+
+
+def test_a_name_from_two_folders_still_works_once_the_other_is_removed(tmp_path, tiny_mlm_dir):
+    """Issue 47, case 16: once dupA/same.md was removed, dupB's became same.md and
+    `DELETE .../dupB/same.md` was a 404. The earlier name still names it, and so does the
+    plain name; an earlier name of several is a 404 naming them, and nothing changes."""
+    a = write_docs(tmp_path / "dupA", {"same.md": "# Same\n\nAardvarks.\n", "a.md": "Apples.\n"})
+    b = write_docs(tmp_path / "dupB", {"same.md": "# Same\n\nBadgers.\n"})
+    name = f"dup-{tmp_path.name}"
+    ingest([a, b], index=name, encoder=str(tiny_mlm_dir), progress=False)
+    app = create_app(RAGConfig.of(index=name), ScriptedPipeline, options=ServeOptions(api_key=KEY))
+    with TestClient(app) as client:
+        for plain in (False, True):
+            if plain:  # both back, as the first time
+                ingest([a, b], index=name, encoder=str(tiny_mlm_dir), progress=False)
+            r = client.delete("/v1/documents/dupA/same.md", headers=AUTH)
+            assert r.status_code == 200, r.json()
+            listed = client.get("/v1/documents", headers=AUTH).json()["data"]
+            assert [d["path"] for d in listed] == ["a.md", "same.md"]
+            assert client.delete("/v1/documents/dupA/same.md", headers=AUTH).status_code == 404
+            r = client.delete(
+                f"/v1/documents/{'same.md' if plain else 'dupB/same.md'}", headers=AUTH
+            )
+            assert r.status_code == 200 and [d["path"] for d in r.json()["deleted"]] == ["same.md"]
+            assert {d.source for d in list_documents(name).documents} == {str(a / "a.md")}
+
+        # dupB/same.md was the name of p/dupB's and of q/dupB's (beside dupA's)
+        c = write_docs(tmp_path / "p" / "dupB", {"same.md": "# Same\n\nCats.\n"})
+        d = write_docs(tmp_path / "q" / "dupB", {"same.md": "# Same\n\nDogs.\n"})
+        ingest([a, c, d], index=name, encoder=str(tiny_mlm_dir), progress=False)
+        before = index_state(name)
+        r = client.delete("/v1/documents/dupB/same.md", headers=AUTH)
+        said = r.json()["error"]["message"]
+        assert r.status_code == 404 and "'p/dupB/same.md', 'q/dupB/same.md'" in said, said
+        assert str(tmp_path) not in said and index_state(name) == before

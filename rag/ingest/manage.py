@@ -18,7 +18,11 @@ folder).
 Documents are named as people see them: the path relative to the ingested folder that
 :func:`rag.storage.paths.display_names` gives (``library/io.rst.txt``; with the folder's name in front
 where two ingested folders hold the same relative path), or a folder of such paths
-(``library`` or ``library/``: every document under it). Every path is checked by one function,
+(``library`` or ``library/``: every document under it). A name that is no document's is also
+taken when it is the name one document had while another folder held a document of the same
+relative path (``dupB/same.md``, now ``same.md`` since ``dupA/same.md`` was removed), and
+refused naming the candidates when it could be several's: one resolver,
+:func:`resolve_documents`, for every front end. Every path is checked by one function,
 :func:`check_document_path`, for every front end (``rag.docs``, ``DELETE /v1/documents``, MCP's
 resources, the UI): never an absolute path (``/tmp/x``, nor ``\\tmp\\x``, which reads as one
 once a backslash is a separator), never the whole index (``\\``, ``.``, ``''``), never out of it
@@ -53,7 +57,7 @@ from rag.storage.manifest import (
     open_generation,
     read_chunks,
 )
-from rag.storage.paths import display_names, printable
+from rag.storage.paths import display_names, earlier_display_name, printable
 
 LIST_HINT = "python -m rag.docs list"
 
@@ -64,6 +68,15 @@ class DocumentNotFoundError(LookupError):
     def __init__(self, message: str, paths: list[str]) -> None:
         super().__init__(message)
         self.paths = paths
+
+
+class AmbiguousDocumentError(DocumentNotFoundError):
+    """A name that is no document's and is the earlier, root-qualified name of several
+    (:func:`rag.storage.paths.earlier_display_name`); the message names them (``candidates``)."""
+
+    def __init__(self, message: str, paths: list[str], candidates: list[str]) -> None:
+        super().__init__(message, paths)
+        self.candidates = candidates
 
 
 class DocumentPathError(ValueError):
@@ -226,39 +239,71 @@ def list_documents(index: str | Path) -> IndexDocuments:
     return IndexDocuments(str(index), gen.name, docs)
 
 
-def _named_by(asked: str, doc: DocumentInfo, shown: bool = False) -> bool:
-    """Whether the path ``asked`` (checked, :func:`check_document_path`; with ``shown``, as
-    typed) names ``doc``: its path, or a folder above it; with ``shown``, that path as ``list``
-    shows it, control characters escaped (:func:`rag.storage.paths.printable`), so a name holding a
-    newline is typed back as ``\\n``."""
-    own = printable(doc.path) if shown else doc.path
-    return own == asked or own.startswith(asked.rstrip("/") + "/")
+def _named_by(asked: str, path: str, folders: bool) -> bool:
+    """Whether ``asked`` names the document shown as ``path``: that path, or with ``folders``
+    a folder above it."""
+    return path == asked or (folders and path.startswith(asked.rstrip("/") + "/"))
+
+
+def resolve_documents(
+    asked: str, names: dict[str, str], roots: list[str], *, as_listed: bool = True
+) -> list[str]:
+    """The keys of ``names`` (manifest key -> display name, :func:`display_names`) that the
+    path ``asked`` names, sorted: the one resolver of every front end (``rag.docs``, the API,
+    MCP's resources). First the documents it names by their current name; with ``as_listed``
+    (a removal's path) also every document under it as a folder, and else the name as
+    ``list`` shows it, control characters escaped (:func:`rag.storage.paths.printable`, so a
+    name holding a newline is typed back as ``\\n``). Else the one document whose earlier,
+    root-qualified name it is (:func:`rag.storage.paths.earlier_display_name`: ``dupB/same.md``
+    once ``dupA/same.md`` is gone); :class:`AmbiguousDocumentError` when it is several's, []
+    when it names none. :class:`DocumentPathError` for a path no front end takes
+    (:func:`check_document_path`)."""
+    clean = check_document_path(asked)
+    found = {k for k, n in names.items() if _named_by(clean, n, as_listed)}
+    # else the escaped form `list` shows (not normalised: the escapes hold backslashes)
+    if not found and as_listed and (typed := asked.removeprefix("./")):
+        found = {k for k, n in names.items() if _named_by(typed, printable(n), True)}
+        if sum(printable(names[k]) == typed for k in found) > 1:
+            found = set()  # the shown form of two documents names neither
+    if not found:
+        found = {k for k in names if earlier_display_name(clean, k, roots)}
+        if len(found) > 1:
+            candidates = sorted(names[k] for k in found)
+            raise AmbiguousDocumentError(
+                f"{asked!r} is no document's name and was the name of more than one: "
+                f"{', '.join(repr(c) for c in candidates)}; name one of these",
+                [asked],
+                candidates,
+            )
+    return sorted(found)
 
 
 def match_documents(manifest: Manifest, paths: list[str], index: str | Path) -> list[str]:
-    """The manifest keys ``paths`` name (each a document or a folder of documents, see the
-    module docstring; a name may be given as ``list`` shows it, escaped), sorted;
-    :class:`DocumentNotFoundError` naming every path that names none (or is empty)."""
+    """The manifest keys ``paths`` name (each a document or a folder of documents, see
+    :func:`resolve_documents`; a name may be given as ``list`` shows it, escaped), sorted;
+    :class:`DocumentNotFoundError` naming every path that names none (or is empty),
+    :class:`AmbiguousDocumentError` naming the candidates of one that names several."""
     paths = [str(p) for p in paths]
-    checked = [check_document_path(p) for p in paths]  # all of them, before any lookup
-    docs = _documents(manifest)
+    for p in paths:
+        check_document_path(p)  # all of them, before any lookup
+    names = display_names(manifest.sources, manifest.roots)
     keys: set[str] = set()
     unknown = []
-    for asked, clean in zip(paths, checked):
-        found = {k for k, d in docs.items() if _named_by(clean, d)}
-        # else the escaped form `list` shows (not normalised: the escapes hold backslashes)
-        if not found and (typed := asked.removeprefix("./")):
-            found = {k for k, d in docs.items() if _named_by(typed, d, shown=True)}
-            if sum(printable(docs[k].path) == typed for k in found) > 1:
-                found = set()  # the shown form of two documents names neither
+    for asked in paths:
+        try:
+            found = resolve_documents(asked, names, manifest.roots)
+        except AmbiguousDocumentError as e:
+            raise AmbiguousDocumentError(
+                f"index {str(index)!r}: {e}; nothing was removed", e.paths, e.candidates
+            ) from None
         if not found:
             unknown.append(asked)
-        keys |= found
+        keys |= set(found)
     if unknown:
-        names = ", ".join(repr(p) for p in unknown)
+        listed = ", ".join(repr(p) for p in unknown)
         how = f"--index-dir {index}" if isinstance(index, Path) else f"--index {index}"
         raise DocumentNotFoundError(
-            f"index {str(index)!r} has no document {names} (nor any under it); nothing was "
+            f"index {str(index)!r} has no document {listed} (nor any under it); nothing was "
             f"removed (`{LIST_HINT} {how}` shows its documents)",
             unknown,
         )

@@ -45,8 +45,14 @@ class BM25Index:
         self.k1, self.b = k1, b
         self._pos: dict[str, int] | None = None  # id -> corpus row, for filtered searches
         self._model = bm25s.BM25(k1=k1, b=b, method="lucene")
+        # a corpus of stop words only ("A.", "To be or not to be") has no term to index (bm25s
+        # cannot build it): no query term matches any of its documents
+        self._indexed = False
         if self.ids:
-            self._model.index(tokenize(texts), show_progress=False)
+            tokens = tokenize(texts)
+            if tokens.vocab:
+                self._model.index(tokens, show_progress=False)
+                self._indexed = True
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -61,7 +67,7 @@ class BM25Index:
         """Top-``k`` per query; ``allowed``: score only those ids (bm25s' ``weight_mask``: the
         others score 0 and are left out), with the whole corpus's IDF, so a filtered search
         ranks its documents exactly as the unfiltered one would."""
-        if not self.ids:
+        if not self._indexed:
             return [[] for _ in queries]
         mask = None
         if allowed is not None:
@@ -91,7 +97,7 @@ class BM25Index:
         the corpus never mentions is exactly what the answerability check must notice."""
         n = len(self.ids)
         vocab = getattr(self._model, "vocab_dict", None) or {}
-        indptr = self._model.scores["indptr"] if self.ids else None
+        indptr = self._model.scores["indptr"] if self._indexed else None
         out = {}
         for w in words:
             i = vocab.get(w)
@@ -103,9 +109,9 @@ class BM25Index:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "bm25_ids.json").write_text(
-            json.dumps({"ids": self.ids, "k1": self.k1, "b": self.b})
+            json.dumps({"ids": self.ids, "k1": self.k1, "b": self.b, "indexed": self._indexed})
         )
-        if self.ids:
+        if self._indexed:
             self._model.save(str(folder / "bm25"))
 
     @classmethod
@@ -114,6 +120,8 @@ class BM25Index:
         meta = json.loads((folder / "bm25_ids.json").read_text())
         index = cls([], [], k1=meta["k1"], b=meta["b"])
         index.ids = meta["ids"]
-        if index.ids:
+        # files written before "indexed" was recorded always held a model for a non-empty list
+        if index.ids and meta.get("indexed", True):
             index._model = bm25s.BM25.load(str(folder / "bm25"))
+            index._indexed = True
         return index

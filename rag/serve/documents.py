@@ -9,7 +9,10 @@ absolute path on the server is never sent, nor taken (docs/security.md). Every p
 by the one check the CLI, MCP and the UI share (:func:`rag.ingest.manage.check_document_path`)
 before the index is opened: an absolute path (``/x``, ``%5Ctmp%5Cx``), the whole index (``%5C``,
 ``.``) or ``..`` is the same 404 as a path naming no document, so nothing about the server's
-folders can be told from the answer. A path naming no document is a 404 and nothing changes; a
+folders can be told from the answer. A path is resolved as ``rag.docs`` resolves it
+(:func:`rag.ingest.manage.resolve_documents`: a name one document had while another folder held
+one of the same relative path still names it; one several had is a 404 naming them). A path
+naming no document is a 404 and nothing changes; a
 removal that would leave the index without documents is a 400 (never done over HTTP: the
 server's operator empties an index with ``rag.docs remove --all``); a removal while an ingest
 holds the index is a 409 (retry).
@@ -24,6 +27,7 @@ import anyio
 from fastapi import FastAPI
 
 from rag.ingest.manage import (
+    AmbiguousDocumentError,
     DocumentNotFoundError,
     DocumentPathError,
     WouldEmptyIndexError,
@@ -81,6 +85,14 @@ def add_document_routes(app: FastAPI, index_for: Callable[[str], str]) -> None:
             report = await anyio.to_thread.run_sync(remove_documents, index, [path])
         except IndexNotFoundError:
             raise not_ingested(index) from None
+        except AmbiguousDocumentError as e:  # an earlier name of several: say which they are
+            raise ApiError(
+                404,
+                f"{MODEL_PREFIX}{index} has no document {path!r}; it was the name of more than "
+                f"one: {', '.join(repr(c) for c in e.candidates)}; nothing was removed",
+                param="path",
+                code="document_not_found",
+            ) from None
         except (DocumentNotFoundError, DocumentPathError):
             raise unknown from None
         except WouldEmptyIndexError:

@@ -158,6 +158,25 @@ def display_names(sources: Iterable[str], roots: Iterable[str]) -> dict[str, str
     return names
 
 
+def earlier_display_name(asked: str, source: str, roots: Iterable[str]) -> bool:
+    """Whether ``asked`` is the root-qualified name :func:`display_names` gives ``source``
+    beside a document of the same relative path from another of ``roots`` (the manifest's
+    recorded roots): ``dupB/same.md`` for ``dupB``'s ``same.md``, the name it had until
+    ``dupA/same.md`` was removed and it became ``same.md``. Only such names are taken, never
+    an arbitrary tail of the server's path, so nothing more of a folder's path can be told
+    from the answer than the listing showed while both documents were there."""
+    roots = list(roots)
+    name = display_source(source, roots)
+    if not asked.endswith("/" + name):
+        return False
+    for root in roots:
+        # the same-named document that root held: under it (a folder), or it (a single file)
+        for other in (root.rstrip(os.sep) + os.sep + name, root):
+            if other != source and display_names([source, other], roots)[source] == asked:
+                return True
+    return False
+
+
 # What printable() escapes: C0 and C1 controls and DEL (a newline forges a line of a report, an
 # ESC starts a terminal sequence), the Unicode line and paragraph separators, the bidirectional
 # embeddings, overrides and isolates (they reorder how the rest of a line reads), and the lone
