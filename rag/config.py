@@ -32,11 +32,13 @@ falls back to a default.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import tomllib
@@ -144,15 +146,17 @@ def section_fields(section: str) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if f.init and f.name not in skip)
 
 
-def field_sections() -> dict[str, str | None]:
-    """Flat setting name -> its section (None: a top-level field of RAGConfig)."""
+@functools.cache
+def field_sections() -> Mapping[str, str | None]:
+    """Flat setting name -> its section (None: a top-level field of RAGConfig); read-only, built
+    once (every config, flag and TOML key is checked against it)."""
     out: dict[str, str | None] = dict.fromkeys(TOP_FIELDS)
     for section in RAGConfig.SECTIONS:
         for name in section_fields(section):
             if name in out:  # the flat names (flags) must stay unambiguous
                 raise AssertionError(f"setting {name!r} is in two sections")
             out[name] = section
-    return out
+    return MappingProxyType(out)
 
 
 def build_config(values: Mapping[str, Any], base: RAGConfig | None = None) -> RAGConfig:
@@ -192,8 +196,11 @@ def with_overrides(cfg: RAGConfig, **kwargs: Any) -> RAGConfig:
     return build_config({k: v for k, v in kwargs.items() if v is not None}, cfg)
 
 
-def _hints(section: str | None) -> dict[str, Any]:
-    return typing.get_type_hints(RAGConfig if section is None else RAGConfig.SECTIONS[section])
+@functools.cache
+def _hints(section: str | None) -> Mapping[str, Any]:
+    """The field annotations of ``section`` (None: RAGConfig's own), resolved once."""
+    hints = typing.get_type_hints(RAGConfig if section is None else RAGConfig.SECTIONS[section])
+    return MappingProxyType(hints)
 
 
 def settings() -> dict[str, tuple[type, bool]]:

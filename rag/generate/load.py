@@ -45,29 +45,24 @@ def load_decoder(
     from rag.models import resolve_adapter
 
     s = settings
+    # what both engines take from the settings
+    common = {
+        "device": device,
+        "profile": s.profile,
+        "prompt_cache_mb": s.prompt_cache_budget_mb,
+        "max_context_tokens": s.max_context_tokens,
+        "batching": s.batching,
+        "max_batch": s.max_batch,
+        "max_prefill_tokens": s.max_prefill_tokens,
+    }
     resolved = resolve_adapter(s.decoder, adapter)
     if choose_engine(s.engine, s.decoder, resolved, pick_device(device)) == "openvino":
-        return OpenVINOGenerator.load(
-            s.decoder,
-            device=device,
-            profile=s.profile,
-            prompt_cache_mb=s.prompt_cache_budget_mb,
-            batching=s.batching,
-            max_batch=s.max_batch,
-            max_prefill_tokens=s.max_prefill_tokens,
-            max_context_tokens=s.max_context_tokens,
-        )
+        return OpenVINOGenerator.load(s.decoder, **common)
     return Generator.load(
         s.decoder,
         adapter=adapter,
-        device=device,
         prefix_cache=s.prefix_cache,
-        prompt_cache_mb=s.prompt_cache_budget_mb,
-        max_context_tokens=s.max_context_tokens,
         precision=s.decoder_precision,
-        profile=s.profile,
-        batching=s.batching,
-        max_batch=s.max_batch,
-        max_prefill_tokens=s.max_prefill_tokens,
         speed=s.speed,
+        **common,
     )

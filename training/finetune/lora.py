@@ -39,7 +39,7 @@ from typing import Any
 from rag.answer.prompt import format_span_target
 from rag.cli.flags import config_parser, run_config_cli
 from rag.models import pick_profile, resolve_model
-from rag.models.precision import PRECISION_SETTINGS, torch_dtype
+from rag.models.precision import torch_dtype
 from rag.pipeline import SPAN_MAX_NEW_TOKENS
 from training.data.lora_data import (
     span_examples,
@@ -445,11 +445,7 @@ def main(argv: list[str] | None = None) -> int:
         "python -m training.finetune.lora",
         __doc__,
         LoraTrainConfig,
-        choices={
-            "prompt_format": PROMPT_FORMATS,
-            "span_targets": SPAN_TARGETS,
-            "precision": PRECISION_SETTINGS,
-        },
+        choices={"prompt_format": PROMPT_FORMATS, "span_targets": SPAN_TARGETS},
     )
     return run_config_cli(
         parser,

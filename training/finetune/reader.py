@@ -37,7 +37,6 @@ from rag.answer.reader import Span, SpanReader, pick
 from rag.cli.flags import config_parser, run_config_cli
 from rag.evaluation.metrics import exact_match, f1_score, normalize_answer
 from rag.models import lm_objective, resolve_model
-from rag.models.precision import PRECISION_SETTINGS
 from training.data import reader_data as D
 from training.finetune.recipe import (
     FinetuneConfig,
@@ -359,12 +358,7 @@ def _report(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = config_parser(
-        "python -m training.finetune.reader",
-        __doc__,
-        ReaderConfig,
-        choices={"precision": PRECISION_SETTINGS},
-    )
+    parser = config_parser("python -m training.finetune.reader", __doc__, ReaderConfig)
     return run_config_cli(
         parser,
         ReaderConfig,
