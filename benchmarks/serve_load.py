@@ -93,6 +93,8 @@ class ServeLoadConfig:
     # decoder engine (as RAGConfig): auto = OpenVINO GenAI for a GGUF decoder without adapter on
     # the CPU, else torch | torch | openvino; each engine batches its own way (SharedModels)
     engine: str = "auto"
+    # OpenVINO engine's prompt lookup decoding (as RAGConfig): tokens proposed per step, 0 = off
+    prompt_lookup: int = 5
     threads: int | None = None  # torch CPU threads; none = torch's default
     # file of distinct questions, one per line (# comments), asked in turn across sessions so
     # none repeats until it runs out: benchmarks/data/docs_questions.txt for the docs index;
@@ -154,6 +156,7 @@ class ServeLoadConfig:
             k=self.k, mode=self.retrieval, max_new_tokens=self.max_new_tokens,
             max_batch=self.max_batch, device=self.device, decoder_precision=self.decoder_precision,
             prompt_cache_mb=self.prompt_cache_mb, engine=self.engine,
+            prompt_lookup=self.prompt_lookup,
         )  # fmt: skip
 
 

@@ -188,6 +188,48 @@ def test_chunking_is_linear_in_the_headings(wordpiece):
     ]
 
 
+def test_a_flood_of_bare_headings_fills_chunks_to_the_budget(wordpiece):
+    """Issue 47, case 6: 200,000 bare `# h` headings were 12,500 chunks of 32 tokens, every
+    one embedded. A run of tiny sections now joins up to the chunk budget; a tiny section before
+    an ordinary one still joins that one, and the chunks still cover every heading."""
+    from rag.documents.chunking import _merge_small
+
+    text = "# h\n" * 20_000
+    chunks = chunk_document(
+        Document("/d.md", text, markdown_headings(text)), wordpiece, chunk_tokens=256, overlap=0
+    )
+    tokens = count_tokens(wordpiece, [c.text for c in chunks])
+    assert max(tokens) <= 256 and sum(tokens) == 2 * 20_000  # "#" and "h" per line
+    assert len(chunks) <= 2 * 20_000 // 256 + 2  # full chunks, not budget / 8 ones
+    # ranges are (first token, end token); budget 64 -> tiny is under 8 tokens
+    assert _merge_small([(0, 3), (3, 40)], 64) == [(0, 40, 3)]  # a bare heading joins its body
+    assert _merge_small([(0, 3), (3, 6), (6, 9), (9, 60)], 64) == [(0, 9, 6), (9, 60, 9)]
+    run = [(i, i + 3) for i in range(0, 300, 3)]  # 100 tiny sections of 3 tokens
+    merged = _merge_small(run, 64)
+    assert [m[1] - m[0] for m in merged[:-1]] == [63] * (len(merged) - 1)
+    assert merged[0][0] == 0 and merged[-1][1] == 300
+    assert all(a[1] == b[0] for a, b in zip(merged, merged[1:]))
+
+
+def test_tokenising_in_pieces_gives_the_offsets_of_the_whole_text(wordpiece, bpe, monkeypatch):
+    """A document is tokenised in pieces cut where no tokenizer joins the two sides (the whole
+    encoding of 1,000,000 bare headings held 1.1 GB): the offsets are those of one call on the
+    whole text, for WordPiece and byte-level BPE, on prose, code, tables and indented lines."""
+    import re
+
+    import rag.documents.chunking as C
+
+    table = "\n".join(f"   | cell {i}   | :c:type:`T{i}`   |" for i in range(40))
+    text = re.sub(r"[a-j]{3000}", "", make_doc(3, n_sections=12).text) + "\n" + table + "\n"
+    monkeypatch.setattr(C, "PIECE_CHARS", 2000)  # about 20 pieces
+    for tok in (wordpiece, bpe):
+        backend = C._backend(tok)
+        whole = [o for o in backend.encode(text, add_special_tokens=False).offsets if o[1] > o[0]]
+        assert C._token_offsets(backend, text) == whole
+    assert C._piece_end("word " * 100, 0, 300) < 300  # a cut between two words
+    assert C._piece_end("x" * 1000, 0, 300) == 300  # no place to cut: inside the run
+
+
 def test_a_run_without_spaces_is_cut_inside(wordpiece, bpe):
     """Issue 47, case 10: 15,000,000 characters without a space were one chunk (WordPiece reads
     a word over 100 characters as one [UNK]); every question then took 53 s and 2 GB. Now

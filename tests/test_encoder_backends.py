@@ -83,6 +83,26 @@ def test_length_sorted_batches_restore_input_order(tiny_mlm_dir):
     assert np.allclose(joint, alone, atol=1e-5)  # row i is text i, whatever batch it went in
 
 
+def test_identical_texts_are_embedded_once(tiny_mlm_dir):
+    """Issue 47, case 6: 1,000,000 bare headings chunk into 7,875 chunks of two distinct
+    texts; each distinct text is read once and every row still gets its vector."""
+    enc = Encoder.load(tiny_mlm_dir, device="cpu", precision="fp32", max_batch=2)
+    read: list[str] = []
+    encode_document = enc.model.encode_document
+
+    def counting(batch, **kw):
+        read.extend(batch)
+        return encode_document(batch, **kw)
+
+    enc.model.encode_document = counting
+    texts = ["alpha beta", "gamma", "alpha beta", "delta epsilon zeta", "gamma", "alpha beta"]
+    got = enc.encode(texts)
+    assert sorted(read) == sorted(set(texts))
+    distinct = enc.encode(list(dict.fromkeys(texts)))
+    order = {t: i for i, t in enumerate(dict.fromkeys(texts))}
+    assert np.allclose(got, distinct[[order[t] for t in texts]], atol=1e-6)
+
+
 def test_ingest_and_query_with_onnx_backend(tmp_path, tiny_mlm_dir):
     """An index built with torch is extended and queried with ONNX: same fingerprint, so no
     mismatch and no re-embedding; the ONNX query encoder ranks as torch does."""

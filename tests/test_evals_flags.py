@@ -50,6 +50,7 @@ HEAD_DEFAULTS = {
     "max_context_tokens": 2048,
     "prefix_cache": True,
     "prompt_cache_mb": 512,
+    "prompt_lookup": 5,  # on since 2026-12-05 (docs/benchmarks.md: same answers, less time)
     "batching": True,
     "max_batch": 16,
     "max_prefill_tokens": 4096,

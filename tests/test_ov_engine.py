@@ -91,6 +91,25 @@ def messages(gen, question="What is the capital of France?"):
     return gen.messages(question, ["Paris is the capital of France.", "Berlin is in Germany."])
 
 
+def ask_together(gen, questions: list[str], n: int = 4) -> dict[int, tuple[str, dict]]:
+    """Request i asks questions[i % len(questions)], all ``n`` at once from threads; each
+    request's (text, stats), every request answered within two minutes."""
+    got: dict[int, tuple[str, dict]] = {}
+
+    def ask(i: int) -> None:
+        stats: dict = {}
+        q = questions[i % len(questions)]
+        got[i] = (gen.generate(messages(gen, q), max_new_tokens=24, stats=stats), stats)
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(got) == list(range(n))
+    return got
+
+
 def test_the_engine_streams_what_it_generates_and_reports_its_stats(smol):
     stats, streamed_stats = {}, {}
     text = smol.generate(messages(smol), max_new_tokens=40, stats=stats)
@@ -116,19 +135,7 @@ def test_concurrent_requests_each_get_their_own_answer(smol):
     # so greedy answers may part after a close call; what must hold is that every request
     # finishes within its limit and reads its own prompt (SmolLM2 repeats the question).
     questions = ["What is the capital of France?", "Where is Berlin?"]
-    got: dict[int, tuple[str, dict]] = {}
-
-    def ask(i: int) -> None:
-        stats: dict = {}
-        text = smol.generate(messages(smol, questions[i % 2]), max_new_tokens=24, stats=stats)
-        got[i] = (text, stats)
-
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert sorted(got) == [0, 1, 2, 3]
+    got = ask_together(smol, questions)
     for i, (text, stats) in got.items():
         assert questions[i % 2] in text and questions[1 - i % 2] not in text
         assert 0 < stats["new_tokens"] <= 24
@@ -151,3 +158,50 @@ def test_a_continuation_is_decoded_from_the_reply_already_written(smol):
     ids = smol.prompt_ids(messages(smol), head)[0]
     assert ids[: len(smol.prompt_ids(messages(smol))[0])] == smol.prompt_ids(messages(smol))[0]
     assert rest and not rest.startswith(head)  # only what follows the continuation comes back
+
+
+@pytest.fixture(scope="module")
+def smol_lookup():
+    require_openvino_smollm2()
+    from rag.generate.ov_engine import OpenVINOGenerator
+
+    gen = OpenVINOGenerator.load("smollm2", prompt_cache_mb=64, max_batch=4, prompt_lookup=5)
+    yield gen
+    gen.close()
+
+
+def test_prompt_lookup_keeps_the_limits_stops_streaming_and_sampling(smol, smol_lookup):
+    """Prompt lookup decoding proposes several tokens per step; what the answer path relies on
+    must hold all the same: the token limit, stop strings, streaming the same text, sampling,
+    and concurrent requests reading their own prompts."""
+    m = messages(smol_lookup)
+    stats: dict = {}
+    text = smol_lookup.generate(m, max_new_tokens=40, stats=stats)
+    assert "Paris" in text and 0 < stats["new_tokens"] <= 40
+    assert "".join(smol_lookup.stream(m, max_new_tokens=40)) == text
+    short: dict = {}
+    smol_lookup.generate(m, max_new_tokens=3, stats=short)
+    assert short["new_tokens"] <= 3 and short["finish_reason"] == "length"
+    word = text.split()[2]
+    cut = smol_lookup.generate(m, max_new_tokens=40, stop=[word])
+    assert word not in cut and text.startswith(cut)
+    sampled = smol_lookup.generate(m, max_new_tokens=16, temperature=0.8, top_p=0.9)
+    assert sampled.strip()
+    # greedy with lookup decodes what the model would: the plain engine's answer, give or take
+    # a close call between two tokens late in the reply (batched shapes are not bit-exact)
+    plain = smol.generate(m, max_new_tokens=40)
+    assert plain.split()[:4] == text.split()[:4]
+    questions = ["What is the capital of France?", "Where is Berlin?"]
+    got = ask_together(smol_lookup, questions)
+    assert all(questions[i % 2] in text for i, (text, _) in got.items())
+
+
+def test_prompt_lookup_is_a_bounded_generation_setting():
+    from rag.generate.settings import GenerationSettings
+
+    assert GenerationSettings().prompt_lookup == 5
+    assert GenerationSettings(prompt_lookup=0).prompt_lookup == 0
+    with pytest.raises(ValueError, match="--prompt-lookup"):
+        GenerationSettings(prompt_lookup=-1)
+    with pytest.raises(ValueError, match="--prompt-lookup"):
+        GenerationSettings(prompt_lookup=64)

@@ -44,6 +44,8 @@ _MIN_SECTION_FRACTION = 8  # sections under chunk_tokens/8 tokens (a bare headin
 # tokens are under 20 characters; a chunk is then at most budget * 32 characters.
 MAX_TOKEN_CHARS = 32
 CHECK_EVERY = 64  # chunks (or sections) between two deadline checks
+PIECE_CHARS = 1 << 16  # characters tokenised per call (_token_offsets)
+_SPACE_BETWEEN_WORDS = re.compile(r"(?<=\w)[ \t]+(?=\w)")
 _backends: dict[int, tuple[Any, Any]] = {}
 
 
@@ -74,6 +76,39 @@ def count_tokens(tokenizer, texts: list[str]) -> list[int]:
     return [len(e.ids) for e in _backend(tokenizer).encode_batch(texts, add_special_tokens=False)]
 
 
+def _token_offsets(backend, text: str) -> list[tuple[int, int]]:
+    """The character offsets of ``text``'s tokens (empty ones dropped), read in pieces of about
+    :data:`PIECE_CHARS` characters cut after a line break that a non-space character follows,
+    where no tokenizer joins the two sides. Why not in one call: the fast tokenizer's encoding of
+    a whole document holds about 550 bytes per token (ids, token strings, masks), 1.1 GB for the
+    2M tokens of 1,000,000 bare headings; the offsets alone are kept here."""
+    out: list[tuple[int, int]] = []
+    a, n = 0, len(text)
+    while a < n:
+        b = n if n - a <= PIECE_CHARS else _piece_end(text, a, a + PIECE_CHARS)
+        enc = backend.encode(text[a:b], add_special_tokens=False)
+        out.extend((s + a, e + a) for s, e in enc.offsets if e > s)
+        a = b
+    return out
+
+
+def _piece_end(text: str, a: int, b: int) -> int:
+    """Where a piece of ``text[a:b]`` may end: after its last line break that a non-space
+    character follows, else where its last run of spaces between two word characters starts
+    (the run goes with the word after it, as byte-level BPE reads " word"; punctuation may take
+    the line breaks after it), else ``b`` (no such place: cut inside, as
+    :func:`_split_long_tokens` would)."""
+    i = text.rfind("\n", a, b - 1)
+    while i > a and text[i + 1].isspace():
+        i = text.rfind("\n", a, i)
+    if i > a:
+        return i + 1
+    last = None
+    for m in _SPACE_BETWEEN_WORDS.finditer(text, a, b):
+        last = m
+    return last.start() if last is not None and last.start() > a else b
+
+
 def _split_long_tokens(offsets: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
     """``offsets`` with every token longer than ``limit`` characters cut into pieces of at most
     ``limit`` characters (each then counts as a token of the budget)."""
@@ -94,17 +129,19 @@ def _sections(doc: Document) -> list[tuple[int, int]]:
     return [(s, e) for s, e in zip(cuts, [*cuts[1:], len(doc.text)]) if doc.text[s:e].strip()]
 
 
-def _boundary_strength(text: str) -> dict[int, int]:
-    """Character positions where a chunk may start, mapped to how good a cut there is."""
-    strength: dict[int, int] = {}
+def _boundary_strength(text: str) -> bytearray:
+    """How good a cut is before each character position (0 = not a boundary): one byte per
+    position (a dict of every boundary took about 100 bytes per word)."""
+    strength = bytearray(len(text) + 1)
     for level, pattern in _BOUNDARIES:
         for m in pattern.finditer(text):
-            strength[m.end()] = max(strength.get(m.end(), 0), level)
+            if strength[m.end()] < level:
+                strength[m.end()] = level
     return strength
 
 
 def _split_section(
-    offsets: list[tuple[int, int]], strength: dict[int, int], budget: int, overlap: int
+    offsets: list[tuple[int, int]], strength: bytearray, budget: int, overlap: int
 ) -> list[tuple[int, int, int]]:
     """(start char, end char, token count) of the chunks of one section, given its tokens'
     absolute character ``offsets`` and the cut ``strength`` at each character position."""
@@ -113,7 +150,7 @@ def _split_section(
         return [(offsets[0][0], offsets[-1][1], n)]
     starts = [a for a, _ in offsets]
     # a chunk may start at token t with the strength of the boundary just before it
-    tok_strength = [strength.get(starts[t], 0) if t else 4 for t in range(n)]
+    tok_strength = [strength[starts[t]] if t else 4 for t in range(n)]
     spans, s = [], 0
     while s < n:
         if n - s <= budget:
@@ -139,15 +176,25 @@ def chunk_id(source: str, text_hash: str, start: int, end: int) -> str:
 def _merge_small(ranges: list[tuple[int, int]], budget: int) -> list[tuple[int, int, int]]:
     """Join a tiny section (usually a heading with no body) onto the section after it.
     ``ranges`` are token index ranges; returns (first token, end token, anchor token) where the
-    anchor is the first token of the section that gives the merged one its heading path."""
+    anchor is the first token of the section that gives the merged one its heading path.
+
+    A run of tiny sections keeps joining while the next one is tiny too and the group stays
+    within ``budget``: 200,000 bare ``# h`` headings were 12,500 chunks of 32 tokens (every
+    chunk embedded, 38 s here), and are 1,563 chunks this way. A group of tiny sections followed
+    by an ordinary one is cut as before, so ordinary documents chunk as they always did."""
     out: list[tuple[int, int, int]] = []
     carry: int | None = None
     small = max(1, budget // _MIN_SECTION_FRACTION)
-    for s, e in ranges:
+    for i, (s, e) in enumerate(ranges):
         first = s if carry is None else carry
         if e - first < small:
             carry = first
             continue
+        if e - s < small and i + 1 < len(ranges):  # tiny, completing a group of tiny ones
+            ns, ne = ranges[i + 1]
+            if ne - ns < small and ne - first <= budget:
+                carry = first
+                continue
         out.append((first, e, s))
         carry = None
     if carry is not None:
@@ -188,8 +235,7 @@ def chunk_document(
         overlap = min(overlap, budget // 4)
     backend = _backend(tokenizer)
     text = doc.text
-    offsets = [o for o in backend.encode(text, add_special_tokens=False).offsets if o[1] > o[0]]
-    offsets = _split_long_tokens(offsets, MAX_TOKEN_CHARS)
+    offsets = _split_long_tokens(_token_offsets(backend, text), MAX_TOKEN_CHARS)
     check()
     starts = [a for a, _ in offsets]
     ranges = [(bisect_left(starts, s), bisect_left(starts, e)) for s, e in _sections(doc)]

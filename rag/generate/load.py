@@ -57,7 +57,7 @@ def load_decoder(
     }
     resolved = resolve_adapter(s.decoder, adapter)
     if choose_engine(s.engine, s.decoder, resolved, pick_device(device)) == "openvino":
-        return OpenVINOGenerator.load(s.decoder, **common)
+        return OpenVINOGenerator.load(s.decoder, prompt_lookup=s.prompt_lookup, **common)
     return Generator.load(
         s.decoder,
         adapter=adapter,

@@ -2,9 +2,10 @@
 
 What the engine does for us, and so what is not written here: continuous batching of concurrent
 requests (one scheduler step serves every running answer), prefix caching (the keys and values
-of a prompt another request already read are reused block by block), a paged KV cache in u8, and
-the int4/int8 weight kernels for each CPU kind (AMX, AVX512, AVX2), reading the pinned GGUF
-files directly (:func:`rag.models.gguf.package_engine_path`). The torch engine
+of a prompt another request already read are reused block by block), a paged KV cache in u8,
+prompt lookup decoding (an answer that copies its excerpts is checked several tokens per
+forward), and the int4/int8 weight kernels for each CPU kind (AMX, AVX512, AVX2), reading the
+pinned GGUF files directly (:func:`rag.models.gguf.package_engine_path`). The torch engine
 (:class:`rag.generate.generator.Generator`) stays where training and scoring need gradients or
 logits; docs/answering.md measures the two side by side.
 
@@ -33,6 +34,8 @@ from typing import Any
 from rag.generate.chat import ChatDecoder, DecodeOptions
 from rag.generate.engines import EngineUnavailable, engine_gguf, engine_reason
 from rag.generate.stopping import DecodingRules, loop_cut
+
+LOOKUP_NGRAM = 3  # prompt lookup matches n-grams of up to 3 of the reply's last ids in the prompt
 
 
 def _running(handle: Any) -> bool:
@@ -193,11 +196,13 @@ class OpenVINOGenerator(ChatDecoder):
         profile: str = "plain",
         max_context_tokens: int | None = None,
         rules: DecodingRules | None = None,
+        prompt_lookup: int = 0,
     ) -> None:
         super().__init__(
             tokenizer, profile=profile, max_context_tokens=max_context_tokens, rules=rules
         )
         self.pipe = pipe
+        self.prompt_lookup = prompt_lookup
         self._positions = max_positions
         self._stepper = _Stepper(pipe, serial=not batching)
         self.batcher = None  # the torch batcher's slot (benchmarks read it): the engine batches
@@ -216,11 +221,15 @@ class OpenVINOGenerator(ChatDecoder):
         max_prefill_tokens: int = 4096,
         max_context_tokens: int | None = None,
         rules: DecodingRules | None = None,
+        prompt_lookup: int = 0,
     ) -> OpenVINOGenerator:
         """The engine folder of ``name`` (:func:`engine_gguf`: built once from the pinned GGUF
         parts, sha256-checked) on the CPU. The scheduler holds ``max_batch`` sequences, prefills
         at most ``max_prefill_tokens`` tokens per step, and keeps a KV cache of the running
-        answers plus ``prompt_cache_mb`` for prefix caching (0 = no prefix caching)."""
+        answers plus ``prompt_cache_mb`` for prefix caching (0 = no prefix caching).
+        ``prompt_lookup`` > 0 turns on the engine's prompt lookup decoding: each step proposes
+        that many tokens found after an earlier occurrence of the reply's last ids (an n-gram of
+        up to :data:`LOOKUP_NGRAM`) in the prompt or reply, and one forward keeps the ones greedy decoding would have chosen."""
         import json
 
         import openvino_genai as og
@@ -243,7 +252,8 @@ class OpenVINOGenerator(ChatDecoder):
         sched.cache_size = max(1, round((prompt_cache_mb + 256 * sched.max_num_seqs) / 1024))
         with MODEL_LOAD_LOCK:
             tokenizer = AutoTokenizer.from_pretrained(folder)
-            pipe = og.ContinuousBatchingPipeline(str(folder / "model.gguf"), sched, "CPU")
+            props = {"prompt_lookup": True} if prompt_lookup else {}
+            pipe = og.ContinuousBatchingPipeline(str(folder / "model.gguf"), sched, "CPU", props)
         return cls(
             pipe,
             tokenizer,
@@ -252,6 +262,7 @@ class OpenVINOGenerator(ChatDecoder):
             profile=pick_profile(name) if profile == "auto" else profile,
             max_context_tokens=max_context_tokens,
             rules=rules,
+            prompt_lookup=prompt_lookup,
         )
 
     def model_positions(self) -> int | None:
@@ -280,6 +291,8 @@ class OpenVINOGenerator(ChatDecoder):
             cfg.repetition_penalty = self.rules.repetition_penalty
         if self.rules.no_repeat_ngram_size:
             cfg.no_repeat_ngram_size = self.rules.no_repeat_ngram_size
+        if self.prompt_lookup:
+            cfg.num_assistant_tokens, cfg.max_ngram_size = self.prompt_lookup, LOOKUP_NGRAM
         if options.temperature > 0:
             cfg.do_sample, cfg.temperature, cfg.top_p = True, options.temperature, options.top_p
         else:

@@ -48,6 +48,11 @@ class GenerationSettings:
     # keys and values of recent prompts kept per decoder and reused by their longest shared token
     # prefix (passages another request already read: rag.generate.prompt_cache); MB, 0 = off
     prompt_cache_mb: int = DEFAULT_PROMPT_CACHE_MB
+    # OpenVINO engine: prompt lookup decoding proposes this many next tokens per step by
+    # matching the answer's last words in the prompt, and one forward checks them all (greedy
+    # answers stay the model's own; an answer that copies its excerpts decodes in fewer steps:
+    # docs/benchmarks.md); 0 = off. The torch engine does not use it
+    prompt_lookup: int = 5
     batching: bool = True  # decode concurrent requests together (rag.generate.batching)
     max_batch: int = 16  # rows per decode step when batching is on
     # requests that arrive together are prefilled in padded forwards of at most this many tokens
@@ -74,6 +79,8 @@ class GenerationSettings:
                 raise ValueError(
                     f"{flag} must be one of {', '.join(values)}, not {getattr(self, name)!r}"
                 )
+        if not 0 <= self.prompt_lookup <= 32:
+            raise ValueError(f"--prompt-lookup must be 0 (off) to 32, not {self.prompt_lookup!r}")
         for name in ("max_new_tokens", "max_batch", "max_prefill_tokens"):
             if int(getattr(self, name)) < 1:
                 flag = "--" + name.replace("_", "-")

