@@ -62,7 +62,7 @@ from benchmarks.loadgen import (
 from rag.cli import run_cli
 from rag.cli.flags import dataclass_parser
 from rag.config import RAGConfig, with_overrides
-from rag.defaults import DEFAULT_PROMPT_CACHE_MB, MODES
+from rag.defaults import DEFAULT_PROMPT_CACHE_MB, DEFAULT_PROMPT_LOOKUP, MODES
 from rag.generate.load import prepare_serving_process
 from rag.storage.paths import rag_home
 
@@ -94,7 +94,7 @@ class ServeLoadConfig:
     # the CPU, else torch | torch | openvino; each engine batches its own way (SharedModels)
     engine: str = "auto"
     # OpenVINO engine's prompt lookup decoding (as RAGConfig): tokens proposed per step, 0 = off
-    prompt_lookup: int = 5
+    prompt_lookup: int = DEFAULT_PROMPT_LOOKUP
     threads: int | None = None  # torch CPU threads; none = torch's default
     # file of distinct questions, one per line (# comments), asked in turn across sessions so
     # none repeats until it runs out: benchmarks/data/docs_questions.txt for the docs index;

@@ -24,3 +24,5 @@ DEFAULT_MAX_NEW_TOKENS = 256  # answer length limit in decoder tokens (rag.ask, 
 # decoding: MB of recent prompts' keys and values kept per decoder (rag.generate.prompt_cache);
 # about 40 prompts of ~1,000 tokens for Qwen2.5-0.5B in bf16, 20 for SmolLM2-135M
 DEFAULT_PROMPT_CACHE_MB = 512
+# OpenVINO engine: tokens prompt lookup decoding proposes per step (0 = off; docs/benchmarks.md)
+DEFAULT_PROMPT_LOOKUP = 5

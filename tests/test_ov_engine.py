@@ -82,7 +82,9 @@ def smol():
     require_openvino_smollm2()
     from rag.generate.ov_engine import OpenVINOGenerator
 
-    gen = OpenVINOGenerator.load("smollm2", prompt_cache_mb=64, max_batch=4)
+    gen = OpenVINOGenerator.load(
+        "smollm2", prompt_cache_mb=64, max_batch=4, prompt_lookup=0
+    )  # the plain engine: prompt lookup has its own fixture below
     yield gen
     gen.close()
 

@@ -31,6 +31,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from rag.defaults import DEFAULT_PROMPT_LOOKUP
 from rag.generate.chat import ChatDecoder, DecodeOptions
 from rag.generate.engines import EngineUnavailable, engine_gguf, engine_reason
 from rag.generate.stopping import DecodingRules, loop_cut
@@ -221,7 +222,7 @@ class OpenVINOGenerator(ChatDecoder):
         max_prefill_tokens: int = 4096,
         max_context_tokens: int | None = None,
         rules: DecodingRules | None = None,
-        prompt_lookup: int = 0,
+        prompt_lookup: int = DEFAULT_PROMPT_LOOKUP,
     ) -> OpenVINOGenerator:
         """The engine folder of ``name`` (:func:`engine_gguf`: built once from the pinned GGUF
         parts, sha256-checked) on the CPU. The scheduler holds ``max_batch`` sequences, prefills

@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 from rag.answer.prompt import PROFILES
-from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_CACHE_MB
+from rag.defaults import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PROMPT_CACHE_MB, DEFAULT_PROMPT_LOOKUP
 from rag.generate.engines import ENGINES
 from rag.generate.speed import CACHE_IMPLEMENTATIONS, DecodeSpeed
 from rag.models import DEFAULT_ADAPTER, DEFAULT_DECODER
@@ -52,7 +52,7 @@ class GenerationSettings:
     # matching the answer's last words in the prompt, and one forward checks them all (greedy
     # answers stay the model's own; an answer that copies its excerpts decodes in fewer steps:
     # docs/benchmarks.md); 0 = off. The torch engine does not use it
-    prompt_lookup: int = 5
+    prompt_lookup: int = DEFAULT_PROMPT_LOOKUP
     batching: bool = True  # decode concurrent requests together (rag.generate.batching)
     max_batch: int = 16  # rows per decode step when batching is on
     # requests that arrive together are prefilled in padded forwards of at most this many tokens
