@@ -230,6 +230,38 @@ def test_tokenising_in_pieces_gives_the_offsets_of_the_whole_text(wordpiece, bpe
     assert C._piece_end("x" * 1000, 0, 300) == 300  # no place to cut: inside the run
 
 
+def test_a_text_over_the_token_bound_is_refused_before_it_is_read_whole(wordpiece, monkeypatch):
+    """Issue 47, case 6 of distinct text: a 9.9 MB file of 1,000,000 distinct headings was
+    chunked and embedded for ten minutes. A text of more than ``max_doc_tokens`` tokens is
+    refused while it is tokenised: the pieces after the one that passed the bound are never
+    read, and a text of exactly the bound is chunked as before."""
+    import rag.documents.chunking as C
+    from rag.documents import DocumentError
+
+    monkeypatch.setattr(C, "PIECE_CHARS", 2000)
+    text = "".join(f"# h{i}\n" for i in range(20_000))  # about 140 pieces
+    doc = Document(text=text, path="heads.md", headings=markdown_headings(text))
+    total = len(C._token_offsets(C._backend(wordpiece), text))
+    read: list[int] = []
+    backend = C._backend(wordpiece)
+    real = backend.encode
+
+    class Counting:  # the backend, counting the characters it is given
+        def encode(self, piece, **kw):
+            read.append(len(piece))
+            return real(piece, **kw)
+
+    monkeypatch.setattr(C, "_backend", lambda tok: Counting())
+    with pytest.raises(DocumentError, match=r"heads.md: more than 1,000 tokens to embed"):
+        chunk_document(doc, wordpiece, 64, 8, max_doc_tokens=1000)
+    assert sum(read) < len(text) / 10  # stopped after a few pieces of about 140
+    monkeypatch.setattr(C, "_backend", lambda tok: backend)
+    exact = chunk_document(doc, wordpiece, 64, 8, max_doc_tokens=total)
+    assert exact == chunk_document(doc, wordpiece, 64, 8)
+    with pytest.raises(DocumentError, match=f"more than {total - 1:,} tokens"):
+        chunk_document(doc, wordpiece, 64, 8, max_doc_tokens=total - 1)
+
+
 def test_a_run_without_spaces_is_cut_inside(wordpiece, bpe):
     """Issue 47, case 10: 15,000,000 characters without a space were one chunk (WordPiece reads
     a word over 100 characters as one [UNK]); every question then took 53 s and 2 GB. Now

@@ -438,6 +438,26 @@ def test_files_per_run_and_pages_per_pdf_are_bounded(tmp_path, tiny_mlm_dir, cap
     assert load_document(docs / "book.pdf").text == "One\n\nTwo\n\nThree"
 
 
+def test_a_file_over_the_token_bound_is_one_failed_file(tmp_path, tiny_mlm_dir, capsys):
+    """Case 6 of distinct text: embedding costs what the tokens cost (9.9 MB of distinct
+    headings took ten minutes). A file over --max-file-tokens is one failed file, named with its
+    reason; the rest is ingested; the flag raised, it is ingested; a bad value is refused."""
+    heads = "".join(f"# Heading {i}\n" for i in range(400))
+    docs = write_docs(tmp_path / "docs", {"heads.md": heads, "good.md": "# Good\n\nFine.\n"})
+    enc = ["--encoder", str(tiny_mlm_dir)]
+    code, out, _ = run([str(docs), "--index", "tok", *enc, "--max-file-tokens", "500"], capsys)
+    assert code == 1 and names(out["added"]) == ["good.md"]
+    [failure] = out["failures"]
+    assert failure["path"].endswith("heads.md")
+    assert failure["reason"] == "more than 500 tokens to embed (--max-file-tokens)"
+    code, out, _ = run([str(docs), "--index", "tok", "--max-file-tokens", "100000"], capsys)
+    assert (
+        code == 0 and names(out["added"]) == ["heads.md"] and names(out["unchanged"]) == ["good.md"]
+    )
+    code, _, err = run([str(docs), "--index", "tok", "--max-file-tokens", "0"], capsys)
+    assert code == 2 and err == ["rag.ingest: error: --max-file-tokens must be positive, not 0"]
+
+
 # ---- one deadline: loading (inside a PDF page) and chunking -------------------------------------
 
 

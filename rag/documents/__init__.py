@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from rag.documents.limits import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FILE_TOKENS,
     DEFAULT_MAX_PAGES,
     DEFAULT_MAX_SECONDS,
     DEFAULT_MAX_TEXT_CHARS,
@@ -53,6 +54,7 @@ from rag.documents.walk import (
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_FILE_TOKENS",
     "DEFAULT_MAX_PAGES",
     "DEFAULT_MAX_SECONDS",
     "DEFAULT_MAX_TEXT_CHARS",

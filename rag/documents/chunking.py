@@ -13,7 +13,8 @@ without a space or punctuation as one ``[UNK]``: 15,000,000 such characters were
 every question on that index then took 53 s and 2 GB) counts as one token per
 :data:`MAX_TOKEN_CHARS` characters and may be cut inside. Chunking is linear in the document
 (heading paths by bisection, :meth:`rag.documents.Document.heading_path_at`), and a caller's
-``deadline`` (the file's ``--max-load-seconds``) is checked as it goes.
+``deadline`` (the file's ``--max-load-seconds``) is checked as it goes, as is its token bound
+(``--max-file-tokens``: tokenising stops once the text holds more, before any chunk exists).
 
 Why hand-written: LangChain's splitters count characters or tokens but drop the heading path
 and character offsets that citations need, and cannot honour the encoder's exact token limit.
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
+from rag.documents.limits import DocumentError
 from rag.documents.loaders import Document
 from rag.types import Chunk
 
@@ -76,15 +78,17 @@ def count_tokens(tokenizer, texts: list[str]) -> list[int]:
     return [len(e.ids) for e in _backend(tokenizer).encode_batch(texts, add_special_tokens=False)]
 
 
-def _token_offsets(backend, text: str) -> list[tuple[int, int]]:
+def _token_offsets(backend, text: str, limit: int | None = None) -> list[tuple[int, int]]:
     """The character offsets of ``text``'s tokens (empty ones dropped), read in pieces of about
     :data:`PIECE_CHARS` characters cut after a line break that a non-space character follows,
     where no tokenizer joins the two sides. Why not in one call: the fast tokenizer's encoding of
     a whole document holds about 550 bytes per token (ids, token strings, masks), 1.1 GB for the
-    2M tokens of 1,000,000 bare headings; the offsets alone are kept here."""
+    2M tokens of 1,000,000 bare headings; the offsets alone are kept here. With ``limit``, the
+    reading stops at the first piece that takes the count past it (the caller refuses the
+    text)."""
     out: list[tuple[int, int]] = []
     a, n = 0, len(text)
-    while a < n:
+    while a < n and (limit is None or len(out) <= limit):
         b = n if n - a <= PIECE_CHARS else _piece_end(text, a, a + PIECE_CHARS)
         enc = backend.encode(text[a:b], add_special_tokens=False)
         out.extend((s + a, e + a) for s, e in enc.offsets if e > s)
@@ -212,13 +216,17 @@ def chunk_document(
     overlap: int = DEFAULT_OVERLAP,
     max_tokens: int | None = None,
     deadline: Callable[[], None] | None = None,
+    max_doc_tokens: int | None = None,
 ) -> list[Chunk]:
     """Split ``doc`` into chunks of at most ``min(chunk_tokens, max_tokens)`` tokens of
     ``tokenizer`` (special tokens excluded) and at most that many times
     :data:`MAX_TOKEN_CHARS` characters. ``max_tokens`` defaults to the tokenizer's
     ``model_max_length`` minus its special tokens, i.e. what the encoder can read.
     ``deadline``: called every :data:`CHECK_EVERY` sections and chunks; it raises to stop
-    (``rag.documents.Deadline.check``: the file's one time bound, loading included)."""
+    (``rag.documents.Deadline.check``: the file's one time bound, loading included).
+    ``max_doc_tokens``: a text of more tokens (as the chunk budget counts them) raises
+    :class:`~rag.documents.DocumentError` once tokenising has read past it
+    (``--max-file-tokens``)."""
     check = deadline or (lambda: None)
     if max_tokens is None:
         limit = getattr(tokenizer, "model_max_length", None) or 512
@@ -235,7 +243,11 @@ def chunk_document(
         overlap = min(overlap, budget // 4)
     backend = _backend(tokenizer)
     text = doc.text
-    offsets = _split_long_tokens(_token_offsets(backend, text), MAX_TOKEN_CHARS)
+    offsets = _split_long_tokens(_token_offsets(backend, text, max_doc_tokens), MAX_TOKEN_CHARS)
+    if max_doc_tokens is not None and len(offsets) > max_doc_tokens:
+        raise DocumentError(
+            doc.path, f"more than {max_doc_tokens:,} tokens to embed (--max-file-tokens)"
+        )
     check()
     starts = [a for a, _ in offsets]
     ranges = [(bisect_left(starts, s), bisect_left(starts, e)) for s, e in _sections(doc)]

@@ -4,8 +4,8 @@ Every file is loaded within :class:`Limits` (docs/ingestion.md, *Limits*), so on
 broken file costs bounded time and memory and is reported instead of stalling the run: its size
 on disk (``max_bytes``); for a zip-based format (.docx) the sizes its members declare, their
 compression ratio and the bytes they really expand to, checked before the parser sees them
-(:func:`check_zip`); the length of the extracted text (``max_text_chars``: what chunking and
-embedding cost); the pages of a PDF (``max_pages``) and the decompressed content of each page (at
+(:func:`check_zip`); the length of the extracted text (``max_text_chars``) and its encoder
+tokens (``max_tokens``, counted as chunking tokenises: what embedding costs); the pages of a PDF (``max_pages``) and the decompressed content of each page (at
 most ``max_bytes``); and the time loading takes (``max_seconds``: one :class:`Deadline` per file,
 which ingest then hands on to chunking; checked between the steps of a loader, every few thousand
 tags of an HTML file and every few hundred operators inside a PDF page's text extraction).
@@ -28,6 +28,11 @@ DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 # no more than that file would.
 DEFAULT_MAX_TEXT_CHARS = DEFAULT_MAX_BYTES
 DEFAULT_MAX_SECONDS = 120.0  # loading and chunking one file, checked between steps
+# Tokens of one file: embedding costs what the text's tokens cost (a 9.9 MB file of distinct
+# headings, 2.5M tokens, took about ten minutes on 2 cores), so a file is refused while it is
+# tokenised, before chunks exist. 6 times the largest file of the Python, Git and Linux manuals
+# (kvm/api.rst, about 80k tokens); a PDF of about 1,800 pages of prose.
+DEFAULT_MAX_FILE_TOKENS = 500_000
 # Pages of one PDF: a 20,000-page PDF took 132 s; a manual of a few thousand pages still fits.
 DEFAULT_MAX_PAGES = 5000
 PDF_CHECK_EVERY = 256  # operators of a PDF page between two deadline checks
@@ -70,6 +75,7 @@ class Limits:
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS  # characters of extracted text
     max_seconds: float = DEFAULT_MAX_SECONDS  # time to load and chunk
     max_pages: int = DEFAULT_MAX_PAGES  # pages of a PDF
+    max_tokens: int = DEFAULT_MAX_FILE_TOKENS  # encoder tokens of the text (what embedding costs)
 
 
 class Deadline:

@@ -52,6 +52,8 @@ INGEST_HELP = {
     "$RAG_HOME/onnx; with --precision int8 quantised by onnxruntime)",
     "max_bytes": "skip larger files (a .docx may expand to 5 times this in all)",
     "max_text_chars": "skip a file whose extracted text is longer (bounds chunking and embedding)",
+    "max_file_tokens": "skip a file whose text holds more encoder tokens, refused as it is "
+    "tokenised (bounds embedding: roughly 4 characters of prose per token)",
     "max_load_seconds": "skip a file that takes longer to load and chunk (checked between a "
     "loader's steps, inside a PDF page, and between chunking's)",
     "engine": "local: this process; ray: Ray Data chunks, --workers encoder actors embed "

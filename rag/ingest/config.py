@@ -22,6 +22,7 @@ from indexes import BACKENDS, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, DEVICES
 from rag.documents import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FILE_TOKENS,
     DEFAULT_MAX_PAGES,
     DEFAULT_MAX_SECONDS,
     DEFAULT_MAX_TEXT_CHARS,
@@ -223,6 +224,9 @@ class IngestConfig:
     # hundred operators of a PDF page) and chunking's
     max_load_seconds: float = DEFAULT_MAX_SECONDS
     max_pages: int = DEFAULT_MAX_PAGES  # a PDF with more pages is reported and skipped
+    # a file whose text holds more encoder tokens is reported and skipped as it is tokenised,
+    # before it is chunked or embedded: embedding costs what the tokens cost
+    max_file_tokens: int = DEFAULT_MAX_FILE_TOKENS
     max_files: int = DEFAULT_MAX_FILES  # a run whose DOCS hold more files is refused
     # go on although a DOCS path is missing, unreadable or now empty where the index holds
     # documents from it (refused by default, the index untouched): the documents of a missing
@@ -240,7 +244,13 @@ class IngestConfig:
 
     def limits(self) -> Limits:
         """What loading one file may cost (rag.documents.Limits)."""
-        return Limits(self.max_bytes, self.max_text_chars, self.max_load_seconds, self.max_pages)
+        return Limits(
+            self.max_bytes,
+            self.max_text_chars,
+            self.max_load_seconds,
+            self.max_pages,
+            self.max_file_tokens,
+        )
 
     def label(self) -> str:
         """How reports and messages name the index."""
@@ -316,6 +326,7 @@ def validate_config(cfg: IngestConfig) -> Path:
         ("--max-text-chars", cfg.max_text_chars),
         ("--max-load-seconds", cfg.max_load_seconds),
         ("--max-pages", cfg.max_pages),
+        ("--max-file-tokens", cfg.max_file_tokens),
         ("--max-files", cfg.max_files),
     ):
         if not value > 0:
