@@ -207,3 +207,143 @@ def test_prompt_lookup_is_a_bounded_generation_setting():
         GenerationSettings(prompt_lookup=-1)
     with pytest.raises(ValueError, match="--prompt-lookup"):
         GenerationSettings(prompt_lookup=64)
+
+
+# ---- the worker thread: the only caller of the engine ---------------------------------------------
+
+
+class FakeHandle:
+    """A request handle of the fake engine: one id per step until cancelled, stopped or done."""
+
+    def __init__(self, pipe: FakePipe, n: int) -> None:
+        self.pipe, self.left, self.status, self.fresh = pipe, n, "RUNNING", []
+        self.ended_by: list[tuple[str, str, bool]] = []  # (how, thread, during a step)
+
+    def get_status(self):
+        return type("Status", (), {"name": self.status})()
+
+    def can_read(self) -> bool:
+        return bool(self.fresh)
+
+    def read(self):
+        out, self.fresh = self.fresh, []
+        return {0: type("Out", (), {"generated_ids": out})()}
+
+    def _end(self, how: str, status: str) -> None:
+        self.ended_by.append((how, threading.current_thread().name, self.pipe.in_step))
+        self.status = status
+
+    def stop(self) -> None:
+        self._end("stop", "STOP")
+
+    def cancel(self) -> None:
+        self._end("cancel", "CANCEL")
+
+
+class FakePipe:
+    """Stands in for ``ContinuousBatchingPipeline``: ``step`` gives every running request one id
+    (and raises at step ``fail_at``); the engine's own state is not thread-safe, so a handle ended
+    while a step runs is recorded as such."""
+
+    def __init__(self, n: int = 50, fail_at: int | None = None) -> None:
+        self.n, self.fail_at, self.steps, self.in_step = n, fail_at, 0, False
+        self.handles: list[FakeHandle] = []
+
+    def add_request(self, rid, tensor, config) -> FakeHandle:
+        self.handles.append(FakeHandle(self, self.n))
+        self.handles[-1].added_by = (threading.current_thread().name, self.in_step)
+        return self.handles[-1]
+
+    def step(self) -> None:
+        import time
+
+        self.in_step = True
+        self.steps += 1
+        try:
+            if self.steps == self.fail_at:
+                raise RuntimeError("Cannot remove more tokens than has been generated")
+            time.sleep(0.002)  # a consumer thread runs meanwhile
+            for h in self.handles:
+                if h.status == "RUNNING":
+                    h.fresh.append(7)
+                    h.left -= 1
+                    if h.left == 0:
+                        h.status = "FINISHED"
+        finally:
+            self.in_step = False
+
+
+def test_requests_are_stopped_and_cancelled_only_by_the_worker_between_steps():
+    """Requests were added, and cancelled or stopped (a stop string met, a closed stream, the
+    loop guard), from the consumers' threads while the worker stepped the engine; with prompt
+    lookup on, the engine once failed a step ('Cannot remove more tokens than has been
+    generated', on the Linux dev questions) and then every later one. Now only the worker calls
+    the engine, between two steps, and each request is ended exactly once."""
+    pytest.importorskip("openvino")
+    from rag.generate.ov_engine import _Run, _Stepper
+    from rag.generate.stopping import DecodingRules
+
+    pipe = FakePipe()
+    stepper = _Stepper(pipe, serial=False)
+    loops = DecodingRules(loop_min_tokens=1, loop_max_repeats=3)  # 7 7 7: a loop at id 3
+
+    def consume(i: int) -> int:
+        run = _Run(stepper.submit([1, 2, 3], None), DecodingRules() if i % 2 else loops, stepper)
+        got = 0
+        for chunk in run:
+            got += len(chunk)
+            if i % 2 and got >= 2 + i:  # leaves early: a stop string met
+                break
+        run.close()
+        return got
+
+    results: dict[int, int] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: results.__setitem__(i, consume(i))) for i in range(8)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    for _ in range(500):  # the last requests asked to end are ended at the next pause
+        if not stepper._active:
+            break
+        threading.Event().wait(0.01)
+    stepper.close()
+    assert len(results) == 8
+    ended = [e for h in pipe.handles for e in h.ended_by]
+    assert ended and all(thread == "rag-ov-engine" and not during for _, thread, during in ended)
+    assert all(h.added_by == ("rag-ov-engine", False) for h in pipe.handles)
+    assert all(len(h.ended_by) == 1 for h in pipe.handles)  # each ended once, none finished
+    assert {h.ended_by[0][0] for h in pipe.handles[::2]} <= {"stop", "cancel"}
+
+
+def test_a_failed_step_fails_its_requests_and_the_engine_is_built_anew():
+    """One failed step used to leave the engine failing every request after it (the server
+    down until restarted). Now the running requests get the error, the engine is rebuilt, and
+    the next request is answered; without a way to rebuild, later requests are refused with
+    one clear error instead of hanging."""
+    pytest.importorskip("openvino")
+    from rag.generate.ov_engine import _Run, _Stepper
+    from rag.generate.stopping import DecodingRules
+
+    fresh: list[FakePipe] = []
+
+    def rebuild() -> FakePipe:
+        fresh.append(FakePipe(n=5))
+        return fresh[-1]
+
+    stepper = _Stepper(FakePipe(n=50, fail_at=3), serial=False, rebuild=rebuild)
+    run = _Run(stepper.submit([1], None), DecodingRules(), stepper)
+    with pytest.raises(RuntimeError, match="Cannot remove more tokens"):
+        list(run)
+    run = _Run(stepper.submit([1], None), DecodingRules(), stepper)
+    assert sum(len(c) for c in run) == 5 and len(fresh) == 1
+    stepper.close()
+
+    stepper = _Stepper(FakePipe(fail_at=1), serial=False)  # no rebuild
+    with pytest.raises(RuntimeError):
+        list(_Run(stepper.submit([1], None), DecodingRules(), stepper))
+    with pytest.raises(RuntimeError, match="decoder engine failed and could not restart"):
+        stepper.submit([1], None)
+    stepper.close()

@@ -12,8 +12,9 @@ logits; docs/answering.md measures the two side by side.
 What is ours: the prompt (:class:`rag.generate.chat.ChatDecoder`, the same token ids as torch),
 the stop rules and the loop guard (:mod:`rag.generate.stopping`), streaming text that never has
 to be taken back (:func:`rag.generate.streaming.stream_tokens`), and one worker thread that
-steps the engine while any request runs (``ContinuousBatchingPipeline.step`` releases the GIL,
-so HTTP handlers and the retriever keep running beside it).
+makes every call into the engine: it adds, steps, reads, stops and cancels requests
+(``ContinuousBatchingPipeline.step`` releases the GIL, so HTTP handlers and the retriever keep
+running beside it), and builds the engine anew if a step fails.
 
 What the engine does not offer: the log-probability of a given continuation (citation scores,
 the refusal gate of :mod:`rag.answer.refusal`) and LoRA adapters trained by ``training.finetune.lora``
@@ -24,10 +25,12 @@ support of its words (:func:`rag.answer.verify.attribute`), not by decoder likel
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,7 @@ from rag.generate.chat import ChatDecoder, DecodeOptions
 from rag.generate.engines import EngineUnavailable, engine_gguf, engine_reason
 from rag.generate.stopping import DecodingRules, loop_cut
 
+log = logging.getLogger(__name__)
 LOOKUP_NGRAM = 3  # prompt lookup matches n-grams of up to 3 of the reply's last ids in the prompt
 
 
@@ -45,10 +49,12 @@ def _running(handle: Any) -> bool:
 
 
 class _Request:
-    """One request in the engine: its handle and the queue its new token ids arrive on."""
+    """One request for the engine: its prompt and settings, the handle the worker gets for it
+    (None until added), and the queue its new token ids arrive on."""
 
-    def __init__(self, handle: Any) -> None:
-        self.handle = handle
+    def __init__(self, tensor: Any, config: Any) -> None:
+        self.tensor, self.config = tensor, config
+        self.handle: Any = None
         self.chunks: queue.Queue[list[int] | BaseException | None] = queue.Queue()
         self.ids: list[int] = []  # every id read so far (the worker's side)
 
@@ -72,8 +78,8 @@ class _Run:
     cached: int | None = None  # the engine keeps no per-request count of reused prompt ids
     error: BaseException | None = None
 
-    def __init__(self, req: _Request, rules: DecodingRules) -> None:
-        self.req, self.rules = req, rules
+    def __init__(self, req: _Request, rules: DecodingRules, stepper: _Stepper) -> None:
+        self.req, self.rules, self.stepper = req, rules, stepper
         self._chunks = self._read()
 
     def _read(self) -> Iterator[list[int]]:
@@ -83,10 +89,9 @@ class _Run:
                 seen.extend(chunk)
                 yield chunk
                 if self.rules.loop_guard and loop_cut(seen, self.rules) is not None:
-                    self.req.handle.stop()
+                    self.stepper.end(self.req, "stop")
         finally:
-            if _running(self.req.handle):
-                self.req.handle.cancel()
+            self.stepper.end(self.req, "cancel")
 
     def __iter__(self) -> Iterator[list[int]]:
         return self._chunks
@@ -101,54 +106,94 @@ class _Run:
 
 
 class _Stepper:
-    """The one thread that steps the engine while requests run and hands their ids out.
-
-    Requests are added from any thread (the engine queues them under its own lock); only this
-    thread calls ``step`` and reads the handles. With ``serial`` (batching off) one request runs
-    at a time, the others wait their turn in arrival order.
+    """The one thread that calls the engine: it adds the requests, steps them, reads their ids
+    and stops or cancels them, all between two steps; other threads only queue work for it
+    (:meth:`submit`, :meth:`end`) and read the ids it hands out. Why: with prompt lookup on,
+    the engine once failed a step (``Cannot remove more tokens than has been generated``) while
+    other threads added and cancelled requests beside it, and then failed every later step; its
+    own locking is not documented to cover those calls during a step. A step that raises fails
+    the requests it was running; the engine is then built anew by ``rebuild`` (when given) so
+    the next request is served. With ``serial`` (batching off) one request runs at a time, the
+    others wait their turn in arrival order.
     """
 
-    def __init__(self, pipe: Any, serial: bool) -> None:
+    def __init__(self, pipe: Any, serial: bool, rebuild: Callable[[], Any] | None = None) -> None:
         self.pipe = pipe
+        self._rebuild = rebuild
         self._ids = itertools.count()
         self._active: dict[int, _Request] = {}
+        self._adding: list[_Request] = []  # submitted, added at the next pause
+        self._ending: list[tuple[_Request, str]] = []  # (request, "stop" | "cancel")
         self._cond = threading.Condition()
         self._turn = threading.Semaphore(1) if serial else None
         self._closed = False
+        self._broken: RuntimeError | None = None
         self._thread = threading.Thread(target=self._run, name="rag-ov-engine", daemon=True)
         self._thread.start()
 
     def submit(self, ids: Sequence[int], config: Any) -> _Request:
+        """Queue a request; the worker adds it to the engine before its next step."""
         import numpy as np
         import openvino as ov
 
         if self._turn is not None:
             self._turn.acquire()
-        tensor = ov.Tensor(np.asarray([list(ids)], dtype=np.int64))
+        req = _Request(ov.Tensor(np.asarray([list(ids)], dtype=np.int64)), config)
         with self._cond:
             if self._closed:
-                raise RuntimeError("the decoder was closed")
-            rid = next(self._ids)
-            req = _Request(self.pipe.add_request(rid, tensor, config))
-            self._active[rid] = req
+                self._release()
+                raise self._broken or RuntimeError("the decoder was closed")
+            self._adding.append(req)
             self._cond.notify()
         return req
+
+    def end(self, req: _Request, how: str) -> None:
+        """Ask for ``req`` to be stopped (``"stop"``: it ends as if finished) or cancelled
+        (``"cancel"``) between two steps; nothing when it has already ended."""
+        with self._cond:
+            if any(r is req for r in self._active.values()) or req in self._adding:
+                self._ending.append((req, how))
+                self._cond.notify()
+
+    def _between_steps(self) -> None:
+        """Add the queued requests, then stop or cancel those asked to end."""
+        with self._cond:
+            adding, self._adding = self._adding, []
+            ending, self._ending = self._ending, []
+        for req in adding:
+            rid = next(self._ids)
+            try:
+                req.handle = self.pipe.add_request(rid, req.tensor, req.config)
+            except Exception as e:  # noqa: BLE001 - this request's error, not the engine's
+                req.chunks.put(e)
+                self._release()
+                continue
+            with self._cond:
+                self._active[rid] = req
+        for req, how in ending:
+            if req.handle is not None and _running(req.handle):
+                req.handle.stop() if how == "stop" else req.handle.cancel()
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._active and not self._closed:
+                while not self._active and not self._adding and not self._closed:
                     self._cond.wait()
                 if self._closed:
+                    self._wind_down()
                     return
             try:
+                self._between_steps()
+                if not self._active:
+                    continue
                 self.pipe.step()
             except BaseException as e:  # every running request learns it
                 with self._cond:
-                    done, self._active = list(self._active.values()), {}
+                    done, self._active, self._ending = list(self._active.values()), {}, []
                 for req in done:
                     req.chunks.put(e)
                     self._release()
+                self._renew(e)
                 continue
             with self._cond:
                 items = list(self._active.items())
@@ -170,13 +215,41 @@ class _Stepper:
         if self._turn is not None:
             self._turn.release()
 
+    def _renew(self, error: BaseException) -> None:
+        """After a failed step: a new engine (the old one's state is not to be trusted), or,
+        without ``rebuild`` or when building fails, every later request is refused."""
+        log.warning("the OpenVINO engine failed a step (%s); building it anew", error)
+        with self._cond:  # no request is added meanwhile (it would go to the old engine)
+            try:
+                if self._rebuild is None:
+                    raise RuntimeError("no way to rebuild it")
+                self.pipe = self._rebuild()
+            except Exception as e:  # noqa: BLE001 - said on every later submit
+                self._closed = True
+                self._broken = RuntimeError(f"the decoder engine failed and could not restart: {e}")
+                waiting, self._adding = self._adding, []
+                for req in waiting:
+                    req.chunks.put(self._broken)
+                    self._release()
+
+    def _wind_down(self) -> None:
+        """On close (the worker's last act, under the lock): cancel what still runs and step
+        once more so the engine frees its cache blocks; every waiting consumer gets its end."""
+        running = [r for r in self._active.values() if _running(r.handle)]
+        for req in running:
+            req.handle.cancel()
+        if running:
+            with contextlib.suppress(Exception):  # closing anyway
+                self.pipe.step()
+        for req in [*self._active.values(), *self._adding]:  # those never added: no ids
+            req.chunks.put(None)
+        self._active.clear()
+        self._adding.clear()
+
     def close(self) -> None:
+        """Stop the worker: it cancels what still runs and exits (:meth:`_wind_down`)."""
         with self._cond:
             self._closed = True
-            for req in self._active.values():
-                req.handle.cancel()
-                req.chunks.put(None)
-            self._active.clear()
             self._cond.notify_all()
         self._thread.join(timeout=30)
 
@@ -198,14 +271,14 @@ class OpenVINOGenerator(ChatDecoder):
         max_context_tokens: int | None = None,
         rules: DecodingRules | None = None,
         prompt_lookup: int = 0,
+        rebuild: Callable[[], Any] | None = None,
     ) -> None:
         super().__init__(
             tokenizer, profile=profile, max_context_tokens=max_context_tokens, rules=rules
         )
-        self.pipe = pipe
         self.prompt_lookup = prompt_lookup
         self._positions = max_positions
-        self._stepper = _Stepper(pipe, serial=not batching)
+        self._stepper = _Stepper(pipe, serial=not batching, rebuild=rebuild)
         self.batcher = None  # the torch batcher's slot (benchmarks read it): the engine batches
         self._eos = self._eos_ids()
 
@@ -251,10 +324,14 @@ class OpenVINOGenerator(ChatDecoder):
         # running answers (~3k tokens each at most) plus the prompts kept for reuse; the engine
         # allocates blocks on demand up to this size
         sched.cache_size = max(1, round((prompt_cache_mb + 256 * sched.max_num_seqs) / 1024))
+        props = {"prompt_lookup": True} if prompt_lookup else {}
+
+        def build() -> Any:
+            return og.ContinuousBatchingPipeline(str(folder / "model.gguf"), sched, "CPU", props)
+
         with MODEL_LOAD_LOCK:
             tokenizer = AutoTokenizer.from_pretrained(folder)
-            props = {"prompt_lookup": True} if prompt_lookup else {}
-            pipe = og.ContinuousBatchingPipeline(str(folder / "model.gguf"), sched, "CPU", props)
+            pipe = build()
         return cls(
             pipe,
             tokenizer,
@@ -264,6 +341,7 @@ class OpenVINOGenerator(ChatDecoder):
             max_context_tokens=max_context_tokens,
             rules=rules,
             prompt_lookup=prompt_lookup,
+            rebuild=build,
         )
 
     def model_positions(self) -> int | None:
@@ -308,7 +386,7 @@ class OpenVINOGenerator(ChatDecoder):
         ``options`` the engine reads the token limit, sampling and ``stop``; ``use_cache``,
         ``use_prefix_cache``, ``min_new_tokens``, ``prompt_cache`` and ``ban`` are the torch
         engine's (this one keeps its own prefix cache) and are ignored."""
-        return _Run(self._stepper.submit(ids, self._config(options)), self.rules)
+        return _Run(self._stepper.submit(ids, self._config(options)), self.rules, self._stepper)
 
     def close(self) -> None:
         """Cancel running requests and stop the worker thread."""
