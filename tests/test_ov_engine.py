@@ -162,6 +162,38 @@ def test_a_continuation_is_decoded_from_the_reply_already_written(smol):
     assert rest and not rest.startswith(head)  # only what follows the continuation comes back
 
 
+def test_a_reply_goes_on_unbroken_after_the_engine_fails_a_step(smol):
+    """The real engine, failing one step mid-reply: it is rebuilt, the reply goes on from the
+    ids already given, and the reader gets the reply an undisturbed run gives (greedy), with
+    its token count and finish reason."""
+    want_stats: dict = {}
+    want = smol.generate(messages(smol), max_new_tokens=24, stats=want_stats)
+    stepper = smol._stepper
+    real = stepper.pipe
+
+    class FailsOnce:  # the engine, failing its 4th step
+        def __init__(self) -> None:
+            self.steps = 0
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def step(self) -> None:
+            self.steps += 1
+            if self.steps == 4:
+                raise RuntimeError("Cannot remove more tokens than has been generated")
+            real.step()
+
+    with stepper._cond:
+        stepper.pipe = FailsOnce()
+    stats: dict = {}
+    got = smol.generate(messages(smol), max_new_tokens=24, stats=stats)
+    assert stepper.pipe is not real and not isinstance(stepper.pipe, FailsOnce)  # rebuilt
+    assert got == want and stats["new_tokens"] == want_stats["new_tokens"]
+    assert stats["finish_reason"] == want_stats["finish_reason"]
+    assert smol.generate(messages(smol), max_new_tokens=24) == want  # and serves on
+
+
 @pytest.fixture(scope="module")
 def smol_lookup():
     require_openvino_smollm2()
@@ -288,7 +320,8 @@ def test_requests_are_stopped_and_cancelled_only_by_the_worker_between_steps():
     loops = DecodingRules(loop_min_tokens=1, loop_max_repeats=3)  # 7 7 7: a loop at id 3
 
     def consume(i: int) -> int:
-        run = _Run(stepper.submit([1, 2, 3], None), DecodingRules() if i % 2 else loops, stepper)
+        cfg = type("Config", (), {"max_new_tokens": 50})()
+        run = _Run(stepper.submit([1, 2, 3], cfg), DecodingRules() if i % 2 else loops, stepper)
         got = 0
         for chunk in run:
             got += len(chunk)
@@ -318,32 +351,50 @@ def test_requests_are_stopped_and_cancelled_only_by_the_worker_between_steps():
     assert {h.ended_by[0][0] for h in pipe.handles[::2]} <= {"stop", "cancel"}
 
 
-def test_a_failed_step_fails_its_requests_and_the_engine_is_built_anew():
+def test_after_a_failed_step_the_engine_is_built_anew_and_its_requests_go_on():
     """One failed step used to leave the engine failing every request after it (the server
-    down until restarted). Now the running requests get the error, the engine is rebuilt, and
-    the next request is answered; without a way to rebuild, later requests are refused with
-    one clear error instead of hanging."""
+    down until restarted). Now the engine is rebuilt and the request it was running goes on
+    there from its prompt and the ids it already gave: its consumer reads one reply of the
+    asked length. A request whose retry fails too gets the error; without a way to rebuild,
+    the running request gets the error and later ones are refused in one line, never hang."""
     pytest.importorskip("openvino")
     from rag.generate.ov_engine import _Run, _Stepper
     from rag.generate.stopping import DecodingRules
 
+    class Config:
+        max_new_tokens = 10
+
+    prompts: list[int] = []
+
+    class Recording(FakePipe):
+        def add_request(self, rid, tensor, config):
+            prompts.append(tensor.data.shape[1])
+            handle = super().add_request(rid, tensor, config)
+            handle.left = config.max_new_tokens
+            return handle
+
     fresh: list[FakePipe] = []
 
-    def rebuild() -> FakePipe:
-        fresh.append(FakePipe(n=5))
+    def rebuild(fail_at=None) -> FakePipe:
+        fresh.append(Recording(fail_at=fail_at))
         return fresh[-1]
 
-    stepper = _Stepper(FakePipe(n=50, fail_at=3), serial=False, rebuild=rebuild)
-    run = _Run(stepper.submit([1], None), DecodingRules(), stepper)
-    with pytest.raises(RuntimeError, match="Cannot remove more tokens"):
-        list(run)
-    run = _Run(stepper.submit([1], None), DecodingRules(), stepper)
-    assert sum(len(c) for c in run) == 5 and len(fresh) == 1
+    stepper = _Stepper(Recording(fail_at=4), serial=False, rebuild=rebuild)
+    run = _Run(stepper.submit([1, 2, 3], Config()), DecodingRules(), stepper)
+    assert sum(len(c) for c in run) == 10  # 3 ids before the failure, 7 after
+    assert prompts == [3, 6] and len(fresh) == 1  # the retry's prompt holds the 3 ids given
+    run = _Run(stepper.submit([1], Config()), DecodingRules(), stepper)
+    assert sum(len(c) for c in run) == 10  # the next request on the new engine
+    stepper.close()
+
+    stepper = _Stepper(Recording(fail_at=2), serial=False, rebuild=lambda: rebuild(fail_at=1))
+    with pytest.raises(RuntimeError, match="Cannot remove more tokens"):  # failed twice
+        list(_Run(stepper.submit([1], Config()), DecodingRules(), stepper))
     stepper.close()
 
     stepper = _Stepper(FakePipe(fail_at=1), serial=False)  # no rebuild
     with pytest.raises(RuntimeError):
-        list(_Run(stepper.submit([1], None), DecodingRules(), stepper))
+        list(_Run(stepper.submit([1], Config()), DecodingRules(), stepper))
     with pytest.raises(RuntimeError, match="decoder engine failed and could not restart"):
-        stepper.submit([1], None)
+        stepper.submit([1], Config())
     stepper.close()

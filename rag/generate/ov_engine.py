@@ -52,8 +52,10 @@ class _Request:
     """One request for the engine: its prompt and settings, the handle the worker gets for it
     (None until added), and the queue its new token ids arrive on."""
 
-    def __init__(self, tensor: Any, config: Any) -> None:
-        self.tensor, self.config = tensor, config
+    def __init__(self, prompt: list[int], config: Any) -> None:
+        self.prompt, self.config = prompt, config
+        self.max_new_tokens = config.max_new_tokens
+        self.retried = False  # resubmitted once after a failed step (:meth:`_Stepper._recover`)
         self.handle: Any = None
         self.chunks: queue.Queue[list[int] | BaseException | None] = queue.Queue()
         self.ids: list[int] = []  # every id read so far (the worker's side)
@@ -111,9 +113,9 @@ class _Stepper:
     (:meth:`submit`, :meth:`end`) and read the ids it hands out. Why: with prompt lookup on,
     the engine once failed a step (``Cannot remove more tokens than has been generated``) while
     other threads added and cancelled requests beside it, and then failed every later step; its
-    own locking is not documented to cover those calls during a step. A step that raises fails
-    the requests it was running; the engine is then built anew by ``rebuild`` (when given) so
-    the next request is served. With ``serial`` (batching off) one request runs at a time, the
+    own locking is not documented to cover those calls during a step. After a step that raises,
+    the engine is built anew by ``rebuild`` (when given) and the requests it was running go on
+    there (:meth:`_recover`). With ``serial`` (batching off) one request runs at a time, the
     others wait their turn in arrival order.
     """
 
@@ -133,12 +135,9 @@ class _Stepper:
 
     def submit(self, ids: Sequence[int], config: Any) -> _Request:
         """Queue a request; the worker adds it to the engine before its next step."""
-        import numpy as np
-        import openvino as ov
-
         if self._turn is not None:
             self._turn.acquire()
-        req = _Request(ov.Tensor(np.asarray([list(ids)], dtype=np.int64)), config)
+        req = _Request(list(ids), config)
         with self._cond:
             if self._closed:
                 self._release()
@@ -160,10 +159,14 @@ class _Stepper:
         with self._cond:
             adding, self._adding = self._adding, []
             ending, self._ending = self._ending, []
+        import numpy as np
+        import openvino as ov
+
         for req in adding:
             rid = next(self._ids)
             try:
-                req.handle = self.pipe.add_request(rid, req.tensor, req.config)
+                tensor = ov.Tensor(np.asarray([req.prompt], dtype=np.int64))
+                req.handle = self.pipe.add_request(rid, tensor, req.config)
             except Exception as e:  # noqa: BLE001 - this request's error, not the engine's
                 req.chunks.put(e)
                 self._release()
@@ -187,13 +190,8 @@ class _Stepper:
                 if not self._active:
                     continue
                 self.pipe.step()
-            except BaseException as e:  # every running request learns it
-                with self._cond:
-                    done, self._active, self._ending = list(self._active.values()), {}, []
-                for req in done:
-                    req.chunks.put(e)
-                    self._release()
-                self._renew(e)
+            except BaseException as e:
+                self._recover(e)
                 continue
             with self._cond:
                 items = list(self._active.items())
@@ -214,6 +212,36 @@ class _Stepper:
     def _release(self) -> None:
         if self._turn is not None:
             self._turn.release()
+
+    def _recover(self, error: BaseException) -> None:
+        """After a failed step: the engine is built anew (:meth:`_renew`) and each request it
+        was running goes on there once, from its prompt and the ids it already gave (with the
+        token limit that is left), so its consumer sees one uninterrupted reply; a request that
+        failed before, was asked to end, or could not go on gets the error (or its end)."""
+        with self._cond:
+            done, self._active = list(self._active.values()), {}
+            ending = {id(r) for r, _ in self._ending}
+            self._ending = []
+        with contextlib.suppress(Exception):  # let the old engine free its blocks if it can
+            for req in done:
+                req.handle.cancel()
+            self.pipe.step()
+        self._renew(error)
+        for req in done:
+            left = req.max_new_tokens - len(req.ids)
+            if id(req) in ending or left <= 0:
+                req.chunks.put(None)
+            elif req.retried or self._broken is not None or not isinstance(error, Exception):
+                req.chunks.put(self._broken or error)
+            else:
+                req.retried = True
+                req.prompt = [*req.prompt, *req.ids]
+                req.config.max_new_tokens = left
+                req.handle = None
+                with self._cond:
+                    self._adding.append(req)
+                continue
+            self._release()
 
     def _renew(self, error: BaseException) -> None:
         """After a failed step: a new engine (the old one's state is not to be trusted), or,
