@@ -97,6 +97,21 @@ def test_a_unit_ending_with_a_colon_brings_what_it_introduces():
     assert "run:" in excerpt.text and "tar -xf a.tar -C folder" in excerpt.text
 
 
+def test_a_question_is_no_answer_it_takes_its_answers_score_and_brings_it():
+    """A unit that asks a question answers nothing: on the demo's own docs the excerpt that
+    scored best for "What fraction of tokens does BERT mask?" was a quotation of that very
+    question. Such a unit scores as the unit after it and brings it (an FAQ heading and its
+    answer); a question with nothing after it in its passage is never chosen on its own."""
+    quoted = 'The page lists the questions asked, such as "How long is the Danube river?".'
+    faq = "How do I extract an archive into a folder? Run tar with the C flag and the folder."
+    facts = "The Danube river has a length of 2,850 km."
+    texts = lambda ex: " ".join(e.text for e in ex)  # noqa: E731
+    got = select("How long is the Danube river?", [quoted, facts], embed, 14, words)
+    assert "2,850 km" in texts(got) and "such as" not in texts(got)
+    (excerpt,) = select("extract archive folder", [faq], embed, 30, words)
+    assert "extract an archive into a folder?" in excerpt.text and "Run tar" in excerpt.text
+
+
 def test_an_oversized_best_unit_is_clipped_to_the_budget():
     passage = "Danube river length " + " ".join(["km"] * 200) + "."
     (excerpt,) = select("Danube river length", [passage], embed, 12, words)

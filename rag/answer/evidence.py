@@ -11,7 +11,10 @@ writes from a prompt a fraction of the size (:func:`rag.answer.prompt.build_evid
 A unit's score is its cosine to the query (the encoder's reading) plus a lexical term: the share
 of the question's content words the unit holds (what a user typed, an option name or a command,
 often occurs verbatim in the answer). A unit that ends with ``:`` introduces what follows (a
-code block, a list), so the next unit comes with it. The passage ranked first by retrieval
+code block, a list), so the next unit comes with it. A unit that ends with a question mark
+answers nothing itself (an FAQ heading; on the demo's own docs, a quotation of the very question
+asked scored best): it scores as the unit after it and brings it, and with nothing after it in
+its passage it is never kept. The passage ranked first by retrieval
 always contributes its best unit, so an excerpt set is never without the top hit.
 
 Measured in docs/answering.md against five whole passages.
@@ -38,6 +41,7 @@ _BLANK = re.compile(r"\n\s*\n")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9])")
 _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
+_ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mark (quoted or not)
 
 
 @dataclass(frozen=True)
@@ -133,19 +137,30 @@ def select(
     vecs = embed(texts, "document")
     qwords = content_words(question)
     scores = vecs @ q + lexical_weight * np.array([lexical_share(qwords, t) for t in texts])
+    asks = [bool(_ASKS.search(t)) for t in texts]
+    for i in range(len(units) - 1, -1, -1):  # from the end: a run of questions takes its answer's
+        if asks[i]:
+            same = i + 1 < len(units) and units[i + 1].passage == units[i].passage
+            scores[i] = scores[i + 1] if same else -np.inf
     order = sorted(range(len(units)), key=lambda i: -scores[i])
     # the first passage's best unit first: retrieval's best guess is never dropped
-    first = next((i for i in order if units[i].passage == 0), None)
+    first = next((i for i in order if units[i].passage == 0 and scores[i] > -np.inf), None)
     if first is not None:
         order.remove(first)
         order.insert(0, first)
     kept: set[int] = set()
     used = 0
     for i in order:
+        if scores[i] == -np.inf:  # a question with no answer after it: nothing to read
+            break
         group = [i]
         nxt = i + 1
-        if texts[i].endswith(":") and nxt < len(units) and units[nxt].passage == units[i].passage:
-            group.append(nxt)  # "Use it like this:" brings its example
+        if (
+            (texts[i].endswith(":") or asks[i])
+            and nxt < len(units)
+            and units[nxt].passage == units[i].passage
+        ):
+            group.append(nxt)  # "Use it like this:" brings its example, "How do I ...?" its answer
         cost = sum(count_tokens(texts[j]) + 2 for j in group if j not in kept)
         if used + cost > budget:
             if kept:
