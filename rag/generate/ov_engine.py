@@ -222,6 +222,13 @@ class _Stepper:
             done, self._active = list(self._active.values()), {}
             ending = {id(r) for r, _ in self._ending}
             self._ending = []
+        log.warning(
+            "the OpenVINO engine failed a step with %d requests running (prompt ids, ids given, "
+            "token limit: %s): %s",
+            len(done),
+            [(len(r.prompt), len(r.ids), r.max_new_tokens) for r in done],
+            error,
+        )
         with contextlib.suppress(Exception):  # let the old engine free its blocks if it can
             for req in done:
                 req.handle.cancel()
@@ -246,7 +253,7 @@ class _Stepper:
     def _renew(self, error: BaseException) -> None:
         """After a failed step: a new engine (the old one's state is not to be trusted), or,
         without ``rebuild`` or when building fails, every later request is refused."""
-        log.warning("the OpenVINO engine failed a step (%s); building it anew", error)
+        log.warning("building the OpenVINO engine anew")
         with self._cond:  # no request is added meanwhile (it would go to the old engine)
             try:
                 if self._rebuild is None:
