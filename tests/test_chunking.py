@@ -232,7 +232,7 @@ def test_tokenising_in_pieces_gives_the_offsets_of_the_whole_text(wordpiece, bpe
 
 def test_a_text_over_the_token_bound_is_refused_before_it_is_read_whole(wordpiece, monkeypatch):
     """Issue 47, case 6 of distinct text: a 9.9 MB file of 1,000,000 distinct headings was
-    chunked and embedded for ten minutes. A text of more than ``max_doc_tokens`` tokens is
+    chunked and embedded for ten minutes. A text of more than ``max_file_tokens`` tokens is
     refused while it is tokenised: the pieces after the one that passed the bound are never
     read, and a text of exactly the bound is chunked as before."""
     import rag.documents.chunking as C
@@ -253,13 +253,13 @@ def test_a_text_over_the_token_bound_is_refused_before_it_is_read_whole(wordpiec
 
     monkeypatch.setattr(C, "_backend", lambda tok: Counting())
     with pytest.raises(DocumentError, match=r"heads.md: more than 1,000 tokens to embed"):
-        chunk_document(doc, wordpiece, 64, 8, max_doc_tokens=1000)
+        chunk_document(doc, wordpiece, 64, 8, max_file_tokens=1000)
     assert sum(read) < len(text) / 10  # stopped after a few pieces of about 140
     monkeypatch.setattr(C, "_backend", lambda tok: backend)
-    exact = chunk_document(doc, wordpiece, 64, 8, max_doc_tokens=total)
+    exact = chunk_document(doc, wordpiece, 64, 8, max_file_tokens=total)
     assert exact == chunk_document(doc, wordpiece, 64, 8)
     with pytest.raises(DocumentError, match=f"more than {total - 1:,} tokens"):
-        chunk_document(doc, wordpiece, 64, 8, max_doc_tokens=total - 1)
+        chunk_document(doc, wordpiece, 64, 8, max_file_tokens=total - 1)
 
 
 def test_a_run_without_spaces_is_cut_inside(wordpiece, bpe):

@@ -216,7 +216,7 @@ def chunk_document(
     overlap: int = DEFAULT_OVERLAP,
     max_tokens: int | None = None,
     deadline: Callable[[], None] | None = None,
-    max_doc_tokens: int | None = None,
+    max_file_tokens: int | None = None,
 ) -> list[Chunk]:
     """Split ``doc`` into chunks of at most ``min(chunk_tokens, max_tokens)`` tokens of
     ``tokenizer`` (special tokens excluded) and at most that many times
@@ -224,7 +224,7 @@ def chunk_document(
     ``model_max_length`` minus its special tokens, i.e. what the encoder can read.
     ``deadline``: called every :data:`CHECK_EVERY` sections and chunks; it raises to stop
     (``rag.documents.Deadline.check``: the file's one time bound, loading included).
-    ``max_doc_tokens``: a text of more tokens (as the chunk budget counts them) raises
+    ``max_file_tokens``: a text of more tokens (as the chunk budget counts them) raises
     :class:`~rag.documents.DocumentError` once tokenising has read past it
     (``--max-file-tokens``)."""
     check = deadline or (lambda: None)
@@ -243,10 +243,10 @@ def chunk_document(
         overlap = min(overlap, budget // 4)
     backend = _backend(tokenizer)
     text = doc.text
-    offsets = _split_long_tokens(_token_offsets(backend, text, max_doc_tokens), MAX_TOKEN_CHARS)
-    if max_doc_tokens is not None and len(offsets) > max_doc_tokens:
+    offsets = _split_long_tokens(_token_offsets(backend, text, max_file_tokens), MAX_TOKEN_CHARS)
+    if max_file_tokens is not None and len(offsets) > max_file_tokens:
         raise DocumentError(
-            doc.path, f"more than {max_doc_tokens:,} tokens to embed (--max-file-tokens)"
+            doc.path, f"more than {max_file_tokens:,} tokens to embed (--max-file-tokens)"
         )
     check()
     starts = [a for a, _ in offsets]

@@ -5,7 +5,7 @@ broken file costs bounded time and memory and is reported instead of stalling th
 on disk (``max_bytes``); for a zip-based format (.docx) the sizes its members declare, their
 compression ratio and the bytes they really expand to, checked before the parser sees them
 (:func:`check_zip`); the length of the extracted text (``max_text_chars``) and its encoder
-tokens (``max_tokens``, counted as chunking tokenises: what embedding costs); the pages of a PDF (``max_pages``) and the decompressed content of each page (at
+tokens (``max_file_tokens``, counted as chunking tokenises: what embedding costs); the pages of a PDF (``max_pages``) and the decompressed content of each page (at
 most ``max_bytes``); and the time loading takes (``max_seconds``: one :class:`Deadline` per file,
 which ingest then hands on to chunking; checked between the steps of a loader, every few thousand
 tags of an HTML file and every few hundred operators inside a PDF page's text extraction).
@@ -75,7 +75,7 @@ class Limits:
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS  # characters of extracted text
     max_seconds: float = DEFAULT_MAX_SECONDS  # time to load and chunk
     max_pages: int = DEFAULT_MAX_PAGES  # pages of a PDF
-    max_tokens: int = DEFAULT_MAX_FILE_TOKENS  # encoder tokens of the text (what embedding costs)
+    max_file_tokens: int = DEFAULT_MAX_FILE_TOKENS  # encoder tokens of the text (embedding cost)
 
 
 class Deadline:

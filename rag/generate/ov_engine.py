@@ -110,12 +110,12 @@ class _Run:
 class _Stepper:
     """The one thread that calls the engine: it adds the requests, steps them, reads their ids
     and stops or cancels them, all between two steps; other threads only queue work for it
-    (:meth:`submit`, :meth:`end`) and read the ids it hands out. Why: with prompt lookup on,
-    the engine once failed a step (``Cannot remove more tokens than has been generated``) while
-    other threads added and cancelled requests beside it, and then failed every later step; its
-    own locking is not documented to cover those calls during a step. After a step that raises,
-    the engine is built anew by ``rebuild`` (when given) and the requests it was running go on
-    there (:meth:`_recover`). With ``serial`` (batching off) one request runs at a time, the
+    (:meth:`submit`, :meth:`end`) and read the ids it hands out, since the engine's own locking
+    is not documented to cover those calls during a step. With prompt lookup on, the engine
+    fails a step now and then all the same (``Cannot remove more tokens than has been
+    generated``, docs/answering.md) and then fails every later one: so after a step that
+    raises, the engine is built anew by ``rebuild`` (when given) and the requests it was running
+    go on there (:meth:`_recover`). With ``serial`` (batching off) one request runs at a time, the
     others wait their turn in arrival order.
     """
 
@@ -233,7 +233,7 @@ class _Stepper:
             for req in done:
                 req.handle.cancel()
             self.pipe.step()
-        self._renew(error)
+        self._renew()
         for req in done:
             left = req.max_new_tokens - len(req.ids)
             if id(req) in ending or left <= 0:
@@ -250,7 +250,7 @@ class _Stepper:
                 continue
             self._release()
 
-    def _renew(self, error: BaseException) -> None:
+    def _renew(self) -> None:
         """After a failed step: a new engine (the old one's state is not to be trusted), or,
         without ``rebuild`` or when building fails, every later request is refused."""
         log.warning("building the OpenVINO engine anew")
@@ -338,7 +338,8 @@ class OpenVINOGenerator(ChatDecoder):
         answers plus ``prompt_cache_mb`` for prefix caching (0 = no prefix caching).
         ``prompt_lookup`` > 0 turns on the engine's prompt lookup decoding: each step proposes
         that many tokens found after an earlier occurrence of the reply's last ids (an n-gram of
-        up to :data:`LOOKUP_NGRAM`) in the prompt or reply, and one forward keeps the ones greedy decoding would have chosen."""
+        up to :data:`LOOKUP_NGRAM`) in the prompt or reply, and one forward keeps the ones
+        greedy decoding would have chosen."""
         import json
 
         import openvino_genai as og

@@ -80,7 +80,7 @@ class ChunkEngine(Protocol):
 
 def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, limits: Limits) -> list[Chunk]:
     """Load and chunk one file within ``limits``, as every engine does: one deadline
-    (``--max-load-seconds``) covers both, and a text of more than ``limits.max_tokens`` tokens
+    (``--max-load-seconds``) covers both, and a text of more than ``limits.max_file_tokens`` tokens
     is refused as it is tokenised (``--max-file-tokens``: what its embedding would cost). Raises DocumentError (whatever went wrong, a
     parser's or the chunker's own exception included) or OSError."""
     deadline = Deadline(path, limits.max_seconds)
@@ -94,7 +94,7 @@ def chunk_file(path: Path, key: str, tokenizer: Any, chunking: dict, limits: Lim
             chunking["overlap"],
             chunking["max_tokens"],
             deadline=deadline.check,
-            max_doc_tokens=limits.max_tokens,
+            max_file_tokens=limits.max_file_tokens,
         )
     except DocumentError:
         raise
