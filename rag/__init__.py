@@ -25,7 +25,8 @@ pipelines kept per config (:class:`Pipelines`) and the serving process's set-up
 (:func:`prepare_serving_process`), index names (:func:`list_indexes`, :func:`check_index_name`,
 :class:`IndexNameError`, :func:`rag_home`), the file types ingest reads (:data:`SUPPORTED_SUFFIXES`,
 :data:`HTML_SUFFIXES`, :data:`TEXT_SUFFIXES`), and the answer's markup: citation markers
-(:data:`CITATION`, :data:`CITATION_RUN`, :func:`split_short_answer`, :class:`AnswerSpan`) and text
+(:data:`CITATION`, :data:`CITATION_RUN`, :func:`split_short_answer`, :func:`quotes_block`,
+:class:`AnswerSpan`) and text
 made inert (:func:`inert`, :func:`split_code`, :func:`close_fence`, :data:`FENCE_START`).
 
 The library by room: ``rag.answer``, ``rag.cli``, ``rag.documents``, ``rag.evaluation``,
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rag.answer.markup import FENCE_START, close_fence, inert, split_code
-    from rag.answer.prompt import CITATION, CITATION_RUN, split_short_answer
+    from rag.answer.prompt import CITATION, CITATION_RUN, quotes_block, split_short_answer
     from rag.answer.settings import AnswerSettings
     from rag.config import (
         ConfigError,
@@ -107,6 +108,7 @@ _SOURCES = {
     "CITATION": "rag.answer.prompt",
     "CITATION_RUN": "rag.answer.prompt",
     "split_short_answer": "rag.answer.prompt",
+    "quotes_block": "rag.answer.prompt",
     "HTML_SUFFIXES": "rag.documents.walk",
     "SUPPORTED_SUFFIXES": "rag.documents.walk",
     "TEXT_SUFFIXES": "rag.documents.walk",
@@ -149,6 +151,7 @@ __all__ = [
     "list_models",
     "load_config",
     "prepare_serving_process",
+    "quotes_block",
     "rag_home",
     "remove_documents",
     "resolve_model",

@@ -61,6 +61,7 @@ from rag.answer.compose import (
     SPAN_CITATION,
     SPAN_MAX_NEW_TOKENS,
     Prepared,
+    add_quotations,
     attribute_citation,
     complete_citation,
     evidence_reply,
@@ -473,7 +474,8 @@ class RAGPipeline:
         (``where`` as for :meth:`answer`).
 
         A completed citation (see :func:`complete_citation`) is scored after decoding ends; its
-        marker (`` [i]``) arrives as the last text delta, before the Answer.
+        marker (`` [i]``) arrives after the reply, then the quotes of an answer written from
+        excerpts (:func:`add_quotations`), then the Answer.
         """
         t0 = time.perf_counter()
         prep = self.prepare(
@@ -504,6 +506,10 @@ class RAGPipeline:
         answer.finish_reason = finish_reason(stats, answer, prep)
         if answer.citations_completed:
             yield f" [{answer.citations[0].number}]"
+        if prep.evidence is not None and (
+            quoted := add_quotations(answer, prep, self.config.answer.quotes)
+        ):
+            yield quoted  # the encoder's sentences, word for word, after the reply
         prep.timings.update(gen_timings(stats), total_s=time.perf_counter() - t0)
         yield answer
 

@@ -163,6 +163,10 @@ class Answer:
     # decoder stopped at its token limit, "stop" otherwise, and for text nothing decoded (a
     # refusal, a reader's extracted sentence)
     finish_reason: str = "stop"
+    # the encoder's sentences quoted under a reply written from its excerpts, as (citation
+    # number, text), word for word from the passage cited (rag.answer.compose.add_quotations);
+    # ``text`` ends with them, ``raw_text`` (the decoder's own reply) does not
+    quotes: list[tuple[int, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Citations are made from a passage's chunk fields (rag.pipeline); the passages carry
@@ -203,4 +207,5 @@ class Answer:
             "suspected_injection": self.suspected_injection,
             "injection_reasons": self.injection_reasons,
             "answer_span": self.answer_span.to_dict() if self.answer_span else None,
+            "quotes": [list(q) for q in self.quotes],
         }

@@ -35,6 +35,7 @@ HEAD_DEFAULTS = {
     "compose": "decoder",
     "evidence_tokens": 320,
     "evidence_passages": 10,
+    "quotes": 3,  # since 2026-12-05 (docs/answering.md: quotes for how / why questions)
     "answerability_threshold": 0.338,
     "refusal_threshold": None,
     "verify_citations": True,

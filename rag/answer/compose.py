@@ -22,6 +22,7 @@ from rag.answer.prompt import (
     clean_short_answer,
     is_refusal,
     parse_citations,
+    quotes_block,
     split_short_answer,
 )
 from rag.answer.verify import locate
@@ -244,6 +245,35 @@ def evidence_reply(
         yield f"\n{SHORT_ANSWER} {short}"  # shown only where a passage holds it word for word
     stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
     stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)
+
+
+def add_quotations(answer: Answer, prep: Prepared, n: int) -> str:
+    """Quote up to ``n`` of the encoder's best units under ``answer``, written from ``prep``'s
+    excerpts (:func:`rag.answer.evidence.quotations`), when the question asks how, why or what
+    something does (:func:`rag.answer.evidence.asks_how`; a factoid's answer is its short
+    answer, and a quote from another passage would only cite a passage that does not hold it):
+    ``answer.quotes``, its text and its
+    citations (a quoted passage not cited yet is added) take them; returns the text to stream
+    after the reply ("" when nothing is quoted: a refusal, no excerpts, nothing new)."""
+    from rag.answer.evidence import asks_how, quotations
+
+    if n <= 0 or answer.refused or not prep.evidence or not asks_how(prep.question):
+        return ""
+    found = quotations(prep.evidence, answer.text, n)
+    if not found:
+        return ""
+    answer.quotes = found
+    answer.text += quotes_block(found, markers=False)
+    cited = {c.number for c in answer.citations}
+    for k, _ in found:
+        if k not in cited:
+            cited.add(k)
+            hit = prep.hits[k - 1]
+            c = hit.chunk
+            answer.citations.append(
+                Citation(k, c.source, tuple(c.heading_path), c.text, hit.score, c.id, path=c.path)
+            )
+    return quotes_block(found)
 
 
 # Tokens the decoder may spend on the short answer line of an evidence reply.

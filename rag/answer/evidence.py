@@ -61,7 +61,9 @@ class Excerpt:
     text: str
     units: tuple[Unit, ...]
     score: float  # the best kept unit's score
-    best: str = ""  # the best kept unit's text (the answer when the decoder writes nothing)
+    # the best kept unit's text, with the unit it introduces (``:``) or asks for (``?``): the
+    # answer when the decoder writes nothing, and what is quoted under a written one
+    best: str = ""
 
 
 def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
@@ -183,11 +185,90 @@ def select(
             parts.append(texts[b])
         text = " ".join(parts)
         top = max(idx, key=lambda j: scores[j])
+        best = texts[top]
+        if (best.endswith(":") or asks[top]) and top + 1 in idx:
+            best += " " + texts[top + 1]  # what it introduces or the answer it asks for
         kept_units = tuple(units[j] for j in idx)
         clipped = _clip(text, budget, count_tokens)
-        out.append(Excerpt(p, clipped, kept_units, float(scores[top]), texts[top]))
+        out.append(Excerpt(p, clipped, kept_units, float(scores[top]), best))
     out.sort(key=lambda e: (e.passage != 0, -e.score))
     return out
+
+
+def quotations(excerpts: Sequence[Excerpt], answer: str, n: int) -> list[tuple[int, str]]:
+    """Up to ``n`` of the encoder's best units to quote under the written answer, as (excerpt
+    number from 1, the unit's text): each excerpt's best unit, best first; a unit the answer
+    already says (half or more of its content words are in it) or with fewer than
+    :data:`MIN_QUOTE_WORDS` content words (a heading) is skipped. A floor on the score below the
+    best excerpt's was tried and not kept (docs/answering.md).
+
+    Why: the small decoder writes an answer that holds the manual's key terms (the command, the
+    option) for a fraction of the questions whose excerpts hold them (docs/answering.md); the
+    encoder's own best sentences, quoted word for word with their citation, carry them to the
+    reader exactly, at no decoding cost."""
+    if n <= 0 or not excerpts:
+        return []
+    said = content_words(answer)
+    out: list[tuple[int, str]] = []
+    seen: set[str] = set()
+    for i in sorted(range(len(excerpts)), key=lambda j: -excerpts[j].score):
+        text = quotable(excerpts[i].best)
+        words = content_words(text or "")
+        if not text or len(words) < MIN_QUOTE_WORDS or len(words & said) * 2 >= len(words):
+            continue
+        if text.lower() in seen:  # the same text in two passages (a page ingested twice)
+            continue
+        seen.add(text.lower())
+        out.append((i + 1, _cut_words(text, MAX_QUOTE_WORDS)))
+        if len(out) == n:
+            break
+    return out
+
+
+_RULE = re.compile(r"\s*[=\-~^]{3,}\s*")  # a heading's underline, a listing's delimiter line
+
+
+def quotable(unit: str) -> str | None:
+    """``unit`` as a quote: heading underlines and listing delimiters (``=====``, ``-----``,
+    reST and AsciiDoc) taken out, as they mean nothing on one line; None for a heading alone
+    (one such rule at its end, and no full stop, command prompt or closing colon in it)."""
+    rules = _RULE.findall(unit)
+    text = " ".join(_RULE.sub(" ", unit).split())
+    heading = len(rules) == 1 and re.search(r"[=\-~^]{3,}\s*$", unit) is not None
+    if heading and not re.search(r"[.;$]|:$", text):
+        return None
+    return text or None
+
+
+# a question that asks how to do something, why, what something does or means, or about the
+# asker's own situation: its answer is an explanation in the manual's own terms, not one fact (a
+# factoid keeps its short answer alone). Matched at the start of any of the question's sentences
+# ("I started a merge ... How do I cancel it?"), or anywhere for the first person.
+_ASKS_HOW = re.compile(
+    r"(?:^|[.?!:;]\s+)\W*(?:how\s+(?:do|does|can|could|should|would|will|to)\b|why\b"
+    r"|what\s+(?:does|do)\b[^?]*\b(?:do|mean)\b|what(?:'s|\s+is|\s+are)\s+an?\s+[^?.]{1,40}\?"
+    r"|can\s+i\b|is\s+there\s+a\s+way\b|(?:explain|describe|show\s+me)\b)"
+    r"|\b(?:I|my|me|I'm|I've|I'd)\b|\bdifference\s+between\b|\bgood\s+for\b",
+    re.I,
+)
+
+
+def asks_how(question: str) -> bool:
+    """Whether ``question`` asks how to do something, why, what something does or means, or
+    about the asker's own case ("How do I ...", "Why ...", "What does ... do", "What is a ...",
+    "My build fails ..."), not for one fact ("Who", "When", "How many", "What is the ... of"):
+    the questions whose written answer gets quotes (:func:`quotations`)."""
+    return bool(_ASKS_HOW.search(question))
+
+
+MAX_QUOTE_WORDS = 80  # a longer quote is cut (an example after its "::" line may be long)
+MIN_QUOTE_WORDS = 3  # a unit with fewer content words is a heading or a fragment, not a quote
+
+
+def _cut_words(text: str, limit: int) -> str:
+    """``text`` cut to its first ``limit`` words (``…`` marks the cut)."""
+    words = text.split()
+    return text if len(words) <= limit else " ".join(words[:limit]) + " …"
 
 
 def _clip(text: str, budget: int, count_tokens: Callable[[str], int]) -> str:

@@ -276,3 +276,15 @@ def split_short_answer(reply: str) -> ShortAnswer:
     if m is None or is_refusal(text):
         return ShortAnswer(None, text)
     return ShortAnswer(clean_short_answer(text[m.end() :]), text[: m.start()].strip())
+
+
+QUOTES_HEADER = "From the documents:"  # the line above the quotes of an evidence reply
+
+
+def quotes_block(quotes: list[tuple[int, str]], markers: bool = True) -> str:
+    """The text that follows a reply for ``quotes``: a blank line, :data:`QUOTES_HEADER`, then
+    one line per quote, its citation marker after it (``markers``)."""
+    if not quotes:
+        return ""
+    lines = [f'- "{text}"' + (f" [{n}]" if markers else "") for n, text in quotes]
+    return "\n\n" + "\n".join([QUOTES_HEADER, *lines])

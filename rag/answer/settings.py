@@ -40,6 +40,11 @@ class AnswerSettings:
     # passages retrieved for the encoder to read when excerpts are on (k when larger): it reads
     # more than a prompt of whole passages could hold, so the answer is found further down
     evidence_passages: int = 10
+    # the encoder's best sentences quoted word for word under an answer written from its
+    # excerpts, each with its citation, when the question asks how, why or what something does
+    # (rag.answer.compose.add_quotations; what the answer already says is skipped): up to this
+    # many; 0 = none
+    quotes: int = 3
     # answerability check (rag.answer.answerability): refuse without decoding when p(unanswerable),
     # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
@@ -64,6 +69,8 @@ class AnswerSettings:
             raise ValueError(
                 f"--evidence-tokens must be >= 0 (0 = whole passages), not {self.evidence_tokens}"
             )
+        if self.quotes < 0:
+            raise ValueError(f"--quotes must be >= 0 (0 = none), not {self.quotes}")
         if int(self.evidence_passages) < 1:
             raise ValueError(f"--evidence-passages must be >= 1, not {self.evidence_passages}")
         for name in ("answerability_threshold", "refusal_threshold"):
