@@ -326,6 +326,15 @@ def test_a_short_answer_no_passage_holds_is_not_shown_and_an_uncited_answer_is_a
     assert answer.citations_completed and [c.chunk_id for c in answer.citations] == ["id2"]
 
 
+def test_a_short_answer_that_only_repeats_the_question_is_not_shown():
+    """Seen on the SQuAD train dev questions: "What did the SNP publicly opine about the oil
+    revenues?" got the short answer "SNP" (8 of 100 answers named what was asked about)."""
+    pipe, _ = evidence_pipeline("The Danube river is 2,850 km long [2].", "the Danube river")
+    answer = pipe.answer("What is the length of the Danube river?")
+    assert answer.answer_span is None and "Short answer" not in answer.text
+    assert answer.text == "The Danube river is 2,850 km long."
+
+
 def test_a_refusal_is_not_continued():
     pipe, gen = evidence_pipeline(REFUSAL, "unused")
     answer = pipe.answer("What is the length of the Danube river?")

@@ -25,6 +25,7 @@ from rag.answer.prompt import (
     quotes_block,
     split_short_answer,
 )
+from rag.answer.support import content_words
 from rag.answer.verify import locate
 from rag.types import Answer, AnswerSpan, Citation, Hit
 
@@ -198,6 +199,14 @@ def short_answer_span(raw: str, answer: Answer, prep: Prepared) -> AnswerSpan | 
     )
 
 
+def repeats_question(short: str, question: str) -> bool:
+    """Whether every content word of ``short`` is one the question already has ("SNP" for
+    "What did the SNP say about the oil revenues?"): it names what was asked about, not the
+    answer, so it is not shown as the short answer (rag.answer.support.content_words)."""
+    words = content_words(short)
+    return bool(words) and words <= content_words(question)
+
+
 def find_short_answer(
     short: str, hits: list[Hit], first: list[int] | tuple[int, ...] = ()
 ) -> tuple[int, int, int] | None:
@@ -241,7 +250,11 @@ def evidence_reply(
     label = f"{explanation}\n{SHORT_ANSWER}"
     short = "".join(gen.stream(prep.messages, **short_args, stats=more, continuation=label))
     short = clean_short_answer(short) or ""
-    if short and find_short_answer(short, prep.hits) is not None:
+    if (
+        short
+        and not repeats_question(short, prep.question)
+        and find_short_answer(short, prep.hits) is not None
+    ):
         yield f"\n{SHORT_ANSWER} {short}"  # shown only where a passage holds it word for word
     stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
     stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)
