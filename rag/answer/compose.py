@@ -264,10 +264,10 @@ def add_quotations(answer: Answer, prep: Prepared, n: int) -> str:
     """Quote up to ``n`` of the encoder's best units under ``answer``, written from ``prep``'s
     excerpts (:func:`rag.answer.evidence.quotations`), when the question asks how, why or what
     something does (:func:`rag.answer.evidence.asks_how`; a factoid's answer is its short
-    answer, and a quote from another passage would only cite a passage that does not hold it):
-    ``answer.quotes``, its text and its
-    citations (a quoted passage not cited yet is added) take them; returns the text to stream
-    after the reply ("" when nothing is quoted: a refusal, no excerpts, nothing new)."""
+    answer, and a quote from another passage would only cite a passage that does not hold it).
+    ``answer.quotes``, ``answer.text`` and ``answer.citations`` (a quoted passage not cited yet
+    is added) take them; returns the text to stream after the reply, markers included ("" when
+    nothing is quoted: a refusal, no excerpts, nothing new)."""
     from rag.answer.evidence import asks_how, quotations
 
     if n <= 0 or answer.refused or not prep.evidence or not asks_how(prep.question):
