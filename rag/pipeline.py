@@ -506,9 +506,7 @@ class RAGPipeline:
         answer.finish_reason = finish_reason(stats, answer, prep)
         if answer.citations_completed:
             yield f" [{answer.citations[0].number}]"
-        if prep.evidence is not None and (
-            quoted := add_quotations(answer, prep, self.config.answer.quotes)
-        ):
+        if quoted := add_quotations(answer, prep, self.config.answer.quotes):
             yield quoted  # the encoder's sentences, word for word, after the reply
         prep.timings.update(gen_timings(stats), total_s=time.perf_counter() - t0)
         yield answer

@@ -26,8 +26,8 @@ from rag.answer.prompt import (
     split_short_answer,
 )
 from rag.answer.support import content_words
-from rag.answer.verify import locate
-from rag.types import Answer, AnswerSpan, Citation, Hit
+from rag.answer.verify import citation_for, locate
+from rag.types import Answer, AnswerSpan, Hit
 
 
 @dataclass
@@ -50,11 +50,7 @@ class Prepared:
 def make_answer(raw: str, prep: Prepared) -> Answer:
     """Answer from the model's raw text: markers parsed, each valid one mapped to its passage."""
     parsed = parse_citations(raw, len(prep.hits))
-    citations = []
-    for n in parsed.cited:
-        hit = prep.hits[n - 1]
-        c = hit.chunk
-        citations.append(Citation(n, c.source, tuple(c.heading_path), c.text, hit.score, c.id))
+    citations = [citation_for(n, prep.hits) for n in parsed.cited]
     return Answer(
         text=REFUSAL if parsed.refused else parsed.text,
         citations=citations,
@@ -278,14 +274,9 @@ def add_quotations(answer: Answer, prep: Prepared, n: int) -> str:
     answer.quotes = found
     answer.text += quotes_block(found, markers=False)
     cited = {c.number for c in answer.citations}
-    for k, _ in found:
+    for k, _ in found:  # one quote per excerpt: the numbers differ
         if k not in cited:
-            cited.add(k)
-            hit = prep.hits[k - 1]
-            c = hit.chunk
-            answer.citations.append(
-                Citation(k, c.source, tuple(c.heading_path), c.text, hit.score, c.id, path=c.path)
-            )
+            answer.citations.append(citation_for(k, prep.hits))
     return quotes_block(found)
 
 

@@ -360,8 +360,8 @@ def verify_answer(answer: Answer) -> Answer:
 
 
 def citation_for(n: int, passages: Sequence[Hit]) -> Citation:
-    """The citation of given passage ``n`` (1-based), as :func:`rag.pipeline.make_answer`
-    makes it."""
+    """The citation of given passage ``n`` (1-based): how every citation of an answer is made
+    (:func:`rag.answer.compose.make_answer`, quotes, re-attribution)."""
     hit = passages[n - 1]
     c = hit.chunk
     return Citation(n, c.source, tuple(c.heading_path), c.text, hit.score, c.id, c.path)
