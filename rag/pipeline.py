@@ -56,7 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag.answer.answerability import FITTED_PASSAGES, check
+from rag.answer.answerability import FITTED_PASSAGES, check, refusal_text
 from rag.answer.compose import (
     SPAN_CITATION,
     SPAN_MAX_NEW_TOKENS,
@@ -302,7 +302,13 @@ class RAGPipeline:
         gen = self.fallback_generator
         threshold = settings.answerability_threshold
         # the check reads as many passages as it was fitted on (rag.answer.answerability)
-        answerable = check(self.retriever, query, hits[:FITTED_PASSAGES], threshold)
+        answerable = check(
+            self.retriever,
+            query,
+            hits[:FITTED_PASSAGES],
+            threshold,
+            literal=settings.literal_terms,
+        )
         budget_new = max_new_tokens or self.config.generate.max_new_tokens
         excerpts = self.select_evidence(query, hits, gen, timings, budget_new)
         if excerpts:
@@ -483,7 +489,7 @@ class RAGPipeline:
         )
         early, gate = self._refuse_early(prep, t0)
         if early is not None:
-            yield REFUSAL
+            yield early.text
             yield early
             return
         stats: dict[str, Any] = {}
@@ -526,7 +532,9 @@ class RAGPipeline:
         prep.timings["total_s"] = time.perf_counter() - t0
         if not prep.hits:
             return refusal(prep), None
-        answer = make_answer(REFUSAL, prep)  # these refusals still show the passages
+        # these refusals still show the passages; one for a term no document holds names it
+        answer = make_answer(REFUSAL, prep)
+        answer.text = refusal_text(prep.answerable, answer.text)
         answer.refusal_probability = gate.probability if gate is not None else None
         return answer, gate
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from ingest_support import write_docs
 from test_evals_qa import squad  # noqa: F401  (fixture: a two-article SQuAD file)
 from test_pipeline import FakeGenerator
 
@@ -17,12 +18,16 @@ from rag.answer.answerability import (
     check,
     coverage,
     decide,
+    literal_terms,
+    refusal_text,
 )
 from rag.answer.prompt import REFUSAL
 from rag.config import ConfigError, RAGConfig
+from rag.ingest import ingest
 from rag.pipeline import RAGPipeline
 from rag.retrieval.bm25 import BM25Index, terms
-from rag.retrieval.retriever import CorpusRetriever, FusedHit
+from rag.retrieval.mentions import CorpusText
+from rag.retrieval.retriever import CorpusRetriever, FusedHit, Retriever
 from rag.retrieval.settings import RetrievalSettings
 from rag.types import Chunk, Hit
 
@@ -65,9 +70,8 @@ class CoverageRetriever:
     """Fused hits with a fixed dense score; coverage computed over the hits' texts."""
 
     def __init__(self, dense: float):
-        self.engine = CorpusRetriever(
-            ["a", "b", "c"], TEXTS, None, RetrievalSettings(mode="bm25")
-        ).engine
+        corpus = CorpusRetriever(["a", "b", "c"], TEXTS, None, RetrievalSettings(mode="bm25"))
+        self.engine, self.mentions = corpus.engine, corpus.mentions
         self.dense = dense
 
     def search(self, query, k=5, mode="hybrid"):
@@ -109,6 +113,78 @@ def test_check_is_off_without_signals():
     assert check(r, "lists", [Hit(c, 3.0, 1, "bm25")], 0.5) is None  # no dense score
     assert check(object(), "lists", r.search("lists"), 0.5) is None  # no coverage method
     assert check(r, "lists", r.search("lists"), None) is None  # switched off
+
+
+@pytest.mark.parametrize(
+    ("question", "terms"),
+    [
+        ("What does git commit --smart-split do?", ["--smart-split"]),
+        ("Why use git push --force-with-lease instead of -f?", ["--force-with-lease", "-f"]),
+        ("What does the vm.swap_boost_factor sysctl do?", ["vm.swap_boost_factor"]),
+        ("What does the intel_turbo_unlock= boot parameter do?", ["intel_turbo_unlock"]),
+        ("How do I call os.path.join or pr_debug?", ["os.path.join", "pr_debug"]),
+        ("What does the 'Squash and merge' button do?", ["Squash and merge"]),
+        ('Who wrote "Walking in Fresno?"', ["Walking in Fresno"]),
+        ("What do I set `Restart=` to?", ["Restart"]),
+        # not terms: apostrophes, long quotations (a message quoted from memory), blanks,
+        # abbreviations, hyphenated words, numbers
+        ("I'm on my friend's branch. What's wrong?", []),
+        ('What does "You are in a detached HEAD state now" mean?', []),
+        ("Oxygen is used at _____ of the normal pressure, e.g. in the U.S.", []),
+        ("Is a read-only re-run of Python 3.11 safe?", []),
+    ],
+)
+def test_literal_terms_are_options_identifiers_and_short_quotes(question, terms):
+    assert literal_terms(question) == terms
+
+
+def test_corpus_text_mentions_a_phrase_case_and_spacing_aside_never_across_chunks():
+    calls = []
+
+    def texts():
+        calls.append(1)
+        return ["Use git push --force-with-lease,\n  not   --Force.", "squash and", "merge"]
+
+    corpus = CorpusText(texts)
+    assert corpus.mentions([]) == [] and not calls  # built on the first look-up only
+    got = corpus.mentions(["--FORCE-with-lease", "lease, not --force", "squash and merge"])
+    assert got == [True, True, False]  # the last one spans two chunks
+    corpus.mentions(["x"])
+    assert len(calls) == 1  # built once
+
+
+def test_a_term_no_document_holds_is_refused_and_named_without_decoding():
+    # dense and coverage alone would answer: "lists", "mutable" are in the passages
+    answer, gen = _ask("Are Python lists mutable with --deep-freeze?", dense=0.7)
+    assert answer.refused and not gen.calls
+    assert answer.text == f"{REFUSAL} No document mentions `--deep-freeze`."
+    assert answer.unanswerable_probability < DEFAULT_MODEL.threshold
+    streamed = RAGPipeline(
+        RAGConfig.of(), retriever=CoverageRetriever(0.7), generator=FakeGenerator("x [1].")
+    ).stream("Are Python lists mutable with --deep-freeze?")
+    assert next(streamed) == answer.text  # the stream shows the same refusal
+    # terms the corpus holds, in any case, pass; the switch turns the rule off
+    held, gen = _ask("Do lists have __ENTER__, or 'Mutable Sequences'?", dense=0.7)
+    assert not held.refused and gen.calls
+    off, gen = _ask("Are Python lists mutable with --deep-freeze?", dense=0.7, literal_terms=False)
+    assert not off.refused and gen.calls
+
+
+def test_an_index_mentions_what_its_published_generation_holds(tmp_path, tiny_mlm_dir):
+    docs = write_docs(tmp_path / "docs", {"a.md": "Run `tool --dry-run` first.\n"})
+    ingest([docs], index="mentions", encoder=str(tiny_mlm_dir), progress=False)
+    r = Retriever("mentions")
+    assert r.mentions(["--DRY-RUN", "--wet-run"]) == [True, False]
+    write_docs(docs, {"b.md": "The --wet-run flag writes.\n"})
+    ingest([docs], index="mentions", encoder=str(tiny_mlm_dir), progress=False)
+    assert r.mentions(["--wet-run"]) == [True]  # a new generation: its text, not the old one's
+
+
+def test_refusal_text_names_every_missing_term():
+    d = decide(DEFAULT_MODEL, 0.7, 0.9)
+    assert refusal_text(d, REFUSAL) == REFUSAL and refusal_text(None, REFUSAL) == REFUSAL
+    d.missing = ["--a", "b_c"]
+    assert refusal_text(d, REFUSAL) == f"{REFUSAL} No document mentions `--a`, `b_c`."
 
 
 def _rows(pairs):

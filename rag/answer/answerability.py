@@ -11,7 +11,15 @@ is not (SQuAD articles taken out of the index, docs/answering.md):
   Normans?" with no Normans text) leaves its rarest, heaviest terms unmatched.
 
 A logistic model over the two gives p(unanswerable); at or above the threshold the pipeline
-answers with the refusal and the decoder is never called. Measured on held-out SQuAD dev
+answers with the refusal and the decoder is never called.
+
+A third, exact signal needs no model: the **literal terms** a question names, an option
+(``--smart-split``), an identifier (``vm.swap_boost_factor``, ``pr_debug``, ``intel_iommu=``) or a
+short quoted phrase (``'Squash and merge'``), must occur somewhere in the index (the retriever's
+``mentions``). One that no document holds is the clearest sign the manual cannot answer, and
+the two signals above miss it: the question's other words ("git", "push", "rebase", "branch")
+are everywhere, and BM25's tokens split ``--auto-rebase-remote`` into words the corpus has. The
+refusal then names the term (:func:`refusal_text`). Measured on held-out SQuAD dev
 articles it beat the decoder's own p(refusal) by far (ROC AUC 0.99 against 0.68), and it costs
 one tokenisation of k passages. The weights and threshold are fitted on SQuAD *train* articles
 by ``python -m evals.answerability`` (scikit-learn's LogisticRegression; the product only needs
@@ -24,8 +32,9 @@ scores sit on another scale (refit with ``evals.answerability --encoder ...``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +117,9 @@ class AnswerabilityDecision:
     dense: float  # best query-passage cosine among the retrieved passages
     coverage: float  # best share of the query's IDF weight held by one passage
     refuse: bool
+    # the question's literal terms (options, identifiers, short quoted phrases) no document of
+    # the index holds; any makes the check refuse (literal_terms)
+    missing: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,17 +158,73 @@ def decide(
     return AnswerabilityDecision(p, dense, cover, p >= t)
 
 
+# Quoted text: "…", '…', `…`, “…”, ‘…’ (an apostrophe inside a word, "I'm", opens none).
+QUOTED = re.compile(
+    r"""(?<!\w)(?:"([^"\n]+)"|'([^'\n]+)'|`([^`\n]+)`|“([^”\n]+)”|‘([^’\n]+)’)(?!\w)"""
+)
+# Code-like words: an option (--smart-split, -n), a snake_case or dotted identifier
+# (pr_debug, vm.swap_boost_factor, os.path), a parameter (intel_iommu=, Restart=).
+IDENTIFIER = re.compile(
+    r"(?<![\w-])--?[A-Za-z][\w-]*"
+    r"|(?<![\w.])[A-Za-z_]\w*(?:\.\w+)*(?:_\w*)+(?:\.\w+)*=?"
+    r"|(?<![\w.])[A-Za-z]\w+(?:\.[A-Za-z]\w+)+"
+    r"|(?<![\w.])[A-Za-z_]\w*="
+)
+# A longer quotation is a message the user paraphrases from memory (an error, a title), not a
+# term to look up word for word: SQuAD questions quote 1-5 words, and a misquoted phrase there
+# is a false refusal (4 of 8,583 questions).
+MAX_QUOTED_WORDS = 5
+
+
+def literal_terms(question: str) -> list[str]:
+    """The terms ``question`` names literally, in order and once each: short quoted phrases
+    (at most :data:`MAX_QUOTED_WORDS` words, outer punctuation stripped) and code-like words
+    (:data:`IDENTIFIER`), each holding a letter, a trailing ``=`` dropped (the manual may write
+    the parameter without it)."""
+    out: list[str] = []
+    found = [
+        " ".join(next(g for g in m.groups() if g is not None).split()).strip(" .,;:!?")
+        for m in QUOTED.finditer(question)
+    ]
+    found = [p for p in found if len(p.split()) <= MAX_QUOTED_WORDS]
+    found += [m.group(0) for m in IDENTIFIER.finditer(question)]
+    for term in (t.rstrip("=") for t in found):
+        if any(c.isalpha() for c in term) and term not in out:
+            out.append(term)
+    return out
+
+
+def unmentioned(question: str, mentions: Callable[[Sequence[str]], list[bool]]) -> list[str]:
+    """The literal terms of ``question`` (:func:`literal_terms`) that ``mentions`` (the
+    retriever's: does any document hold this text, case and spacing aside) says no document
+    holds."""
+    terms = literal_terms(question)
+    return [t for t, seen in zip(terms, mentions(terms)) if not seen] if terms else []
+
+
+def refusal_text(decision: AnswerabilityDecision | None, refusal: str) -> str:
+    """``refusal``, followed, when the question named terms no document holds, by which."""
+    if decision is None or not decision.missing:
+        return refusal
+    names = ", ".join(f"`{t}`" for t in decision.missing)
+    return f"{refusal} No document mentions {names}."
+
+
 def check(
     retriever: Any,
     query: str,
     hits: Sequence[Any],
     threshold: float | None,
     model: AnswerabilityModel | None = None,
+    *,
+    literal: bool = True,
 ) -> AnswerabilityDecision | None:
     """The decision for ``query`` and the passages it will be given, or None when the check is
     off (``threshold`` None), nothing was retrieved, or the retriever gives no dense score or no
     coverage (BM25-only search, a retriever without :meth:`coverage`). ``model``: default, the
-    one fitted on the retriever's encoder (:func:`model_for`)."""
+    one fitted on the retriever's encoder (:func:`model_for`). ``literal``: also refuse when a
+    literal term of the query occurs in no document (:func:`unmentioned`; needs the
+    retriever's ``mentions``)."""
     if threshold is None or not hits or not hasattr(retriever, "coverage"):
         return None
     model = model or model_for(getattr(retriever, "encoder", None))
@@ -164,4 +232,8 @@ def check(
     cover = retriever.coverage(query, hits) if dense is not None else None
     if cover is None:
         return None
-    return decide(model, dense, cover, threshold)
+    decision = decide(model, dense, cover, threshold)
+    if literal and hasattr(retriever, "mentions"):
+        decision.missing = unmentioned(query, retriever.mentions)
+        decision.refuse = decision.refuse or bool(decision.missing)
+    return decision

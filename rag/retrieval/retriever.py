@@ -27,6 +27,7 @@ from rag.retrieval.embedding_cache import EmbeddingCache
 from rag.retrieval.encoder import Encoder, EncoderMismatchError
 from rag.retrieval.engine import SearchEngine
 from rag.retrieval.filters import Where
+from rag.retrieval.mentions import CorpusText
 from rag.retrieval.query import check_query
 from rag.retrieval.rerank import Reranker, load_reranker
 from rag.retrieval.settings import DEFAULTS, RetrievalSettings
@@ -90,6 +91,7 @@ class CorpusRetriever:
             raise ValueError("ids and texts must have the same length and ids must be unique")
         self.ids, self.mode, self.settings = list(ids), settings.mode, settings
         self._text = dict(zip(ids, texts))
+        self._corpus = CorpusText(self._text.values)
         self.timings: dict[str, float] = {}
         enc = Encoder.wrap(encoder, device=settings.device) if encoder is not None else None
         vectors = bm25 = None
@@ -147,6 +149,10 @@ class CorpusRetriever:
         """Share of the query's IDF weight the best of ``ids`` holds (rag.answer.answerability)."""
         return self.engine.coverage(query, [self._text[i] for i in ids])
 
+    def mentions(self, phrases: Sequence[str]) -> list[bool]:
+        """Whether any text holds each phrase (rag.retrieval.mentions)."""
+        return self._corpus.mentions(phrases)
+
 
 FILTER_CACHE = 32  # document filters whose allowed ids a snapshot keeps
 RELOAD_TRIES = 5  # reads of CURRENT before a generation that keeps vanishing is an error
@@ -178,6 +184,11 @@ class Snapshot:
     engine: SearchEngine
     paths: dict[str, str] = field(default_factory=dict)  # source -> display path (a cache)
     filtered: dict[Where, frozenset[str]] = field(default_factory=dict)  # a small cache
+    # every chunk's text, searchable for literal phrases; built on its first look-up
+    text: CorpusText = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.text = CorpusText(lambda: (c.text for c in self.chunks.values()))
 
     def display(self, source: str) -> str:
         """The path of ``source`` relative to the folder it was ingested from (the manifest's
@@ -460,6 +471,11 @@ class Retriever:
         """Share of the query's IDF weight the best of ``hits`` holds (rag.answer.answerability); the
         hits' own texts, so a generation swapped in since the search cannot lose them."""
         return self.engine.coverage(query, [h.chunk.text for h in hits])
+
+    def mentions(self, phrases: Sequence[str]) -> list[bool]:
+        """Whether any chunk of the published generation holds each phrase, case and spacing
+        aside (rag.retrieval.mentions: the answerability check's literal terms)."""
+        return self._current().text.mentions(phrases)
 
     def __len__(self) -> int:
         return len(self._state.chunks)
