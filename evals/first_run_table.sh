@@ -14,6 +14,9 @@
 #     kernel-hacking mm filesystems kbuild networking; do \
 #     ln -sfn "$(realpath ../shared/data/corpus/linux-doc)/$d" /tmp/linux-subset/$d; done
 #   python -m rag.ingest /tmp/linux-subset --index linuxdocs --follow-links
+#   python -m rag.ingest ../shared/data/corpus/postgresql-doc --index pgdocs
+# (the PostgreSQL questions, evals/data/pgdocs_qa.jsonl, are a test set only: written
+# 2026-12-05 before any run on that manual, never chosen on)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
@@ -34,6 +37,8 @@ docs() {  # NAME DECODER [flags]: the three manuals
   local name=$1 dec=$2; shift 2
   if [ "$SPLIT" = test ]; then
     $PY -m evals.docqa --index pydocs --decoder "$dec" "$@" --out "$O/pydocs-$name.json"
+    $PY -m evals.docqa --index pgdocs --questions evals/data/pgdocs_qa.jsonl --split test \
+      --decoder "$dec" "$@" --out "$O/pg-test-$name.json"
   fi
   $PY -m evals.docqa --index gitdocs --questions evals/data/gitdocs_qa.jsonl --split "$SPLIT" \
     --decoder "$dec" "$@" --out "$O/git-$SPLIT-$name.json"

@@ -176,15 +176,29 @@ IDENTIFIER = re.compile(
 MAX_QUOTED_WORDS = 5
 
 
+# A quotation names a thing to look up when a noun saying what it is follows it ("the 'Squash
+# and merge' button"); otherwise it is mostly a message the user saw, quoted as remembered
+# ("I keep getting 'too many open files'", a Linux test question whose manual words it
+# otherwise), and the manual may well explain it. Backticks always mark code.
+NAMED = re.compile(
+    r"\s+(?:button|option|flag|setting|command|subcommand|menu|tab|field|parameter|function|"
+    r"method|variable|key|mode|feature|checkbox|switch|property|directive|keyword|module|"
+    r"package|sysctl|knob|extension|plugin|hook|event|class)s?\b",
+    re.IGNORECASE,
+)
+
+
 def literal_terms(question: str) -> list[str]:
     """The terms ``question`` names literally, in order and once each: short quoted phrases
-    (at most :data:`MAX_QUOTED_WORDS` words, outer punctuation stripped) and code-like words
+    (at most :data:`MAX_QUOTED_WORDS` words, outer punctuation stripped: in backticks, or in
+    quotes followed by a noun saying what they name, :data:`NAMED`) and code-like words
     (:data:`IDENTIFIER`), each holding a letter, a trailing ``=`` dropped (the manual may write
     the parameter without it)."""
     out: list[str] = []
     found = [
         " ".join(next(g for g in m.groups() if g is not None).split()).strip(" .,;:!?")
         for m in QUOTED.finditer(question)
+        if m.group(3) is not None or NAMED.match(question, m.end())
     ]
     found = [p for p in found if len(p.split()) <= MAX_QUOTED_WORDS]
     found += [m.group(0) for m in IDENTIFIER.finditer(question)]
