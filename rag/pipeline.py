@@ -310,14 +310,23 @@ class RAGPipeline:
             literal=settings.literal_terms,
         )
         budget_new = max_new_tokens or self.config.generate.max_new_tokens
-        excerpts = self.select_evidence(query, hits, gen, timings, budget_new)
+        excerpts, lead = self.select_evidence(query, hits, gen, timings, budget_new)
         if excerpts:
             # one excerpt per hit it came from, [1] first; the other hits follow, uncited
             chosen = [hits[e.passage] for e in excerpts]
             ordered = [*chosen, *(h for h in hits if not any(h is c for c in chosen))]
             messages = build_evidence_messages(query, [e.text for e in excerpts])
+            number = {id(h): n for n, h in enumerate(ordered, start=1)}
             return Prepared(
-                question, query, ordered, messages, timings, answerable, reranker, evidence=excerpts
+                question,
+                query,
+                ordered,
+                messages,
+                timings,
+                answerable,
+                reranker,
+                evidence=excerpts,
+                lead=[(number[id(hits[p])], text) for p, text in lead],
             )
         hits = hits[:k]  # whole passages: the k best that fit
         kept = gen.fit_passages(query, [h.chunk.text for h in hits], budget_new)
@@ -342,15 +351,16 @@ class RAGPipeline:
         gen: Any,
         timings: dict[str, float],
         max_new_tokens: int | None = None,
-    ) -> list[Any] | None:
+    ) -> tuple[list[Any] | None, list[tuple[int, str]]]:
         """The encoder's excerpts of ``hits`` (:func:`rag.answer.evidence.select`) within
         ``config.evidence_tokens`` decoder tokens (fewer when the context window has less room
         beside the evidence prompt and ``max_new_tokens``), or None when excerpts are off (0),
         the retriever has no encoder to read with, or the decoder's context has no room for
-        the evidence prompt (the k-passage prompt, shorter, is used); ``timings["evidence_s"]``
-        records the time."""
+        the evidence prompt (the k-passage prompt, shorter, is used); and the best units over
+        all hits (:func:`rag.answer.evidence.lead_units`: (index in ``hits``, text), best
+        first; empty with no excerpts). ``timings["evidence_s"]`` records the time."""
         if not self.reads_evidence or not hasattr(gen, "count_tokens"):
-            return None
+            return None, []
         budget, encoder = self.config.answer.evidence_tokens, self.retriever.encoder
         if hasattr(gen, "prompt_ids") and hasattr(gen, "max_positions"):
             from rag.generate.context_budget import QuestionTooLongError, space_left
@@ -362,9 +372,10 @@ class RAGPipeline:
                 left = 0
             budget = min(budget, left - 8 * len(hits))  # markers and gaps
             if budget < 16:  # no room (a small context): the k-passage path trims or refuses
-                return None
+                return None, []
 
-        from rag.answer.evidence import UNIT_BATCH_TOKENS, select
+        from rag.answer.evidence import UNIT_BATCH_TOKENS, excerpts_of, lead_units, score_units
+        from rag.answer.settings import LEAD_UNITS
         from rag.retrieval.encoder import Encoder
 
         def embed(texts: list[str], kind: str) -> Any:
@@ -373,9 +384,10 @@ class RAGPipeline:
             return encoder.encode(texts, kind)
 
         t0 = time.perf_counter()
-        excerpts = select(query, [h.chunk.text for h in hits], embed, budget, gen.count_tokens)
+        scored = score_units(query, [h.chunk.text for h in hits], embed)
+        excerpts = excerpts_of(scored, budget, gen.count_tokens)
         timings["evidence_s"] = time.perf_counter() - t0
-        return excerpts or None
+        return (excerpts, lead_units(scored, LEAD_UNITS)) if excerpts else (None, [])
 
     def read(
         self, query: str, hits: list[Hit], timings: dict[str, float]
@@ -498,7 +510,8 @@ class RAGPipeline:
             deltas: Iterator[str] = iter([extracted_answer(prep)])
         elif prep.evidence is not None:
             args = self._decode_args(temperature, max_new_tokens, gate, prep)
-            deltas = evidence_reply(self.decoder_for(prep), prep, args, stats)
+            factoid = self.config.answer.factoid
+            deltas = evidence_reply(self.decoder_for(prep), prep, args, stats, factoid)
         else:
             deltas = self.decoder_for(prep).stream(
                 prep.messages,

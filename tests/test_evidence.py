@@ -9,8 +9,18 @@ import re
 import numpy as np
 import pytest
 
-from rag.answer.evidence import Excerpt, asks_how, quotable, quotations, select, split_units
-from rag.answer.prompt import REFUSAL, split_short_answer
+from rag.answer.compose import Prepared, around, extract_short_answer
+from rag.answer.evidence import (
+    Excerpt,
+    asks_how,
+    lead_units,
+    quotable,
+    quotations,
+    score_units,
+    select,
+    split_units,
+)
+from rag.answer.prompt import EXTRACT_SYSTEM_PROMPT, REFUSAL, split_short_answer
 from rag.answer.verify import attribute, locate
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
@@ -117,6 +127,26 @@ def test_the_best_unit_of_an_excerpt_brings_what_it_introduces():
     passage = "To extract into a folder, run:\n\n    tar -xf a.tar -C folder\n\nThat is all."
     (excerpt,) = select("extract tar folder run", [passage], embed, 30, words)
     assert excerpt.best == "To extract into a folder, run: tar -xf a.tar -C folder"
+
+
+DANUBE_KM = "The Danube river has a length of 2,850 km."
+
+
+def test_lead_units_are_the_best_over_all_passages_without_questions():
+    passages = [
+        "Rivers are long. How long is the Danube river? It runs 2,850 km.",
+        "The Danube river length is given in km:\n\n    2,850 km\n\nVienna stands on it.",
+    ]
+    scored = score_units("What is the length of the Danube river?", passages, embed)
+    lead = lead_units(scored, 2)
+    assert len(lead) == 2 and all("?" not in text for _, text in lead)  # a question is skipped
+    best = max(range(len(scored.units)), key=lambda i: scored.scores[i])
+    assert lead[0][1].startswith(scored.texts[best])  # best first
+    # a unit ending in ":" brings what it introduces
+    assert (1, "The Danube river length is given in km: 2,850 km") in lead
+    assert lead_units(scored, 1) == lead[:1] and lead_units(score_units("x", [], embed), 2) == []
+    twice = score_units("Danube length?", [DANUBE_KM, DANUBE_KM, "Vienna is on it."], embed)
+    assert [t for _, t in lead_units(twice, 2)] == [DANUBE_KM, "Vienna is on it."]
 
 
 # ---------------------------------------------------------------------------- quotes
@@ -266,10 +296,10 @@ class Retriever:
 
 class TwoPartDecoder:
     """Ends its turn after the explanation; the short answer comes when asked for it through
-    the continuation, like the 0.5B."""
+    the continuation, like the 0.5B; a factoid's short-answer prompt gets ``extracted``."""
 
-    def __init__(self, explanation: str, short: str):
-        self.explanation, self.short = explanation, short
+    def __init__(self, explanation: str, short: str, extracted: str = ""):
+        self.explanation, self.short, self.extracted = explanation, short, extracted
         self.calls: list[dict] = []
 
     def fit_passages(self, question, passages, max_new_tokens=256):
@@ -281,6 +311,8 @@ class TwoPartDecoder:
     def stream(self, messages, continuation="", stats=None, **kw):
         self.calls.append({"messages": messages, "continuation": continuation, **kw})
         text = (" " + self.short) if continuation else self.explanation
+        if messages[0]["content"] == EXTRACT_SYSTEM_PROMPT:
+            text = self.extracted
         if stats is not None:
             stats.update(new_tokens=len(text.split()), total_s=0.1, ttft_s=0.05)
         yield from [w if i == 0 else " " + w for i, w in enumerate(text.split(" "))]
@@ -291,10 +323,13 @@ def hit(i: int, text: str) -> Hit:
 
 
 def evidence_pipeline(
-    explanation: str, short: str, **settings: object
+    explanation: str, short: str, extracted: str = "", **settings: object
 ) -> tuple[RAGPipeline, TwoPartDecoder]:
+    """The evidence path over PASSAGES; a factoid is explained like any question unless the
+    test asks for ``factoid="extract"`` (the default's own tests below)."""
     hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
-    gen = TwoPartDecoder(explanation, short)
+    gen = TwoPartDecoder(explanation, short, extracted)
+    settings = {"factoid": "explain", **settings}
     cfg = RAGConfig.of(evidence_tokens=40, answerability_threshold=None, k=3, **settings)
     return RAGPipeline(cfg, retriever=Retriever(hits), generator=gen), gen
 
@@ -333,6 +368,80 @@ def test_a_short_answer_that_only_repeats_the_question_is_not_shown():
     answer = pipe.answer("What is the length of the Danube river?")
     assert answer.answer_span is None and "Short answer" not in answer.text
     assert answer.text == "The Danube river is 2,850 km long."
+
+
+DANUBE = "The Danube river has a length of 2,850 km."
+
+
+def test_a_factoids_short_answer_is_copied_from_the_best_sentences_and_shown_with_its_own():
+    """The default for a factoid: one short call over the encoder's best sentences; the reply
+    is the sentence holding the short answer, cited, then the short answer line; nothing else
+    is decoded and no quote follows."""
+    question = "What is the length of the Danube river?"
+    pipe, gen = evidence_pipeline("unused [1].", "unused", "2,850 km.", factoid="extract")
+    streamed = list(pipe.stream(question))
+    answer = streamed[-1]
+    assert len(gen.calls) == 1 and gen.calls[0]["messages"][0]["content"] == EXTRACT_SYSTEM_PROMPT
+    user = gen.calls[0]["messages"][-1]["content"]
+    assert user.startswith("Text: ") and DANUBE in user and user.endswith(f"Question: {question}")
+    assert gen.calls[0]["max_new_tokens"] <= 24 and "\n" in gen.calls[0]["stop"]
+    assert answer.text == f"{DANUBE}\nShort answer: 2,850 km" and answer.quotes == []
+    number = answer.citations[0].number
+    assert [c.chunk_id for c in answer.citations] == ["id2"]  # the Danube passage, however ordered
+    assert "".join(streamed[:-1]) == f"{DANUBE} [{number}]\nShort answer: 2,850 km"
+    span = answer.answer_span
+    assert (span.text, span.number, span.origin) == ("2,850 km", number, "decoder")
+    assert answer.timings["new_tokens"] == 2  # the one short call's tokens
+
+
+def test_the_short_answer_call_leaves_a_refusal_gates_cache_and_ban_to_the_other_prompt():
+    gen = TwoPartDecoder("unused", "unused", "2,850 km")
+    prep = Prepared("Danube length?", "Danube length?", [], [], {}, lead=[(2, DANUBE)])
+    args = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 128}
+    gated = {**args, "prompt_cache": object(), "ban": [[7]]}
+    assert extract_short_answer(gen, prep, gated, {}) == ("2,850 km", 2, DANUBE)
+    (call,) = gen.calls
+    assert {k: v for k, v in call.items() if k in gated} == {**args, "max_new_tokens": 24}
+
+
+@pytest.mark.parametrize("at", [0, 3, 50, 97])
+def test_a_long_sentence_is_cut_around_its_short_answer(at):
+    words_ = [f"w{i}" for i in range(100)]
+    words_[at : at + 2] = ["the", "answer,"]
+    text = " ".join(words_)
+    start = text.index("the answer")
+    cut = around(text, start, start + len("the answer"), limit=10)
+    assert "the answer," in cut and len(cut.replace("…", "").split()) == 10
+    shown = cut.split()
+    assert cut.startswith("…") == (words_[0] not in shown)
+    assert cut.endswith("…") == (words_[-1] not in shown)
+    assert cut.startswith("…") or cut.endswith("…")
+    assert " ".join(w for w in cut.split() if w != "…") in text  # the document's own words
+    assert around("a short one", 2, 7) == "a short one"
+
+
+@pytest.mark.parametrize("extracted", ["3,000 miles", "the Danube river", "", REFUSAL])
+def test_a_factoid_short_answer_no_best_sentence_holds_falls_back_to_the_explanation(extracted):
+    """Words no best sentence holds, the question's own words, nothing or a refusal: the reply
+    is then written as for any question (explanation, its short answer line), and the first
+    call's tokens count too."""
+    pipe, gen = evidence_pipeline(
+        "The Danube river is 2,850 km long [2].", "2,850 km", extracted, factoid="extract"
+    )
+    answer = pipe.answer("What is the length of the Danube river?")
+    assert [c["continuation"] != "" for c in gen.calls] == [False, False, True]
+    assert answer.text == "The Danube river is 2,850 km long.\nShort answer: 2,850 km"
+    explained = "The Danube river is 2,850 km long [2]."
+    spent = len(extracted.split())
+    assert answer.timings["new_tokens"] == spent + len(explained.split(" ")) + 2
+
+
+def test_a_how_question_is_never_answered_by_the_short_answer_prompt():
+    pipe, gen = evidence_pipeline("Use the key argument [1].", "key", "key", factoid="extract")
+    pipe.answer("How do I sort a list of records by a field?")
+    assert all(c["messages"][0]["content"] != EXTRACT_SYSTEM_PROMPT for c in gen.calls)
+    with pytest.raises(Exception, match="--factoid must be one of extract, explain"):
+        RAGConfig.of(factoid="spans")
 
 
 def test_a_refusal_is_not_continued():

@@ -11,7 +11,7 @@ and these rules can be tested alone.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from rag.answer.answerability import AnswerabilityDecision
@@ -19,6 +19,7 @@ from rag.answer.prompt import (
     DEFAULT_STOP,
     REFUSAL,
     SHORT_ANSWER,
+    build_extract_messages,
     clean_short_answer,
     is_refusal,
     parse_citations,
@@ -45,6 +46,9 @@ class Prepared:
     # the encoder's excerpts of the hits (rag.answer.evidence), one per hit given, in prompt
     # order; None = whole passages (or a reader span)
     evidence: list[Any] | None = None
+    # the encoder's best sentences over all the hits, best first, as (hit number from 1, text):
+    # what a factoid's short answer is read from (evidence_reply); empty without excerpts
+    lead: list[tuple[int, str]] = field(default_factory=list)
 
 
 def make_answer(raw: str, prep: Prepared) -> Answer:
@@ -218,16 +222,48 @@ def find_short_answer(
 
 
 def evidence_reply(
+    gen: Any,
+    prep: Prepared,
+    args: dict[str, Any],
+    stats: dict[str, Any],
+    factoid: str = "extract",
+) -> Iterator[str]:
+    """Text deltas of the reply to an evidence prompt.
+
+    A factoid (a question that does not ask how, why or what something does:
+    :func:`rag.answer.evidence.asks_how`), with ``factoid="extract"``: the decoder reads the
+    encoder's best sentences (``prep.lead``) and writes the short answer alone
+    (:func:`extract_short_answer`); the reply is the sentence that holds it, cited, and the
+    line ``Short answer: ...``. Nothing else is decoded. When no such sentence holds what it
+    wrote, the reply is written as for any other question:
+
+    the explanation, then a last line ``Short answer: ...`` (:data:`rag.answer.prompt.SHORT_ANSWER`)
+    when a given passage holds that answer word for word (an answer the documents do not hold
+    is not shown as theirs). The explanation is decoded up to that line; the short answer is
+    always decoded as a continuation of the explanation (``continuation``: prompt + explanation
+    + the line's label, whose keys and values the engine's prefix cache already holds: a few
+    tokens of prefill), because small decoders often end their turn without it. ``stats`` gets
+    the first call's time to first token and every call's tokens and time."""
+    from rag.answer.evidence import asks_how
+
+    spent: dict[str, Any] = {}
+    if factoid == "extract" and prep.lead and not asks_how(prep.question):
+        found = extract_short_answer(gen, prep, args, spent)
+        if found is not None:
+            short, number, sentence = found
+            stats.update(spent)
+            yield f"{sentence} [{number}]\n{SHORT_ANSWER} {short}"
+            return
+    yield from explained_reply(gen, prep, args, stats)
+    if spent:  # the short-answer call that found nothing: its time and tokens count too
+        for key in ("ttft_s", "total_s", "new_tokens"):
+            stats[key] = stats.get(key, 0) + spent.get("total_s" if key == "ttft_s" else key, 0)
+
+
+def explained_reply(
     gen: Any, prep: Prepared, args: dict[str, Any], stats: dict[str, Any]
 ) -> Iterator[str]:
-    """Text deltas of the reply to an evidence prompt: the explanation, then a last line
-    ``Short answer: ...`` (:data:`rag.answer.prompt.SHORT_ANSWER`) when a given passage holds that
-    answer word for word (an answer the documents do not hold is not shown as theirs). The explanation is decoded up to
-    that line; the short answer is always decoded as a continuation of the explanation
-    (``continuation``: prompt + explanation + the line's label, whose keys and values the
-    engine's prefix cache already holds: a few tokens of prefill), because small decoders
-    often end their turn without it. ``stats`` gets the first call's time to first token and
-    both calls' tokens and time."""
+    """The explanation and its short answer line (:func:`evidence_reply`)."""
     first: dict[str, Any] = {}
     parts: list[str] = []
     stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER)
@@ -254,6 +290,53 @@ def evidence_reply(
         yield f"\n{SHORT_ANSWER} {short}"  # shown only where a passage holds it word for word
     stats["new_tokens"] = first.get("new_tokens", 0) + more.get("new_tokens", 0)
     stats["total_s"] = first.get("total_s", 0.0) + more.get("total_s", 0.0)
+
+
+def extract_short_answer(
+    gen: Any, prep: Prepared, args: dict[str, Any], stats: dict[str, Any]
+) -> tuple[str, int, str] | None:
+    """(short answer, hit number, the sentence holding it) that the decoder copies out of the
+    encoder's best sentences (``prep.lead``, :func:`rag.answer.prompt.build_extract_messages`);
+    None when it wrote nothing usable (:func:`rag.answer.prompt.clean_short_answer`), a refusal,
+    only the question's own words (:func:`repeats_question`), or words none of those sentences
+    holds."""
+    messages = build_extract_messages(prep.query, [text for _, text in prep.lead])
+    limit = min(SHORT_ANSWER_TOKENS, args["max_new_tokens"])
+    # the sampling settings only: a refusal gate's prompt cache and ban belong to the other prompt
+    call = {k: args[k] for k in ("temperature", "top_p") if k in args}
+    call.update(max_new_tokens=limit, stop=("\n", *DEFAULT_STOP))
+    short = clean_short_answer("".join(gen.stream(messages, **call, stats=stats)))
+    if not short or is_refusal(short) or repeats_question(short, prep.question):
+        return None
+    for number, sentence in prep.lead:
+        found = locate(short, sentence)
+        if found is not None:
+            return short, number, around(sentence, *found)
+    return None
+
+
+SENTENCE_WORDS = 60  # a factoid's sentence longer than this is cut around its short answer
+
+
+def around(text: str, start: int, end: int, limit: int = SENTENCE_WORDS) -> str:
+    """``text`` cut to about ``limit`` words around the characters ``start:end`` (a list item or
+    a code block can be a long "sentence"); ``…`` marks each cut."""
+    while start > 0 and not text[start - 1].isspace():  # whole words: "answer," keeps its comma
+        start -= 1
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    before, after = text[:start].split(), text[end:].split()
+    inside = len(text[start:end].split())
+    if len(before) + inside + len(after) <= limit:
+        return text
+    keep = max(0, limit - inside)
+    left = min(len(before), keep // 2)
+    right = min(len(after), keep - left)
+    left = min(len(before), keep - right)  # what the right side does not use goes left
+    words = [*before[len(before) - left :], text[start:end], *after[:right]]
+    return " ".join(
+        (["…"] if left < len(before) else []) + words + (["…"] if right < len(after) else [])
+    )
 
 
 def add_quotations(answer: Answer, prep: Prepared, n: int) -> str:

@@ -119,21 +119,30 @@ def lexical_share(question_words: set[str], text: str) -> float:
     return len(question_words & content_words(text)) / len(question_words)
 
 
-def select(
+@dataclass(frozen=True)
+class Scored:
+    """Every unit of the given passages with its score (:func:`score_units`)."""
+
+    units: list[Unit]
+    texts: list[str]  # each unit's text, whitespace collapsed
+    scores: np.ndarray  # -inf: a question with no answer after it in its passage
+    asks: list[bool]  # the unit ends in a question mark
+
+
+def score_units(
     question: str,
     passages: Sequence[str],
     embed: Callable[[list[str], str], np.ndarray],
-    budget: int,
-    count_tokens: Callable[[str], int],
     lexical_weight: float = LEXICAL_WEIGHT,
-) -> list[Excerpt]:
-    """The excerpts to give the decoder: the best-scoring units of ``passages`` (in retrieval
-    order) whose tokens fit ``budget``, grouped per passage in document order; passages ordered
-    by their best unit. ``embed(texts, kind)`` returns L2-normalised rows (``kind`` "query" or
-    "document": :meth:`rag.retrieval.encoder.Encoder.encode`)."""
+) -> Scored:
+    """Every unit of ``passages`` scored against ``question``: cosine plus ``lexical_weight`` x
+    the share of the question's content words it holds; a unit ending in ``?`` takes the score
+    of the unit after it in its passage (-inf without one). ``embed(texts, kind)`` returns
+    L2-normalised rows (``kind`` "query" or "document":
+    :meth:`rag.retrieval.encoder.Encoder.encode`)."""
     units = [u for i, p in enumerate(passages) for u in split_units(p, i)]
     if not units:
-        return []
+        return Scored([], [], np.zeros(0), [])
     texts = [" ".join(passages[u.passage][u.start : u.end].split()) for u in units]
     q = embed([question], "query")[0]
     vecs = embed(texts, "document")
@@ -144,6 +153,52 @@ def select(
         if asks[i]:
             same = i + 1 < len(units) and units[i + 1].passage == units[i].passage
             scores[i] = scores[i + 1] if same else -np.inf
+    return Scored(units, texts, scores, asks)
+
+
+def lead_units(scored: Scored, n: int) -> list[tuple[int, str]]:
+    """The ``n`` best units over all passages, best first, as (passage index, text): what the
+    decoder reads to write a factoid's short answer (rag.answer.compose). A unit ending in
+    ``?`` is left out (the unit after it, its answer, has its score), as is a repeat of one
+    already taken (a page ingested twice); one ending in ``:`` brings the unit it introduces."""
+    out: list[tuple[int, str]] = []
+    for i in sorted(range(len(scored.units)), key=lambda j: -scored.scores[j]):
+        if len(out) == n or scored.scores[i] == -np.inf:
+            break
+        if scored.asks[i]:
+            continue
+        text, unit = scored.texts[i], scored.units[i]
+        nxt = i + 1
+        if (
+            text.endswith(":")
+            and nxt < len(scored.units)
+            and scored.units[nxt].passage == unit.passage
+        ):
+            text += " " + scored.texts[nxt]
+        if all(text != t for _, t in out):  # the same sentence in two passages: read it once
+            out.append((unit.passage, text))
+    return out
+
+
+def select(
+    question: str,
+    passages: Sequence[str],
+    embed: Callable[[list[str], str], np.ndarray],
+    budget: int,
+    count_tokens: Callable[[str], int],
+    lexical_weight: float = LEXICAL_WEIGHT,
+) -> list[Excerpt]:
+    """The excerpts to give the decoder: the best-scoring units of ``passages`` (in retrieval
+    order) whose tokens fit ``budget``, grouped per passage in document order; passages ordered
+    by their best unit (:func:`score_units`, then :func:`excerpts_of`)."""
+    return excerpts_of(score_units(question, passages, embed, lexical_weight), budget, count_tokens)
+
+
+def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int]) -> list[Excerpt]:
+    """The excerpts :func:`select` describes, from units already scored."""
+    units, texts, scores, asks = scored.units, scored.texts, scored.scores, scored.asks
+    if not units:
+        return []
     order = sorted(range(len(units)), key=lambda i: -scores[i])
     # the first passage's best unit first: retrieval's best guess is never dropped
     first = next((i for i in order if units[i].passage == 0 and scores[i] > -np.inf), None)

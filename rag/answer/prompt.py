@@ -245,6 +245,45 @@ def build_evidence_messages(question: str, excerpts: Sequence[str]) -> list[dict
     return head + [{"role": "user", "content": evidence_user_message(question, excerpts)}]
 
 
+# The short-answer prompt of a factoid (rag.answer.compose.evidence_reply): the decoder reads
+# the encoder's two best sentences and copies the answer out of them. On SQuAD train questions
+# it was right more often than the short answer read off the decoder's own explanation of the
+# 320-token excerpts (docs/answering.md): the small decoder picks the wrong sentence of many.
+# Demonstrations written by hand on topics outside every evaluation set.
+EXTRACT_SYSTEM_PROMPT = (
+    "Answer the question with the shortest phrase copied word for word from the text: a name, "
+    "a number, a date, a command, an option or a few words. Reply with the phrase only."
+)
+
+EXTRACT_DEMOS: tuple[tuple[str, str, str], ...] = (
+    (
+        "The tower was finished in March 1889 for the World's Fair, two years after work "
+        "began. It is 330 metres tall.",
+        "When was the tower completed?",
+        "March 1889",
+    ),
+    (
+        "The library's reading room was designed by the architect Sydney Smirke and opened "
+        "to readers in 1857.",
+        "Who designed the reading room?",
+        "Sydney Smirke",
+    ),
+)
+
+
+def build_extract_messages(question: str, sentences: Sequence[str]) -> list[dict[str, str]]:
+    """Chat messages of the short-answer prompt: the fixed head (system turn and the
+    demonstrations, prefix-cached) and the user turn with the sentences and the question."""
+    out = [{"role": "system", "content": EXTRACT_SYSTEM_PROMPT}]
+    for text, q, a in EXTRACT_DEMOS:
+        out += [
+            {"role": "user", "content": f"Text: {text}\nQuestion: {q}"},
+            {"role": "assistant", "content": a},
+        ]
+    text = " ".join(sentences)
+    return out + [{"role": "user", "content": f"Text: {text}\nQuestion: {question.strip()}"}]
+
+
 @dataclass(frozen=True)
 class ShortAnswer:
     """An evidence-prompt reply split into its explanation and its short answer."""

@@ -15,6 +15,10 @@ from typing import Any, ClassVar
 from rag.answer.answerability import DEFAULT_MODEL
 from rag.answer.reader import COMPOSE, DEFAULT_READER, check_reader_threshold
 
+FACTOID = ("extract", "explain")  # the values of AnswerSettings.factoid
+# the encoder's best sentences a factoid's short answer is read from (rag.answer.evidence.lead_units)
+LEAD_UNITS = 2
+
 
 @dataclass(frozen=True)
 class AnswerSettings:
@@ -45,6 +49,11 @@ class AnswerSettings:
     # (rag.answer.compose.add_quotations; what the answer already says is skipped): up to this
     # many; 0 = none
     quotes: int = 3
+    # how a factoid (a question that does not ask how, why or what something does) is
+    # answered from excerpts: extract = the decoder reads the encoder's best sentences and
+    # writes the short answer alone, shown with the sentence that holds it, cited (nothing
+    # else decoded; rag.answer.compose.evidence_reply) | explain = like any other question
+    factoid: str = "extract"
     # answerability check (rag.answer.answerability): refuse without decoding when p(unanswerable),
     # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
@@ -64,11 +73,13 @@ class AnswerSettings:
     complete_citations: bool = True
 
     # The value sets of the fields that have one: checked here, argparse choices on every CLI.
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"compose": COMPOSE}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"compose": COMPOSE, "factoid": FACTOID}
 
     def __post_init__(self) -> None:
         if self.compose not in COMPOSE:
             raise ValueError(f"--compose must be one of {', '.join(COMPOSE)}, not {self.compose!r}")
+        if self.factoid not in FACTOID:
+            raise ValueError(f"--factoid must be one of {', '.join(FACTOID)}, not {self.factoid!r}")
         if self.evidence_tokens < 0:
             raise ValueError(
                 f"--evidence-tokens must be >= 0 (0 = whole passages), not {self.evidence_tokens}"
