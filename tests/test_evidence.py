@@ -402,6 +402,13 @@ def test_the_short_answer_call_leaves_a_refusal_gates_cache_and_ban_to_the_other
     assert extract_short_answer(gen, prep, gated, {}) == ("2,850 km", 2, DANUBE)
     (call,) = gen.calls
     assert {k: v for k, v in call.items() if k in gated} == {**args, "max_new_tokens": 24}
+    # a very long unit is read up to its first LEAD_WORDS words: the prompt stays bounded
+    long = Prepared("q?", "q?", [], [], {}, lead=[(1, " ".join(["w"] * 5000) + " 2,850 km")])
+    assert extract_short_answer(gen, long, args, {}) is None  # not in what it read
+    assert len(gen.calls[-1]["messages"][-1]["content"].split()) < 200
+    near = Prepared("q?", "q?", [], [], {}, lead=[(1, " ".join(["w"] * 100) + " 2,850 km")])
+    _, _, shown = extract_short_answer(gen, near, args, {})
+    assert shown.startswith("…") and shown.endswith("2,850 km") and len(shown.split()) <= 62
 
 
 @pytest.mark.parametrize("at", [0, 3, 50, 97])

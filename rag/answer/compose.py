@@ -300,7 +300,9 @@ def extract_short_answer(
     None when it wrote nothing usable (:func:`rag.answer.prompt.clean_short_answer`), a refusal,
     only the question's own words (:func:`repeats_question`), or words none of those sentences
     holds."""
-    messages = build_extract_messages(prep.query, [text for _, text in prep.lead])
+    # a long unit (a code block, a list item) is read up to LEAD_WORDS words: a bounded prompt
+    read = [" ".join(text.split()[:LEAD_WORDS]) for _, text in prep.lead]
+    messages = build_extract_messages(prep.query, read)
     limit = min(SHORT_ANSWER_TOKENS, args["max_new_tokens"])
     # the sampling settings only: a refusal gate's prompt cache and ban belong to the other prompt
     call = {k: args[k] for k in ("temperature", "top_p") if k in args}
@@ -308,7 +310,7 @@ def extract_short_answer(
     short = clean_short_answer("".join(gen.stream(messages, **call, stats=stats)))
     if not short or is_refusal(short) or repeats_question(short, prep.question):
         return None
-    for number, sentence in prep.lead:
+    for (number, _), sentence in zip(prep.lead, read):  # in what it read
         found = locate(short, sentence)
         if found is not None:
             return short, number, around(sentence, *found)
@@ -316,6 +318,7 @@ def extract_short_answer(
 
 
 SENTENCE_WORDS = 60  # a factoid's sentence longer than this is cut around its short answer
+LEAD_WORDS = 150  # the words of each best sentence the short-answer prompt reads, at most
 
 
 def around(text: str, start: int, end: int, limit: int = SENTENCE_WORDS) -> str:
