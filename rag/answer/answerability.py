@@ -162,24 +162,36 @@ def decide(
 QUOTED = re.compile(
     r"""(?<!\w)(?:"([^"\n]+)"|'([^'\n]+)'|`([^`\n]+)`|“([^”\n]+)”|‘([^’\n]+)’)(?!\w)"""
 )
-# Code-like words: an option (--smart-split, -n), a snake_case or dotted identifier
-# (pr_debug, vm.swap_boost_factor, os.path), a parameter (intel_iommu=, Restart=).
-IDENTIFIER = re.compile(
-    r"(?<![\w-])--?[A-Za-z][\w-]*"
-    r"|(?<![\w.])[A-Za-z_]\w*(?:\.\w+)*(?:_\w*)+(?:\.\w+)*=?"
-    r"|(?<![\w.])[A-Za-z]\w+(?:\.[A-Za-z]\w+)+"
-    r"|(?<![\w.])[A-Za-z_]\w*="
+# A claim about the program's interface, checked wherever it occurs: an option (--smart-split,
+# -n), a parameter (intel_iommu=, Restart=) or a call (pg_autotune_memory()).
+INTERFACE = re.compile(
+    r"(?<![\w-])--?[A-Za-z][\w-]*|(?<![\w.])[A-Za-z_][\w.]*[A-Za-z0-9_](?:=|\(\))"
+)
+# A snake_case or dotted name (pr_debug, vm.swap_boost_factor, os.path): the manual's, or the
+# user's own (my_list, df_sales), so checked only when the question asks about it (ABOUT).
+NAME = re.compile(
+    r"(?<![\w.-])[A-Za-z_]\w*(?:\.\w+)*(?:_\w*)+(?:\.\w+)*"
+    r"|(?<![\w.-])[A-Za-z]\w+(?:\.[A-Za-z]\w+)+"
+)
+# The question asks what a name does or is, or how to use it: then the manual must name it.
+ABOUT = re.compile(
+    r"\bwhat(?:'s|\s+(?:does|do|is|are))\b|\bhow\s+(?:do|can|should|would)\s+(?:i|we|you|one)"
+    r"\s+use\b|\bis\s+there\s+an?\b",
+    re.IGNORECASE,
+)
+# A file or a path the user names is their data, not the manual's vocabulary.
+USER_DATA = re.compile(
+    r"/|\.(?:py|txt|md|rst|json|ya?ml|toml|cfg|ini|conf|c|h|cpp|sh|js|ts|html?|csv|log|sql|"
+    r"xml|go|rs|java|rb|php|ipynb|pdf|docx?|xlsx?)$",
+    re.IGNORECASE,
 )
 # A longer quotation is a message the user paraphrases from memory (an error, a title), not a
-# term to look up word for word: SQuAD questions quote 1-5 words, and a misquoted phrase there
-# is a false refusal (4 of 8,583 questions).
+# term to look up word for word.
 MAX_QUOTED_WORDS = 5
-
-
 # A quotation names a thing to look up when a noun saying what it is follows it ("the 'Squash
 # and merge' button"); otherwise it is mostly a message the user saw, quoted as remembered
 # ("I keep getting 'too many open files'", a Linux test question whose manual words it
-# otherwise), and the manual may well explain it. Backticks always mark code.
+# otherwise), and the manual may well explain it.
 NAMED = re.compile(
     r"\s+(?:button|option|flag|setting|command|subcommand|menu|tab|field|parameter|function|"
     r"method|variable|key|mode|feature|checkbox|switch|property|directive|keyword|module|"
@@ -189,21 +201,36 @@ NAMED = re.compile(
 
 
 def literal_terms(question: str) -> list[str]:
-    """The terms ``question`` names literally, in order and once each: short quoted phrases
-    (at most :data:`MAX_QUOTED_WORDS` words, outer punctuation stripped: in backticks, or in
-    quotes followed by a noun saying what they name, :data:`NAMED`) and code-like words
-    (:data:`IDENTIFIER`), each holding a letter, a trailing ``=`` dropped (the manual may write
-    the parameter without it)."""
+    """The terms ``question`` names literally, in order and once each, that the manual must
+    hold for the question to be about it:
+
+    - options, parameters and calls (:data:`INTERFACE`), wherever they occur;
+    - quoted phrases of at most :data:`MAX_QUOTED_WORDS` words followed by a noun saying what
+      they name (:data:`NAMED`: "the 'Squash and merge' button");
+    - snake_case and dotted names (:data:`NAME`), and a single word in backticks, only when the
+      question asks what it does or is, or how to use it (:data:`ABOUT`): "How do I sort
+      my_list?" names the user's own variable.
+
+    A file name or a path (:data:`USER_DATA`) is the user's data and never a term. Outer
+    punctuation, a trailing ``=`` and ``()`` are dropped (the manual writes ``intel_iommu=`` or
+    ``print(*objects)``); each term holds a letter."""
+    about = ABOUT.search(question) is not None
+    found: list[str] = []
+    for m in QUOTED.finditer(question):
+        phrase = " ".join(next(g for g in m.groups() if g is not None).split()).strip(" .,;:!?")
+        if len(phrase.split()) > MAX_QUOTED_WORDS:
+            continue
+        if NAMED.match(question, m.end()) or (
+            m.group(3) is not None and about and " " not in phrase
+        ):
+            found.append(phrase)
+    found += [m.group(0) for m in INTERFACE.finditer(question)]
+    if about:
+        found += [m.group(0) for m in NAME.finditer(question)]
     out: list[str] = []
-    found = [
-        " ".join(next(g for g in m.groups() if g is not None).split()).strip(" .,;:!?")
-        for m in QUOTED.finditer(question)
-        if m.group(3) is not None or NAMED.match(question, m.end())
-    ]
-    found = [p for p in found if len(p.split()) <= MAX_QUOTED_WORDS]
-    found += [m.group(0) for m in IDENTIFIER.finditer(question)]
-    for term in (t.rstrip("=") for t in found):
-        if any(c.isalpha() for c in term) and term not in out:
+    for term in found:
+        term = term.removesuffix("()").rstrip("=")
+        if any(c.isalpha() for c in term) and not USER_DATA.search(term) and term not in out:
             out.append(term)
     return out
 

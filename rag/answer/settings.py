@@ -57,9 +57,9 @@ class AnswerSettings:
     # answerability check (rag.answer.answerability): refuse without decoding when p(unanswerable),
     # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
-    # the same check also refuses a question naming an option, identifier or short quoted
-    # phrase that no document holds (--smart-split, vm.swap_boost_factor), and says which
-    # (rag.answer.answerability.literal_terms)
+    # the same check also refuses a question naming an option, a name it asks about or a quoted
+    # label that no document holds (--smart-split, vm.swap_boost_factor, "the 'X' button"),
+    # and says which (rag.answer.answerability.literal_terms)
     literal_terms: bool = True
     # refusal gate (rag.answer.refusal): refuse only when p(refusal | prompt) >= this, else decode
     # the answer with the refusal barred; None = the adapter's tuned threshold (its run.json),
