@@ -268,6 +268,11 @@ def test_locate_finds_the_phrase_across_case_and_whitespace_only_word_for_word()
     assert locate("2,850 km.", "It flows 2,850 km to the sea.") is not None
     assert locate("tar -xzf", passage) is None
     assert locate("act", "extract") is None  # whole words only
+    # a dash for any dash, either apostrophe: "11-13th" as typed, "11–13th" as printed
+    dated = "Built in the 11–13th century AD on Europe’s rivers."
+    assert dated[slice(*locate("11-13th century AD", dated))] == "11–13th century AD"
+    assert dated[slice(*locate("Europe's rivers", dated))] == "Europe’s rivers"
+    assert locate("11 13th", dated) is None and locate("Europes", dated) is None
 
 
 def test_attribute_names_the_passage_that_supports_the_answer_best():

@@ -381,9 +381,27 @@ def attribute(text: str, passages: Sequence[str], question: str = "") -> int | N
     return best
 
 
+# Characters a user or a decoder types one way and a document another: the hyphen and the
+# dashes ("11-13th" for "11–13th"), straight and curly apostrophes.
+_DASHES, _APOSTROPHES = "-‐‑‒–—", "'’‘"
+
+
+def _word_pattern(word: str) -> str:
+    """``word`` as a regex: each dash matches any dash, each apostrophe either apostrophe."""
+    return "".join(
+        f"[{re.escape(_DASHES)}]"
+        if c in _DASHES
+        else f"[{re.escape(_APOSTROPHES)}]"
+        if c in _APOSTROPHES
+        else re.escape(c)
+        for c in word
+    )
+
+
 def locate(phrase: str, passage: str) -> tuple[int, int] | None:
     """Character offsets of ``phrase`` in ``passage``, matched case-insensitively with any run
-    of whitespace standing for any other (quotes, backticks and a final full stop or comma
+    of whitespace standing for any other, any dash for any other and either apostrophe for the
+    other (quotes, backticks and a final full stop or comma
     around the phrase ignored); whole words at each end that is a letter or digit. None when
     the passage does not hold it word for word."""
     phrase = phrase.strip().strip("`'\"").rstrip(".,;:!?").strip()
@@ -392,6 +410,6 @@ def locate(phrase: str, passage: str) -> tuple[int, int] | None:
         return None
     head = r"(?<!\w)" if phrase[0].isalnum() or phrase[0] == "_" else ""
     tail = r"(?!\w)" if phrase[-1].isalnum() or phrase[-1] == "_" else ""
-    body = r"\s+".join(re.escape(w) for w in words)
+    body = r"\s+".join(_word_pattern(w) for w in words)
     m = re.search(head + body + tail, passage, flags=re.IGNORECASE)
     return (m.start(), m.end()) if m else None
