@@ -547,7 +547,8 @@ class RAGPipeline:
             return refusal(prep), None
         # these refusals still show the passages; one for a term no document holds names it
         answer = make_answer(REFUSAL, prep)
-        answer.text = refusal_text(prep.answerable, answer.text)
+        # nothing was decoded: the refusal, with the terms no document holds, is the reply
+        answer.text = answer.raw_text = refusal_text(prep.answerable, answer.text)
         answer.refusal_probability = gate.probability if gate is not None else None
         return answer, gate
 

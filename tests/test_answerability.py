@@ -30,6 +30,7 @@ from rag.retrieval.mentions import CorpusText
 from rag.retrieval.retriever import CorpusRetriever, FusedHit, Retriever
 from rag.retrieval.settings import RetrievalSettings
 from rag.types import Chunk, Hit
+from ui.render import reply_markdown
 
 TEXTS = [
     "Python lists are mutable sequences of items.",
@@ -167,6 +168,8 @@ def test_a_term_no_document_holds_is_refused_and_named_without_decoding():
     answer, gen = _ask("Are Python lists mutable with --deep-freeze?", dense=0.7)
     assert answer.refused and not gen.calls
     assert answer.text == f"{REFUSAL} No document mentions `--deep-freeze`."
+    assert answer.raw_text == answer.text  # the reply the UI renders (ui.render.reply_markdown)
+    assert reply_markdown(answer) == answer.text  # the UI shows the term, as code
     assert answer.unanswerable_probability < DEFAULT_MODEL.threshold
     streamed = RAGPipeline(
         RAGConfig.of(), retriever=CoverageRetriever(0.7), generator=FakeGenerator("x [1].")
