@@ -432,7 +432,7 @@ def test_a_long_sentence_is_cut_around_its_short_answer(at):
     assert around("a short one", 2, 7) == "a short one"
 
 
-@pytest.mark.parametrize("extracted", ["3,000 miles", "the Danube river", "", REFUSAL])
+@pytest.mark.parametrize("extracted", ["3,000 miles", "the Danube river", "", REFUSAL, "the"])
 def test_a_factoid_short_answer_no_best_sentence_holds_falls_back_to_the_explanation(extracted):
     """Words no best sentence holds, the question's own words, nothing or a refusal: the reply
     is then written as for any question (explanation, its short answer line), and the first

@@ -298,8 +298,8 @@ def extract_short_answer(
     """(short answer, hit number, the sentence holding it) that the decoder copies out of the
     encoder's best sentences (``prep.lead``, :func:`rag.answer.prompt.build_extract_messages`);
     None when it wrote nothing usable (:func:`rag.answer.prompt.clean_short_answer`), a refusal,
-    only the question's own words (:func:`repeats_question`), or words none of those sentences
-    holds."""
+    only the question's own words (:func:`repeats_question`) or only function words, or words
+    none of those sentences holds."""
     # a long unit (a code block, a list item) is read up to LEAD_WORDS words: a bounded prompt
     read = [" ".join(text.split()[:LEAD_WORDS]) for _, text in prep.lead]
     messages = build_extract_messages(prep.query, read)
@@ -310,6 +310,8 @@ def extract_short_answer(
     short = clean_short_answer("".join(gen.stream(messages, **call, stats=stats)))
     if not short or is_refusal(short) or repeats_question(short, prep.question):
         return None
+    if short.replace(" ", "").isalpha() and not content_words(short):
+        return None  # only function words ("it", "the", "yes"): no answer to show on top
     for (number, _), sentence in zip(prep.lead, read):  # in what it read
         found = locate(short, sentence)
         if found is not None:
