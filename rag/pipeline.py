@@ -375,7 +375,6 @@ class RAGPipeline:
                 return None, []
 
         from rag.answer.evidence import UNIT_BATCH_TOKENS, excerpts_of, lead_units, score_units
-        from rag.answer.settings import LEAD_UNITS
         from rag.retrieval.encoder import Encoder
 
         def embed(texts: list[str], kind: str) -> Any:
@@ -387,7 +386,7 @@ class RAGPipeline:
         scored = score_units(query, [h.chunk.text for h in hits], embed)
         excerpts = excerpts_of(scored, budget, gen.count_tokens)
         timings["evidence_s"] = time.perf_counter() - t0
-        return (excerpts, lead_units(scored, LEAD_UNITS)) if excerpts else (None, [])
+        return (excerpts, lead_units(scored)) if excerpts else (None, [])
 
     def read(
         self, query: str, hits: list[Hit], timings: dict[str, float]
@@ -545,9 +544,9 @@ class RAGPipeline:
         prep.timings["total_s"] = time.perf_counter() - t0
         if not prep.hits:
             return refusal(prep), None
-        # these refusals still show the passages; one for a term no document holds names it
+        # these refusals still show the passages; nothing was decoded, so the refusal (naming
+        # any term no document holds) is the reply itself, raw_text too
         answer = make_answer(REFUSAL, prep)
-        # nothing was decoded: the refusal, with the terms no document holds, is the reply
         answer.text = answer.raw_text = refusal_text(prep.answerable, answer.text)
         answer.refusal_probability = gate.probability if gate is not None else None
         return answer, gate

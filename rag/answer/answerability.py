@@ -11,19 +11,20 @@ is not (SQuAD articles taken out of the index, docs/answering.md):
   Normans?" with no Normans text) leaves its rarest, heaviest terms unmatched.
 
 A logistic model over the two gives p(unanswerable); at or above the threshold the pipeline
-answers with the refusal and the decoder is never called.
-
-A third, exact signal needs no model: the **literal terms** a question names, an option
-(``--smart-split``), an identifier (``vm.swap_boost_factor``, ``pr_debug``, ``intel_iommu=``) or a
-short quoted phrase (``'Squash and merge'``), must occur somewhere in the index (the retriever's
-``mentions``). One that no document holds is the clearest sign the manual cannot answer, and
-the two signals above miss it: the question's other words ("git", "push", "rebase", "branch")
-are everywhere, and BM25's tokens split ``--auto-rebase-remote`` into words the corpus has. The
-refusal then names the term (:func:`refusal_text`). Measured on held-out SQuAD dev
+answers with the refusal and the decoder is never called. Measured on held-out SQuAD dev
 articles it beat the decoder's own p(refusal) by far (ROC AUC 0.99 against 0.68), and it costs
 one tokenisation of k passages. The weights and threshold are fitted on SQuAD *train* articles
 by ``python -m evals.answerability`` (scikit-learn's LogisticRegression; the product only needs
 the sigmoid, so ``rag`` carries no scikit-learn) and ship as :data:`DEFAULT_MODEL`.
+
+A third, exact signal needs no model: the **literal terms** a question names
+(:func:`literal_terms`: an option such as ``--smart-split``, a parameter or a call, a name the
+question asks about such as ``vm.swap_boost_factor``, a quoted label such as "the 'Squash and
+merge' button") must occur somewhere in the index (the retriever's ``mentions``). One that no
+document holds is the clearest sign the manual cannot answer, and the two signals above miss
+it: the question's other words ("git", "push", "rebase", "branch") are everywhere, and BM25's
+tokens split ``--auto-rebase-remote`` into words the corpus has. The refusal then names the
+term (:func:`refusal_text`).
 
 Caveat: the dense weight is calibrated on the ``minilm`` encoder's cosines; another encoder's
 scores sit on another scale (refit with ``evals.answerability --encoder ...``).
@@ -117,8 +118,8 @@ class AnswerabilityDecision:
     dense: float  # best query-passage cosine among the retrieved passages
     coverage: float  # best share of the query's IDF weight held by one passage
     refuse: bool
-    # the question's literal terms (options, identifiers, short quoted phrases) no document of
-    # the index holds; any makes the check refuse (literal_terms)
+    # the question's literal terms (literal_terms: options, parameters, calls, names asked
+    # about, quoted labels) no document of the index holds; any makes the check refuse
     missing: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -256,8 +256,9 @@ def evidence_reply(
             return
     yield from explained_reply(gen, prep, args, stats)
     if spent:  # the short-answer call that found nothing: its time and tokens count too
-        for key in ("ttft_s", "total_s", "new_tokens"):
-            stats[key] = stats.get(key, 0) + spent.get("total_s" if key == "ttft_s" else key, 0)
+        stats["ttft_s"] = stats.get("ttft_s", 0) + spent.get("total_s", 0)  # it ran first
+        for key in ("total_s", "new_tokens"):
+            stats[key] = stats.get(key, 0) + spent.get(key, 0)
 
 
 def explained_reply(

@@ -156,7 +156,21 @@ def score_units(
     return Scored(units, texts, scores, asks)
 
 
-def lead_units(scored: Scored, n: int) -> list[tuple[int, str]]:
+def _brings_next(scored: Scored, i: int) -> bool:
+    """Whether unit ``i`` comes with the unit after it in its passage: it ends in ``:`` (it
+    introduces an example, a list) or asks a question (the next unit answers it)."""
+    nxt = i + 1
+    return (
+        (scored.texts[i].endswith(":") or scored.asks[i])
+        and nxt < len(scored.units)
+        and scored.units[nxt].passage == scored.units[i].passage
+    )
+
+
+LEAD_UNITS = 2  # the best units a factoid's short answer is read from (chosen on dev questions)
+
+
+def lead_units(scored: Scored, n: int = LEAD_UNITS) -> list[tuple[int, str]]:
     """The ``n`` best units over all passages, best first, as (passage index, text): what the
     decoder reads to write a factoid's short answer (rag.answer.compose). A unit ending in
     ``?`` is left out (the unit after it, its answer, has its score), as is a repeat of one
@@ -167,16 +181,11 @@ def lead_units(scored: Scored, n: int) -> list[tuple[int, str]]:
             break
         if scored.asks[i]:
             continue
-        text, unit = scored.texts[i], scored.units[i]
-        nxt = i + 1
-        if (
-            text.endswith(":")
-            and nxt < len(scored.units)
-            and scored.units[nxt].passage == unit.passage
-        ):
-            text += " " + scored.texts[nxt]
+        text = scored.texts[i]
+        if _brings_next(scored, i):
+            text += " " + scored.texts[i + 1]
         if all(text != t for _, t in out):  # the same sentence in two passages: read it once
-            out.append((unit.passage, text))
+            out.append((scored.units[i].passage, text))
     return out
 
 
@@ -196,7 +205,7 @@ def select(
 
 def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int]) -> list[Excerpt]:
     """The excerpts :func:`select` describes, from units already scored."""
-    units, texts, scores, asks = scored.units, scored.texts, scored.scores, scored.asks
+    units, texts, scores = scored.units, scored.texts, scored.scores
     if not units:
         return []
     order = sorted(range(len(units)), key=lambda i: -scores[i])
@@ -211,13 +220,10 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
         if scores[i] == -np.inf:  # a question with no answer after it: nothing to read
             break
         group = [i]
-        nxt = i + 1
-        if (
-            (texts[i].endswith(":") or asks[i])
-            and nxt < len(units)
-            and units[nxt].passage == units[i].passage
-        ):
-            group.append(nxt)  # "Use it like this:" brings its example, "How do I ...?" its answer
+        if _brings_next(scored, i):
+            group.append(
+                i + 1
+            )  # "Use it like this:" brings its example, "How do I ...?" its answer
         cost = sum(count_tokens(texts[j]) + 2 for j in group if j not in kept)
         if used + cost > budget:
             if kept:
@@ -241,7 +247,7 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
         text = " ".join(parts)
         top = max(idx, key=lambda j: scores[j])
         best = texts[top]
-        if (best.endswith(":") or asks[top]) and top + 1 in idx:
+        if _brings_next(scored, top) and top + 1 in idx:
             best += " " + texts[top + 1]  # what it introduces or the answer it asks for
         kept_units = tuple(units[j] for j in idx)
         clipped = _clip(text, budget, count_tokens)

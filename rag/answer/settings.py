@@ -16,8 +16,6 @@ from rag.answer.answerability import DEFAULT_MODEL
 from rag.answer.reader import COMPOSE, DEFAULT_READER, check_reader_threshold
 
 FACTOID = ("extract", "explain")  # the values of AnswerSettings.factoid
-# the encoder's best sentences a factoid's short answer is read from (rag.answer.evidence.lead_units)
-LEAD_UNITS = 2
 
 
 @dataclass(frozen=True)
