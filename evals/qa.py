@@ -340,13 +340,14 @@ def summarize(rows: list[dict]) -> dict[str, float]:
     }
 
 
-def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any]:
-    """(the generator with the configured adapter, the one for the k-passage prompt): the same
-    unless the adapter was trained on the reader-first prompt alone, as in the product
-    (rag.pipeline.RAGPipeline.fallback_generator). Both from ``cfg.rag.generate`` (unbatched:
-    one question at a time, as the eval asks them)."""
+def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any, Any]:
+    """(the generator with the configured adapter, the one for the k-passage prompt, the one
+    that copies factoids' short answers), as in the product (rag.pipeline.RAGPipeline): the
+    second is the first unless the adapter was trained on the reader-first prompt alone, the
+    third the second unless ``factoid_decoder`` resolves to another decoder. All from
+    ``cfg.rag.generate`` (unbatched: one question at a time, as the eval asks them)."""
     from rag.generate.load import load_decoder
-    from rag.models import resolve_adapter, span_only_adapter
+    from rag.models import resolve_adapter, resolve_factoid_decoder, span_only_adapter
 
     gen = cfg.rag.generate
 
@@ -355,7 +356,15 @@ def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any]:
 
     generator = load(gen.adapter)
     spans_only = cfg.mode == "rag" and span_only_adapter(resolve_adapter(gen.decoder, gen.adapter))
-    return generator, load(None) if spans_only else generator
+    fallback = load(None) if spans_only else generator
+    factoid = resolve_factoid_decoder(gen.decoder, gen.factoid_decoder)
+    if cfg.mode != "rag" or factoid == str(gen.decoder):
+        return generator, fallback, fallback
+    from rag.answer.compose import warm_up_extract
+
+    other = load_decoder(gen.replace(decoder=factoid, adapter="none"), cfg.rag.device, "none")
+    warm_up_extract(other)  # as the pipeline does: no answer's time includes it
+    return generator, fallback, other
 
 
 def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool = True) -> dict:
@@ -376,9 +385,9 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
     asked = [a for a in articles if a not in removed]
     questions = select_questions(paragraphs, asked, cfg.limit, cfg.seed)
     unanswerable = select_questions(paragraphs, removed, cfg.unanswerable_limit, cfg.seed)
-    fallback = generator
+    fallback = factoid = generator
     if generator is None:
-        generator, fallback = load_generators(cfg)
+        generator, fallback, factoid = load_generators(cfg)
     bar = track(questions + unanswerable, f"qa {cfg.mode}", unit="question", enabled=progress)
     embeddings: EmbeddingCache | None = None
     if cfg.mode == "oracle":
@@ -398,7 +407,11 @@ def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool 
         # By default citation accuracy measures the markers the model writes itself, so the
         # pipeline's likelihood-based citation completion (a UI fallback) is off here.
         pipeline = RAGPipeline(
-            cfg.rag, retriever=retriever, generator=generator, fallback_generator=fallback
+            cfg.rag,
+            retriever=retriever,
+            generator=generator,
+            fallback_generator=fallback,
+            factoid_generator=factoid,
         )
         rows = []
         for q in bar:

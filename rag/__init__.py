@@ -21,7 +21,8 @@ A front end (the chat UI imports nothing else of rag but :mod:`rag.cli`) also fi
 config from flat setting names and its flags (:func:`build_config`, :func:`add_config_args`,
 :class:`ConfigError`, :data:`MODES`), the model checks (:func:`check_models`,
 :func:`resolve_models`, :func:`list_models`), a conversation's config (:func:`conversational`),
-pipelines kept per config (:class:`Pipelines`) and the serving process's set-up
+pipelines kept per config (:class:`Pipelines`) sharing their decoders
+(:func:`decoder_sharing_factory`) and the serving process's set-up
 (:func:`prepare_serving_process`), index names (:func:`list_indexes`, :func:`check_index_name`,
 :class:`IndexNameError`, :func:`rag_home`), the file types ingest reads (:data:`SUPPORTED_SUFFIXES`,
 :data:`HTML_SUFFIXES`, :data:`TEXT_SUFFIXES`), and the answer's markup: citation markers
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from rag.pipeline import RAGPipeline, conversational
     from rag.retrieval.retriever import Retriever
     from rag.retrieval.settings import RetrievalSettings
-    from rag.serve.state import Pipelines
+    from rag.serve.state import Pipelines, decoder_sharing_factory
     from rag.storage.paths import IndexNameError, check_index_name, list_indexes, rag_home
     from rag.types import Answer, AnswerSpan, Chunk, Citation, Hit
 
@@ -101,6 +102,7 @@ _SOURCES = {
     "list_models": "rag.models.registry",
     "prepare_serving_process": "rag.generate.load",
     "Pipelines": "rag.serve.state",
+    "decoder_sharing_factory": "rag.serve.state",
     "FENCE_START": "rag.answer.markup",
     "close_fence": "rag.answer.markup",
     "inert": "rag.answer.markup",
@@ -143,6 +145,7 @@ __all__ = [
     "check_index_name",
     "check_models",
     "close_fence",
+    "decoder_sharing_factory",
     "conversational",
     "inert",
     "ingest_config",

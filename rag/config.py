@@ -54,6 +54,7 @@ from rag.models import (
     ModelNotFoundError,
     describe_decoder,
     resolve_adapter,
+    resolve_factoid_decoder,
     resolve_model,
 )
 from rag.retrieval.rerank import describe_reranker, resolve_reranker
@@ -418,8 +419,9 @@ def check_models(cfg: RAGConfig) -> None:
         ("--encoder", cfg.retrieval.encoder),
         ("--decoder", cfg.generate.decoder),
         ("--adapter", cfg.generate.adapter),
+        ("--factoid-decoder", cfg.generate.factoid_decoder),
     ):
-        if not name or name in aliases or name in ("auto", "none"):
+        if not name or name in aliases or name in ("auto", "none", "same"):
             continue
         if Path(name).expanduser().exists():
             continue
@@ -470,11 +472,19 @@ def resolve_models(cfg: RAGConfig) -> ResolvedModels:
     rerank = resolve_reranker(ret.rerank)
     adapter = resolve_adapter(gen.decoder, gen.adapter)
     engine = "OpenVINO GenAI" if engine_for(cfg) == "openvino" else "torch"
+    factoid = resolve_factoid_decoder(gen.decoder, gen.factoid_decoder)
+    line = describe_decoder(gen.decoder, gen.adapter).replace(
+        str(gen.decoder), f"{gen.decoder} on {engine}", 1
+    )
+    if factoid != str(gen.decoder):
+        line += f"; {factoid} copies factoids' short answers"
     return ResolvedModels(
-        replace(cfg, generate=gen.replace(adapter=adapter), retrieval=ret.replace(rerank=rerank)),
-        describe_decoder(gen.decoder, gen.adapter).replace(
-            str(gen.decoder), f"{gen.decoder} on {engine}", 1
+        replace(
+            cfg,
+            generate=gen.replace(adapter=adapter, factoid_decoder=factoid),
+            retrieval=ret.replace(rerank=rerank),
         ),
+        line,
         describe_reranker(ret.rerank, rerank),
         describe_reader(cfg.answer.reader),
     )

@@ -72,6 +72,7 @@ from rag.answer.compose import (
     refusal,
     short_answer_span,
     span_reply,
+    warm_up_extract,
 )
 from rag.answer.prompt import (
     DEFAULT_STOP,
@@ -147,6 +148,7 @@ class RAGPipeline:
         verify: bool | None = None,
         reader: Any = None,
         fallback_generator: Any = None,
+        factoid_generator: Any = None,
     ) -> None:
         self.config = config or RAGConfig()
         self.verify = self.config.answer.verify_citations if verify is None else verify
@@ -154,6 +156,10 @@ class RAGPipeline:
         self._generator = generator
         self._fallback = (
             fallback_generator if generator is None else fallback_generator or generator
+        )
+        # passed-in decoders (tests, evals) copy factoids too unless one is given for it
+        self._factoid = (
+            factoid_generator if generator is None else factoid_generator or self._fallback
         )
         self._reader = reader  # a SpanReader; False = resolved to none
         self.rewrite_query = rewrite_query or self.config.rewrite_query
@@ -197,6 +203,31 @@ class RAGPipeline:
                 if self._fallback is None:
                     self._fallback = self._load_decoder(None)
         return self._fallback
+
+    @property
+    def factoid_generator(self) -> Any:
+        """The decoder that copies a factoid's short answer out of the encoder's best sentences
+        (``config.generate.factoid_decoder``, :func:`rag.models.resolve_factoid_decoder`: the
+        1.5B beside the default 0.5B when installed), without an adapter; it is
+        :attr:`fallback_generator` when that resolves to the answering decoder. Loaded on first
+        use."""
+        if self._factoid is None:
+            from rag.models import resolve_factoid_decoder
+
+            gen = self.config.generate
+            name = resolve_factoid_decoder(gen.decoder, gen.factoid_decoder)
+            if name == str(gen.decoder):
+                self._factoid = self.fallback_generator
+                return self._factoid
+            with self._generator_lock:
+                if self._factoid is None:
+                    from rag.generate.load import load_decoder
+
+                    settings = gen.replace(decoder=name, adapter="none")
+                    loaded = load_decoder(settings, self.config.device, "none")
+                    warm_up_extract(loaded)  # at load, not in the first factoid's time
+                    self._factoid = loaded
+        return self._factoid
 
     def decoder_for(self, prep: Prepared) -> Any:
         """The generator that answers ``prep``: :attr:`generator` for a reader span's prompt,
@@ -510,7 +541,14 @@ class RAGPipeline:
         elif prep.evidence is not None:
             args = self._decode_args(temperature, max_new_tokens, gate, prep)
             factoid = self.config.answer.factoid
-            deltas = evidence_reply(self.decoder_for(prep), prep, args, stats, factoid)
+            deltas = evidence_reply(
+                self.decoder_for(prep),
+                prep,
+                args,
+                stats,
+                factoid,
+                extractor=lambda: self.factoid_generator,
+            )
         else:
             deltas = self.decoder_for(prep).stream(
                 prep.messages,

@@ -14,6 +14,7 @@ from rag.models import (
     describe_decoder,
     pick_profile,
     resolve_adapter,
+    resolve_factoid_decoder,
 )
 from rag.models.precision import check_precision, float_precision, torch_dtype
 
@@ -51,6 +52,40 @@ def test_auto_adapter_is_the_one_trained_for_the_decoder_else_none(home):
     assert resolve_adapter("smollm2", "auto") is None  # another decoder's adapter is not used
     assert resolve_adapter("qwen2.5-coder-0.5b", "none") is None
     assert resolve_adapter("qwen2.5-coder-0.5b", "my-adapter") == "my-adapter"
+
+
+def test_the_factoid_decoder_is_the_larger_one_only_beside_the_default_and_when_installed(
+    home, monkeypatch
+):
+    from rag.models import registry
+
+    installed = {"yes": True}
+    monkeypatch.setattr(registry, "is_installed", lambda pkg: installed["yes"])
+    assert resolve_factoid_decoder(DEFAULT_DECODER, "auto") == "qwen2.5-coder-1.5b"
+    assert resolve_factoid_decoder("smollm2", "auto") == "smollm2"  # a chosen decoder stays
+    assert resolve_factoid_decoder(DEFAULT_DECODER, "same") == DEFAULT_DECODER
+    assert resolve_factoid_decoder(DEFAULT_DECODER, "smollm2") == "smollm2"
+    installed["yes"] = False  # make setup not run (or the parts removed): the 0.5B copies them
+    assert resolve_factoid_decoder(DEFAULT_DECODER, "auto") == DEFAULT_DECODER
+
+
+def test_the_larger_decoder_counts_as_installed_by_its_parts_or_its_engine_folder(home):
+    from rag.models.gguf import GGUF_PACKAGES, is_installed
+
+    pkg = GGUF_PACKAGES["qwen2.5-coder-1.5b"]
+    folder = home / "models" / f"{pkg.alias}-gguf"
+    folder.mkdir()
+    assert is_installed(pkg) == _parts_installed(pkg)
+    (folder / "model.gguf").write_bytes(b"x")
+    (folder / "run.json").write_text("{}")
+    assert is_installed(pkg)  # built once from the parts: the parts may have gone since
+
+
+def _parts_installed(pkg) -> bool:
+    import importlib.util
+
+    names = [pkg.package.format(i=i).replace("-", "_") for i in range(1, pkg.parts + 1)]
+    return all(importlib.util.find_spec(n) is not None for n in names)
 
 
 def test_profile_follows_the_adapter_then_the_alias_then_run_json(home):

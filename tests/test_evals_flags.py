@@ -43,6 +43,7 @@ HEAD_DEFAULTS = {
     "verify_citations": True,
     "complete_citations": True,
     "decoder": "qwen2.5-coder-0.5b",
+    "factoid_decoder": "auto",
     "adapter": "auto",
     "engine": "auto",
     "decoder_precision": "auto",

@@ -416,6 +416,52 @@ def test_the_short_answer_call_leaves_a_refusal_gates_cache_and_ban_to_the_other
     assert shown.startswith("…") and shown.endswith("2,850 km") and len(shown.split()) <= 62
 
 
+def test_a_factoid_decoder_copies_the_short_answer_and_only_for_factoids():
+    """``factoid_generator`` (the 1.5B beside the default 0.5B) writes a factoid's short answer
+    and nothing else; the answering decoder writes the rest, and a how-question never asks the
+    factoid decoder for anything (it is not even loaded: the pipeline passes it lazily)."""
+    hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
+    gen, factoid = TwoPartDecoder("unused", "unused", "3"), TwoPartDecoder("x", "x", "2,850 km")
+    cfg = RAGConfig.of(evidence_tokens=40, answerability_threshold=None, k=3)
+    pipe = RAGPipeline(cfg, retriever=Retriever(hits), generator=gen, factoid_generator=factoid)
+    answer = pipe.answer("What is the length of the Danube river?")
+    assert answer.text == f"{DANUBE}\nShort answer: 2,850 km" and gen.calls == []
+    assert [c["messages"][0]["content"] for c in factoid.calls] == [EXTRACT_SYSTEM_PROMPT]
+    factoid.calls.clear()
+    pipe.answer("How do I sort a list of records by a field?")
+    assert factoid.calls == [] and gen.calls
+    # passed-in decoders without a factoid one: the answering decoder copies factoids too
+    alone = RAGPipeline(cfg, retriever=Retriever(hits), generator=gen)
+    assert alone.factoid_generator is gen
+
+
+def test_the_pipeline_loads_the_factoid_decoder_once_and_warms_it_at_load(monkeypatch):
+    """Beside the default 0.5B with the 1.5B installed, the pipeline loads the 1.5B (no
+    adapter) the first time it is asked for, and runs one token of the short-answer prompt
+    then, so the first factoid's answer does not pay the engine's first call."""
+    import rag.generate.load as load_module
+    from rag.models import registry
+
+    loaded = []
+
+    def fake_load(settings, device="auto", adapter=None):
+        loaded.append((settings.decoder, adapter))
+        return TwoPartDecoder("x", "x", "1")
+
+    monkeypatch.setattr(registry, "is_installed", lambda pkg: True)
+    monkeypatch.setattr(load_module, "load_decoder", fake_load)
+    pipe = RAGPipeline(RAGConfig.of(answerability_threshold=None))
+    first = pipe.factoid_generator
+    assert pipe.factoid_generator is first and loaded == [("qwen2.5-coder-1.5b", "none")]
+    (warm,) = first.calls
+    assert warm["max_new_tokens"] == 1
+    assert warm["messages"][0]["content"] == EXTRACT_SYSTEM_PROMPT
+    same = RAGPipeline(RAGConfig.of(factoid_decoder="same"), generator=None)
+    monkeypatch.setattr(RAGPipeline, "fallback_generator", property(lambda self: "fallback"))
+    assert same.factoid_generator == "fallback"  # the answering decoder: nothing more loaded
+    assert len(loaded) == 1
+
+
 @pytest.mark.parametrize("at", [0, 3, 50, 97])
 def test_a_long_sentence_is_cut_around_its_short_answer(at):
     words_ = [f"w{i}" for i in range(100)]

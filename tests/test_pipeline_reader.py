@@ -288,17 +288,19 @@ def test_fallback_generator_is_loaded_without_the_adapter_only_for_span_adapters
     assert loaded == ["span-lora", None, "k-lora"]  # each decoder loaded once
 
 
-def test_the_server_shares_both_decoders_across_indexes(monkeypatch):
+def test_the_server_shares_its_decoders_across_indexes(monkeypatch):
     from rag.serve import state
 
     made = []
 
     class Pipeline:  # stands in for RAGPipeline: the host loads (fakes), the others are given
-        def __init__(self, config, generator=None, fallback_generator=None):
+        def __init__(self, config, generator=None, fallback_generator=None, factoid_generator=None):
             if generator is None:
                 made.append(self)
                 generator, fallback_generator = FakeGenerator("a"), FakeGenerator("b")
+                factoid_generator = FakeGenerator("c")
             self.generator, self.fallback_generator = generator, fallback_generator
+            self.factoid_generator = factoid_generator
 
     monkeypatch.setattr(pipeline_module, "RAGPipeline", Pipeline)
     build = state.default_factory(RAGConfig())
@@ -307,4 +309,35 @@ def test_the_server_shares_both_decoders_across_indexes(monkeypatch):
     host = made[0]
     assert one.generator.reply == two.generator.reply == "a"
     assert one.fallback_generator.reply == two.fallback_generator.reply == "b"
+    assert one.factoid_generator.reply == two.factoid_generator.reply == "c"
     assert build.shared.load() is host.generator
+
+
+def test_the_uis_pipelines_share_decoders_across_indexes_not_across_decoders(monkeypatch):
+    """The chat UI picks the index and the models per request: a second index with the same
+    decoders loads no second copy of them; another decoder gets its own, and only the most
+    recently used ``keep`` decoder sets are kept for new pipelines."""
+    from rag.serve import state
+
+    loaded = []
+
+    class Pipeline:  # the host loads a fake per decoder; the others are given stand-ins
+        def __init__(self, config, generator=None, fallback_generator=None, factoid_generator=None):
+            if generator is None:
+                loaded.append(config.generate.decoder)
+                generator = fallback_generator = factoid_generator = FakeGenerator(
+                    config.generate.decoder
+                )
+            self.generator, self.fallback_generator = generator, fallback_generator
+            self.factoid_generator = factoid_generator
+
+    monkeypatch.setattr(pipeline_module, "RAGPipeline", Pipeline)
+    build = state.decoder_sharing_factory(keep=1)
+    one, two = build(RAGConfig.of(index="one")), build(RAGConfig.of(index="two"))
+    assert one.generator.reply == two.factoid_generator.reply == "qwen2.5-coder-0.5b"
+    assert loaded == ["qwen2.5-coder-0.5b"]  # one copy for both indexes
+    other = build(RAGConfig.of(index="one", decoder="smollm2"))
+    assert other.generator.reply == "smollm2" and loaded[-1] == "smollm2"
+    build(RAGConfig.of(index="three"))  # the 0.5B's set was dropped (keep=1): loaded anew
+    _ = build(RAGConfig.of(index="three")).generator.reply
+    assert loaded == ["qwen2.5-coder-0.5b", "smollm2", "qwen2.5-coder-0.5b"]

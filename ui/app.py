@@ -267,7 +267,7 @@ def warm_up(app: ChatApp, config: AppConfig) -> None:
         retrieval.rerank or NO_RERANKER,
         retrieval.rerank_depth,
     )
-    for part in ("retriever", "generator", "fallback_generator"):
+    for part in ("retriever", "generator", "fallback_generator", "factoid_generator"):
         getattr(pipe, part, None)
 
 

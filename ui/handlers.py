@@ -19,9 +19,9 @@ from rag import (
     MODES,
     Answer,
     Pipelines,
-    RAGConfig,
     build_config,
     conversational,
+    decoder_sharing_factory,
     inert,
     list_indexes,
     resolve_models,
@@ -45,12 +45,6 @@ log = logging.getLogger("ui")
 
 # Exceptions whose message is meant for the user; anything else gets a generic line.
 _READABLE = (SettingError, ValueError, LookupError, FileNotFoundError, PermissionError)
-
-
-def default_factory(cfg: RAGConfig) -> Any:
-    from rag import RAGPipeline
-
-    return RAGPipeline(cfg)
 
 
 def readable(exc: BaseException) -> str:
@@ -83,7 +77,9 @@ class ChatApp:
         self.config = config
         # keyed by whole configs: the page's models over this base (see _pipeline)
         self.pipelines = Pipelines(
-            conversational(config.rag), pipeline_factory or default_factory, PIPELINES_KEPT
+            conversational(config.rag),
+            pipeline_factory or decoder_sharing_factory(PIPELINES_KEPT),
+            PIPELINES_KEPT,
         )
 
     # ---- chat -----------------------------------------------------------------------------

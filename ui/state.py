@@ -5,7 +5,9 @@ keeps the most recently used ones (:data:`PIPELINES_KEPT`) in the server's cache
 :class:`rag.Pipelines`, keyed by the whole config a pipeline is built from: the settings panel's
 models (index, encoder, decoder, adapter, reranker, rerank depth) over the app's own config. The
 per-request settings (mode, k, temperature, max new tokens, filter) are passed to each call and
-never change the config, so they share one pipeline. After an upload the pipeline needs no
+never change the config, so they share one pipeline; pipelines whose models differ only in the
+index or retrieval share their decoders (:func:`rag.decoder_sharing_factory`: with the 1.5B that
+copies factoids' short answers, a set of decoders is about 6 GB). After an upload the pipeline needs no
 reload: its Retriever re-reads the index when ingest publishes a new generation.
 
 Also here: the listings behind the settings dropdowns, and the name check that keeps the index
@@ -26,7 +28,8 @@ INDEX_DEFAULT_ENCODER = (
 )
 NO_ADAPTER = "(none)"
 NO_RERANKER = "(off)"  # reranker choice meaning "no rerank stage"
-# Pipelines kept loaded: each may hold its own decoder (the settings panel picks it per request)
+# Pipelines kept loaded (and decoder sets: a pipeline with another decoder, picked in the settings
+# panel per request, loads its own)
 PIPELINES_KEPT = 2
 
 PipelineFactory = Callable[[RAGConfig], Any]

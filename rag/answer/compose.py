@@ -10,7 +10,7 @@ and these rules can be tested alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -227,14 +227,16 @@ def evidence_reply(
     args: dict[str, Any],
     stats: dict[str, Any],
     factoid: str = "extract",
+    extractor: Callable[[], Any] | None = None,
 ) -> Iterator[str]:
     """Text deltas of the reply to an evidence prompt.
 
     A factoid (a question that does not ask how, why or what something does:
     :func:`rag.answer.evidence.asks_how`), with ``factoid="extract"``: the decoder reads the
     encoder's best sentences (``prep.lead``) and writes the short answer alone
-    (:func:`extract_short_answer`); the reply is the sentence that holds it, cited, and the
-    line ``Short answer: ...``. Nothing else is decoded. When no such sentence holds what it
+    (:func:`extract_short_answer`, by ``extractor()``, the decoder for that prompt, else
+    ``gen``); the reply is the sentence that holds it, cited, and the line
+    ``Short answer: ...``. Nothing else is decoded. When no such sentence holds what it
     wrote, the reply is written as for any other question:
 
     the explanation, then a last line ``Short answer: ...`` (:data:`rag.answer.prompt.SHORT_ANSWER`)
@@ -248,7 +250,7 @@ def evidence_reply(
 
     spent: dict[str, Any] = {}
     if factoid == "extract" and prep.lead and not asks_how(prep.question):
-        found = extract_short_answer(gen, prep, args, spent)
+        found = extract_short_answer(extractor() if extractor else gen, prep, args, spent)
         if found is not None:
             short, number, sentence = found
             stats.update(spent)
@@ -318,6 +320,16 @@ def extract_short_answer(
         if found is not None:
             return short, number, around(sentence, *found)
     return None
+
+
+def warm_up_extract(gen: Any) -> None:
+    """One token of the short-answer prompt (:func:`extract_short_answer`) over a stand-in
+    sentence, when a decoder that answers only that prompt is loaded: the engine compiles its
+    kernels and keeps the prompt's fixed prefix (instructions, demonstrations) in its prefix
+    cache now, so the first factoid's answer does not wait for them (docs/answering.md)."""
+    messages = build_extract_messages("What is it?", ["It is a warm-up."])
+    for _ in gen.stream(messages, max_new_tokens=1, temperature=0.0, top_p=1.0):
+        pass
 
 
 SENTENCE_WORDS = 60  # a factoid's sentence longer than this is cut around its short answer

@@ -26,6 +26,11 @@ class GenerationSettings:
     """The decoder and its decoding (module docstring)."""
 
     decoder: str = DEFAULT_DECODER  # causal LM alias or folder that writes the answer
+    # the decoder that copies a factoid's short answer out of the encoder's two best sentences
+    # (rag.answer.compose.extract_short_answer): auto = qwen2.5-coder-1.5b when `decoder` is the
+    # default and its parts are installed (make setup), else `decoder` | same = `decoder` | an
+    # alias or folder (docs/answering.md, step 4)
+    factoid_decoder: str = "auto"
     # peft LoRA adapter for the decoder: auto = <decoder>-span-lora under $RAG_HOME/models, the
     # reader-first adapter `make models` trains (the base model alone when absent); none = the
     # base model alone; or a folder/name (docs/answering.md)

@@ -145,6 +145,17 @@ def part_paths(pkg: GGUFPackage) -> list[Path]:
     return out
 
 
+def is_installed(pkg: GGUFPackage) -> bool:
+    """Whether every part package of ``pkg`` is installed, or its engine folder is built."""
+    if is_engine_folder(models_dir() / f"{pkg.alias}-gguf"):
+        return True
+    try:
+        part_paths(pkg)
+    except MissingPartError:
+        return False
+    return True
+
+
 def join_parts(
     parts: Sequence[Path],
     out: Path,

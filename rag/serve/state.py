@@ -35,43 +35,80 @@ class SharedDecoder:
     Each index needs its own retriever, but the decoder is the same for all of them (the model
     name picks the index only), and a second copy would double the largest memory cost. This
     stands in for the generator: attribute access loads the host pipeline's generator once.
-    :meth:`fallback` stands in the same way for the host's ``fallback_generator`` (the decoder
-    without a span-only adapter, rag.pipeline).
+    :meth:`fallback` and :meth:`factoid` stand in the same way for the host's
+    ``fallback_generator`` (the decoder without a span-only adapter) and ``factoid_generator``
+    (the decoder that copies factoids' short answers; rag.pipeline).
     """
 
-    def __init__(self, config: RAGConfig | None, *, host: Any = None, fallback: bool = False):
+    def __init__(self, config: RAGConfig | None, *, host: Any = None, role: str = "generator"):
         from rag.pipeline import RAGPipeline
 
         self._host = host if host is not None else RAGPipeline(config)
-        self._is_fallback = fallback
+        self._role = role
 
     def fallback(self) -> SharedDecoder:
         """The stand-in for the host's k-passage decoder (the same model when the adapter
         serves both prompts)."""
-        return SharedDecoder(None, host=self._host, fallback=True)
+        return SharedDecoder(None, host=self._host, role="fallback_generator")
+
+    def factoid(self) -> SharedDecoder:
+        """The stand-in for the host's factoid decoder (the k-passage one unless another is
+        configured and installed)."""
+        return SharedDecoder(None, host=self._host, role="factoid_generator")
 
     def load(self) -> Any:
-        """Load both decoders now (preload): the first question of either kind waits for none."""
+        """Load every decoder now (preload): the first question of any kind waits for none."""
         _ = self._host.fallback_generator
+        _ = self._host.factoid_generator
         return self._host.generator
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        host = self._host
-        return getattr(host.fallback_generator if self._is_fallback else host.generator, name)
+        return getattr(getattr(self._host, self._role), name)
 
 
 def default_factory(base: RAGConfig) -> PipelineFactory:
     from rag.pipeline import RAGPipeline
 
     shared = SharedDecoder(base)
-    fallback = shared.fallback()
+    fallback, factoid = shared.fallback(), shared.factoid()
 
     def build(cfg: RAGConfig) -> Any:
-        return RAGPipeline(cfg, generator=shared, fallback_generator=fallback)
+        return RAGPipeline(
+            cfg, generator=shared, fallback_generator=fallback, factoid_generator=factoid
+        )
 
     build.shared = shared  # type: ignore[attr-defined] - for preload
+    return build
+
+
+def decoder_sharing_factory(keep: int = 2) -> PipelineFactory:
+    """Pipelines for any configs (the chat UI: its settings panel picks the index and the
+    models per request) that share their decoders with every other pipeline whose config asks
+    for the same ones (device and generation settings): switching the index loads no second
+    copy of a decoder (each pipeline with its own was 2.8 GB, with the 1.5B factoid decoder
+    6 GB). The ``keep`` most recently used decoder sets are kept for new pipelines; a pipeline
+    still kept holds its own."""
+    from rag.pipeline import RAGPipeline
+
+    hosts: OrderedDict[str, SharedDecoder] = OrderedDict()
+    lock = threading.Lock()
+
+    def build(cfg: RAGConfig) -> Any:
+        key = json.dumps({"device": cfg.device, **cfg.generate.to_dict()}, sort_keys=True)
+        with lock:
+            shared = hosts.pop(key, None) or SharedDecoder(cfg)
+            hosts[key] = shared
+            while len(hosts) > keep:
+                hosts.popitem(last=False)
+        return RAGPipeline(
+            cfg,
+            generator=shared,
+            fallback_generator=shared.fallback(),
+            factoid_generator=shared.factoid(),
+        )
+
     return build
 
 
