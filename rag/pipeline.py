@@ -229,6 +229,21 @@ class RAGPipeline:
                     self._factoid = loaded
         return self._factoid
 
+    def load_models(self) -> None:
+        """Load now every model this pipeline may answer with (they are lazy): a front end's
+        preload, so a bad model fails at start-up and no first question pays a load. A decoder
+        shared with other pipelines (rag.serve.state.SharedDecoder) is loaded through its
+        ``ensure_loaded``."""
+        for model in (
+            self.retriever,
+            self.generator,
+            self.fallback_generator,
+            self.factoid_generator,
+        ):
+            ensure = getattr(model, "ensure_loaded", None)
+            if ensure is not None:
+                ensure()
+
     def decoder_for(self, prep: Prepared) -> Any:
         """The generator that answers ``prep``: :attr:`generator` for a reader span's prompt,
         :attr:`fallback_generator` for the k-passage prompt."""

@@ -341,3 +341,26 @@ def test_the_uis_pipelines_share_decoders_across_indexes_not_across_decoders(mon
     build(RAGConfig.of(index="three"))  # the 0.5B's set was dropped (keep=1): loaded anew
     _ = build(RAGConfig.of(index="three")).generator.reply
     assert loaded == ["qwen2.5-coder-0.5b", "smollm2", "qwen2.5-coder-0.5b"]
+
+
+def test_a_front_ends_preload_loads_the_decoders_it_shares_through_their_stand_ins(monkeypatch):
+    """The UI's pipelines hold stand-ins of shared decoders, which load on first use:
+    ``load_models`` (the UI's warm-up) must load every one now, the factoid decoder too, not
+    leave them for the first question."""
+    from rag.models import registry
+    from rag.serve import state
+
+    loaded = []
+
+    def load(self, adapter):
+        loaded.append(adapter)
+        return FakeGenerator("answer")
+
+    monkeypatch.setattr(RAGPipeline, "_load_decoder", load)
+    monkeypatch.setattr(pipeline_module, "open_retriever", lambda config: "retriever")
+    monkeypatch.setattr(registry, "is_installed", lambda pkg: False)  # the 0.5B copies factoids
+    pipe = state.decoder_sharing_factory()(RAGConfig.of(index="one"))
+    assert loaded == []  # built, nothing loaded yet
+    pipe.load_models()
+    assert loaded == ["auto"]  # the decoder (its adapter setting), once: it serves all three
+    assert pipe.factoid_generator.reply == "answer" and loaded == ["auto"]

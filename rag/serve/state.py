@@ -62,6 +62,11 @@ class SharedDecoder:
         _ = self._host.factoid_generator
         return self._host.generator
 
+    def ensure_loaded(self) -> Any:
+        """The decoder this stands in for, loaded now (:meth:`rag.pipeline.RAGPipeline.load_models`:
+        a front end's preload)."""
+        return getattr(self._host, self._role)
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
