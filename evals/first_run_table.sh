@@ -1,7 +1,8 @@
 #!/bin/bash
 # The first-run answer table of docs/answering.md: the default answer path as `make setup`
 # leaves it (nothing trained: minilm retrieves and selects the answering sentences, Qwen2.5-Coder
-# writes from them on the OpenVINO engine), the 1.5B decoder beside it, and the k-passage path
+# writes from them on the OpenVINO engine, the 1.5B copies factoids' short answers), the
+# 1.5B writing everything beside it, and the k-passage path
 # on torch that was the first run before. Run alone on 2 CPU cores (~1 h).
 #
 # dev (choose on): the dev splits of the Git and Linux question sets and SQuAD *train* articles;
@@ -53,7 +54,7 @@ if has default; then
     --out "$O/squad-$SPLIT-default.json"
 fi
 if has 15b; then
-  stamp "opt-in: excerpts + qwen2.5-coder-1.5b on OpenVINO (make decoders-1.5b)"
+  stamp "opt-in: excerpts + qwen2.5-coder-1.5b writing everything on OpenVINO (--decoder)"
   docs 15b qwen2.5-coder-1.5b
   $PY -m evals.qa $QA --limit 150 --unanswerable-limit 50 --generator qwen2.5-coder-1.5b \
     --out "$O/squad-$SPLIT-15b.json"

