@@ -375,8 +375,7 @@ def build_pipeline(cfg: DocQAConfig) -> Any:
     from rag.pipeline import RAGPipeline
 
     pipeline = RAGPipeline(cfg.rag)
-    _ = pipeline.retriever, pipeline.generator, pipeline.fallback_generator
-    _ = pipeline.factoid_generator  # the 1.5B beside the default 0.5B: as the server does
+    pipeline.load_models()  # every decoder too (the 1.5B for factoids), as the server does
     return pipeline
 
 

@@ -360,11 +360,9 @@ def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any, Any]:
     factoid = resolve_factoid_decoder(gen.decoder, gen.factoid_decoder)
     if cfg.mode != "rag" or factoid == str(gen.decoder):
         return generator, fallback, fallback
-    from rag.answer.compose import warm_up_extract
+    from rag.pipeline import load_factoid_decoder
 
-    other = load_decoder(gen.replace(decoder=factoid, adapter="none"), cfg.rag.device, "none")
-    warm_up_extract(other)  # as the pipeline does: no answer's time includes it
-    return generator, fallback, other
+    return generator, fallback, load_factoid_decoder(gen, cfg.rag.device)
 
 
 def evaluate_qa(cfg: QAEvalConfig, generator=None, encoder=None, progress: bool = True) -> dict:

@@ -91,6 +91,7 @@ from rag.retrieval.query import check_query
 from rag.types import Answer, AnswerSpan, Hit
 
 if TYPE_CHECKING:
+    from rag.generate.settings import GenerationSettings
     from rag.retrieval.retriever import Retriever
 
 RewriteFn = Callable[[str, list[tuple[str, str]]], str]
@@ -125,6 +126,20 @@ def normalise_history(history: Any) -> list[tuple[str, str]]:
             role, text = turn
             turns.append((str(role), str(text)))
     return turns
+
+
+def load_factoid_decoder(settings: GenerationSettings, device: str = "auto") -> Any:
+    """The decoder ``settings.factoid_decoder`` resolves to
+    (:func:`rag.models.resolve_factoid_decoder`), without an adapter, and warmed up (:func:`rag.answer.compose.warm_up_extract`: the engine's
+    first call at load, not in the first factoid's time). For a caller that checked it is not
+    the answering decoder (:attr:`RAGPipeline.factoid_generator`, ``evals.qa``)."""
+    from rag.generate.load import load_decoder
+    from rag.models import resolve_factoid_decoder
+
+    name = resolve_factoid_decoder(settings.decoder, settings.factoid_decoder)
+    loaded = load_decoder(settings.replace(decoder=name, adapter="none"), device, "none")
+    warm_up_extract(loaded)
+    return loaded
 
 
 class RAGPipeline:
@@ -215,18 +230,12 @@ class RAGPipeline:
             from rag.models import resolve_factoid_decoder
 
             gen = self.config.generate
-            name = resolve_factoid_decoder(gen.decoder, gen.factoid_decoder)
-            if name == str(gen.decoder):
+            if resolve_factoid_decoder(gen.decoder, gen.factoid_decoder) == str(gen.decoder):
                 self._factoid = self.fallback_generator
                 return self._factoid
             with self._generator_lock:
                 if self._factoid is None:
-                    from rag.generate.load import load_decoder
-
-                    settings = gen.replace(decoder=name, adapter="none")
-                    loaded = load_decoder(settings, self.config.device, "none")
-                    warm_up_extract(loaded)  # at load, not in the first factoid's time
-                    self._factoid = loaded
+                    self._factoid = load_factoid_decoder(gen, self.config.device)
         return self._factoid
 
     def load_models(self) -> None:

@@ -220,10 +220,8 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
         if scores[i] == -np.inf:  # a question with no answer after it: nothing to read
             break
         group = [i]
-        if _brings_next(scored, i):
-            group.append(
-                i + 1
-            )  # "Use it like this:" brings its example, "How do I ...?" its answer
+        if _brings_next(scored, i):  # "Use it like this:" its example, "How do I ...?" its answer
+            group.append(i + 1)
         cost = sum(count_tokens(texts[j]) + 2 for j in group if j not in kept)
         if used + cost > budget:
             if kept:

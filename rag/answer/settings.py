@@ -74,10 +74,11 @@ class AnswerSettings:
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"compose": COMPOSE, "factoid": FACTOID}
 
     def __post_init__(self) -> None:
-        if self.compose not in COMPOSE:
-            raise ValueError(f"--compose must be one of {', '.join(COMPOSE)}, not {self.compose!r}")
-        if self.factoid not in FACTOID:
-            raise ValueError(f"--factoid must be one of {', '.join(FACTOID)}, not {self.factoid!r}")
+        for name, values in self.CHOICES.items():
+            if getattr(self, name) not in values:
+                raise ValueError(
+                    f"--{name} must be one of {', '.join(values)}, not {getattr(self, name)!r}"
+                )
         if self.evidence_tokens < 0:
             raise ValueError(
                 f"--evidence-tokens must be >= 0 (0 = whole passages), not {self.evidence_tokens}"
