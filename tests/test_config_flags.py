@@ -98,7 +98,7 @@ def test_fusion_flags_retrieve_alike_through_ask_serve_and_search(fusion_index, 
     import rag.ask
     import rag.serve.app
     from rag.pipeline import RAGPipeline
-    from rag.serve.state import default_factory
+    from rag.serve.state import decoder_sharing_factory
 
     want = searched(fusion_index, capsys)
     assert len(want) == 3
@@ -108,7 +108,7 @@ def test_fusion_flags_retrieve_alike_through_ask_serve_and_search(fusion_index, 
     for cfg in (ask_cfg, serve_cfg):
         assert (cfg.retrieval.fusion, cfg.retrieval.alpha) == ("rrf", 0.3)
     assert retrieved(RAGPipeline(ask_cfg)) == want
-    assert retrieved(default_factory(serve_cfg)(serve_cfg)) == want
+    assert retrieved(decoder_sharing_factory()(serve_cfg)) == want
     # and the flags changed the result: the default fusion ranks otherwise here
     default = config_from_args(rag.ask.build_parser().parse_args([QUERY, "--index", fusion_index]))
     scores = [s for _, s in retrieved(RAGPipeline(default))]

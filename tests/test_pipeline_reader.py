@@ -303,14 +303,15 @@ def test_the_server_shares_its_decoders_across_indexes(monkeypatch):
             self.factoid_generator = factoid_generator
 
     monkeypatch.setattr(pipeline_module, "RAGPipeline", Pipeline)
-    build = state.default_factory(RAGConfig())
+    build = state.decoder_sharing_factory()  # what rag.serve builds its pipelines with
     one, two = build(RAGConfig.of(index="one")), build(RAGConfig.of(index="two"))
     assert len(made) == 1  # one host: one copy of each decoder for every index
     host = made[0]
     assert one.generator.reply == two.generator.reply == "a"
     assert one.fallback_generator.reply == two.fallback_generator.reply == "b"
     assert one.factoid_generator.reply == two.factoid_generator.reply == "c"
-    assert build.shared.load() is host.generator
+    assert one.generator.ensure_loaded() is host.generator  # the preload's path (load_models)
+    assert two.factoid_generator.ensure_loaded() is host.factoid_generator
 
 
 def test_the_uis_pipelines_share_decoders_across_indexes_not_across_decoders(monkeypatch):

@@ -72,7 +72,7 @@ from rag.serve.state import (
     Pipelines,
     Run,
     Slots,
-    default_factory,
+    decoder_sharing_factory,
 )
 from rag.storage.manifest import IndexNotFoundError
 from rag.storage.paths import (
@@ -140,9 +140,9 @@ class Service:
         retriever = getattr(pipe, "retriever", None)
         if retriever is not None:
             _ = retriever.encoder
-        shared = getattr(self.factory, "shared", None)
-        if shared is not None:
-            shared.load()
+        load = getattr(pipe, "load_models", None)  # a stand-in pipeline (tests) may not have it
+        if load is not None:
+            load()
 
     async def start(self, req: ChatRequest) -> tuple[Run, Any, str]:
         """Validate, take a slot, and run the pipeline to its first item, so failures before
@@ -229,7 +229,7 @@ def create_app(
     # names the reranker; follow-ups are rewritten as in the UI
     models = resolve_models(conversational(config))
     config = models.config
-    service = Service(config, options, pipeline_factory or default_factory(config))
+    service = Service(config, options, pipeline_factory or decoder_sharing_factory())
     service.models = models
     app = FastAPI(title="rag.serve", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.rag = service

@@ -56,12 +56,6 @@ class SharedDecoder:
         configured and installed)."""
         return SharedDecoder(None, host=self._host, role="factoid_generator")
 
-    def load(self) -> Any:
-        """Load every decoder now (preload): the first question of any kind waits for none."""
-        _ = self._host.fallback_generator
-        _ = self._host.factoid_generator
-        return self._host.generator
-
     def ensure_loaded(self) -> Any:
         """The decoder this stands in for, loaded now (:meth:`rag.pipeline.RAGPipeline.load_models`:
         a front end's preload)."""
@@ -73,24 +67,9 @@ class SharedDecoder:
         return getattr(getattr(self._host, self._role), name)
 
 
-def default_factory(base: RAGConfig) -> PipelineFactory:
-    from rag.pipeline import RAGPipeline
-
-    shared = SharedDecoder(base)
-    fallback, factoid = shared.fallback(), shared.factoid()
-
-    def build(cfg: RAGConfig) -> Any:
-        return RAGPipeline(
-            cfg, generator=shared, fallback_generator=fallback, factoid_generator=factoid
-        )
-
-    build.shared = shared  # type: ignore[attr-defined] - for preload
-    return build
-
-
 def decoder_sharing_factory(keep: int = 2) -> PipelineFactory:
-    """Pipelines for any configs (the chat UI: its settings panel picks the index and the
-    models per request) that share their decoders with every other pipeline whose config asks
+    """Pipelines for any configs (the server: the request's model picks the index; the chat UI:
+    its settings panel picks the index and the models per request) that share their decoders with every other pipeline whose config asks
     for the same ones (device and generation settings): switching the index loads no second
     copy of a decoder (each pipeline with its own was 2.8 GB, with the 1.5B factoid decoder
     6 GB). The ``keep`` most recently used decoder sets are kept for new pipelines; a pipeline
