@@ -134,8 +134,9 @@ class Service:
         )
 
     def preload(self) -> None:
-        """Load the default index's retriever, encoder and the decoder before serving, so a
-        broken index or a missing model stops the command instead of the first request."""
+        """Load the default index's retriever, encoder and every decoder before serving
+        (:meth:`rag.pipeline.RAGPipeline.load_models`), so a broken index or a missing model
+        stops the command instead of the first request."""
         pipe = self.pipelines.get(self.config.index)
         retriever = getattr(pipe, "retriever", None)
         if retriever is not None:
