@@ -71,10 +71,9 @@ def decoder_sharing_factory(keep: int = 2) -> PipelineFactory:
     """Pipelines for any configs (the server: the request's model picks the index; the chat UI:
     its settings panel picks the index and the models per request) that share their decoders
     with every other pipeline whose config asks for the same ones (device and generation
-    settings): switching the index loads no second
-    copy of a decoder (each pipeline with its own was 2.8 GB, with the 1.5B factoid decoder
-    6 GB). The ``keep`` most recently used decoder sets are kept for new pipelines; a pipeline
-    still kept holds its own."""
+    settings): switching the index loads no second copy of a decoder (each pipeline with its
+    own was 2.8 GB, with the 1.5B factoid decoder 6 GB). The ``keep`` most recently used
+    decoder sets are kept for new pipelines; a pipeline still kept holds its own."""
     from rag.pipeline import RAGPipeline
 
     hosts: OrderedDict[str, SharedDecoder] = OrderedDict()
