@@ -175,17 +175,25 @@ class SharedModels:
     batches itself and holds its own weights: a second engine pipeline with batching on (a
     scheduler of ``max_batch`` sequences), beside the unbatched one (one sequence at a time); it
     reports no step counters or prompt-cache reuse, and its prefix cache is not cleared between
-    runs. Tests pass a retriever and a generator (a tiny random model); otherwise they are
-    loaded as ``RAGPipeline`` loads them.
+    runs. The decoder that copies factoids' short answers (the 1.5B beside the default 0.5B:
+    ``factoid_decoder``, rag.pipeline) is loaded the same way, one unbatched and one batched
+    engine, as the server loads it with its generation settings (:meth:`factoid`). Tests pass a
+    retriever and a generator (a tiny random model), which then copies factoids too; otherwise
+    they are loaded as ``RAGPipeline`` loads them.
     """
 
     def __init__(self, base: RAGConfig, retriever: Any = None, generator: Any = None) -> None:
         self.base = base
         self._retriever, self._plain = retriever, generator
         self._generators: dict[int, Any] = {}  # max_batch -> batched Generator
+        self._factoids: dict[tuple[bool, int], Any] = {}  # (batching, max_batch) -> decoder
+        self._given = generator is not None
         self._lock = threading.Lock()
 
-    def load(self) -> None:
+    def load(self, batched: int | None = None) -> None:
+        """Load the retriever and the unbatched decoders now, and the batched ones for
+        ``batched`` sequences when given (runs with batching on): as a server loads its models
+        at start-up, so no run's first requests wait for a load."""
         from rag.pipeline import RAGPipeline
 
         host = RAGPipeline(with_batching(self.base, False))
@@ -194,6 +202,30 @@ class SharedModels:
             _ = self._retriever.encoder  # load the encoder now, not in the first request
         if self._plain is None:
             self._plain = host.generator
+        self.factoid(False, self.base.generate.max_batch)
+        if batched:
+            self.generator(True, batched)
+            self.factoid(True, batched)
+
+    def factoid(self, batching: bool, max_batch: int) -> Any:
+        """The decoder that copies factoids' short answers for a run, loaded once per
+        (batching, max_batch) with the run's generation settings; None when that is the
+        answering decoder (or the generator was passed in): the pipeline then uses its own."""
+        from rag.models import resolve_factoid_decoder
+
+        gen = self.base.generate
+        if self._given or resolve_factoid_decoder(gen.decoder, gen.factoid_decoder) == str(
+            gen.decoder
+        ):
+            return None
+        key = (batching, max_batch if batching else 0)
+        with self._lock:
+            if key not in self._factoids:
+                from rag.pipeline import load_factoid_decoder
+
+                cfg = with_overrides(self.base, batching=batching, max_batch=max_batch)
+                self._factoids[key] = load_factoid_decoder(cfg.generate, self.base.device)
+            return self._factoids[key]
 
     def generator(self, batching: bool, max_batch: int) -> Any:
         if not batching:
@@ -231,8 +263,10 @@ class SharedModels:
     def pipeline(self, cfg: RAGConfig) -> Any:
         from rag.pipeline import RAGPipeline
 
-        gen = self.generator(cfg.generate.batching, cfg.generate.max_batch)
-        return RAGPipeline(cfg, retriever=self._retriever, generator=gen)
+        batching, max_batch = cfg.generate.batching, cfg.generate.max_batch
+        gen = self.generator(batching, max_batch)
+        factoid = self.factoid(batching, max_batch)
+        return RAGPipeline(cfg, retriever=self._retriever, generator=gen, factoid_generator=factoid)
 
     def prompt_counters(self, batching: bool, max_batch: int) -> tuple[int, int]:
         """(prompt tokens looked up, tokens reused) of the decoder ``batching`` uses, so far."""
@@ -345,7 +379,7 @@ def run(
         prepare_serving_process()  # as rag.serve and ui.app at start-up
         log(PROG, f"loading {cfg.decoder} and the retriever of index {cfg.index}")
         models = SharedModels(cfg.rag_config())
-        models.load()
+        models.load(cfg.max_batch if "on" in cfg.mode_list() else None)
     runs: list[dict[str, Any]] = []
     series: dict[str, list[Sample]] = {}
     try:

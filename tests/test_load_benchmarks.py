@@ -190,3 +190,35 @@ def test_the_openvino_engine_serves_both_modes_with_its_own_batching(index, tmp_
     for r in result["runs"]:
         assert r["errors"] == 0, r["error_examples"]
         assert r["requests"] >= 2 and r["mean_batch"] is None  # the engine keeps its own
+
+
+def test_runs_copy_factoids_with_the_decoder_the_server_would_load(tmp_path, monkeypatch):
+    """Beside the default 0.5B with the 1.5B installed, each mode's pipelines get the factoid
+    decoder loaded with that mode's generation settings (one unbatched, one batched engine),
+    once; with another decoder, or a generator passed in, the pipeline's own copies them."""
+    import rag.pipeline
+    from rag.config import with_overrides
+    from rag.models import registry
+
+    loaded = []
+
+    def fake_load(settings, device="auto"):  # resolves factoid_decoder itself, as the real one
+        loaded.append((settings.factoid_decoder, settings.batching, settings.max_batch))
+        return f"factoid-{len(loaded)}"
+
+    monkeypatch.setattr(registry, "is_installed", lambda pkg: True)
+    monkeypatch.setattr(rag.pipeline, "load_factoid_decoder", fake_load)
+    base = config(tmp_path, decoder="qwen2.5-coder-0.5b").rag_config()
+    models = SharedModels(base, retriever=FakeRetriever())
+    assert models.factoid(False, 4) == models.factoid(False, 4) == "factoid-1"
+    on = with_overrides(base, batching=True, max_batch=4)
+    models._generators[4] = "batched-0.5b"  # the answering decoder is not what is tested here
+    pipe = models.pipeline(on)
+    assert pipe.factoid_generator == "factoid-2" and pipe.generator == "batched-0.5b"
+    assert loaded == [("auto", False, 4), ("auto", True, 4)]
+    other = SharedModels(
+        config(tmp_path, decoder="smollm2").rag_config(), retriever=FakeRetriever()
+    )
+    given = SharedModels(base, retriever=FakeRetriever(), generator="gen")
+    assert other.factoid(True, 4) is None and given.factoid(True, 4) is None
+    assert len(loaded) == 2
