@@ -211,18 +211,13 @@ class SharedModels:
         """The decoder that copies factoids' short answers for a run, loaded once per
         (batching, max_batch) with the run's generation settings; None when that is the
         answering decoder (or the generator was passed in): the pipeline then uses its own."""
-        from rag.models import resolve_factoid_decoder
+        from rag.pipeline import load_factoid_decoder, separate_factoid_decoder
 
-        gen = self.base.generate
-        if self._given or resolve_factoid_decoder(gen.decoder, gen.factoid_decoder) == str(
-            gen.decoder
-        ):
+        if self._given or separate_factoid_decoder(self.base.generate) is None:
             return None
         key = (batching, max_batch if batching else 0)
         with self._lock:
             if key not in self._factoids:
-                from rag.pipeline import load_factoid_decoder
-
                 cfg = with_overrides(self.base, batching=batching, max_batch=max_batch)
                 self._factoids[key] = load_factoid_decoder(cfg.generate, self.base.device)
             return self._factoids[key]

@@ -347,7 +347,8 @@ def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any, Any]:
     third the second unless ``factoid_decoder`` resolves to another decoder. All from
     ``cfg.rag.generate`` (unbatched: one question at a time, as the eval asks them)."""
     from rag.generate.load import load_decoder
-    from rag.models import resolve_adapter, resolve_factoid_decoder, span_only_adapter
+    from rag.models import resolve_adapter, span_only_adapter
+    from rag.pipeline import load_factoid_decoder, separate_factoid_decoder
 
     gen = cfg.rag.generate
 
@@ -357,11 +358,8 @@ def load_generators(cfg: QAEvalConfig) -> tuple[Any, Any, Any]:
     generator = load(gen.adapter)
     spans_only = cfg.mode == "rag" and span_only_adapter(resolve_adapter(gen.decoder, gen.adapter))
     fallback = load(None) if spans_only else generator
-    factoid = resolve_factoid_decoder(gen.decoder, gen.factoid_decoder)
-    if cfg.mode != "rag" or factoid == str(gen.decoder):
+    if cfg.mode != "rag" or separate_factoid_decoder(gen) is None:
         return generator, fallback, fallback
-    from rag.pipeline import load_factoid_decoder
-
     return generator, fallback, load_factoid_decoder(gen, cfg.rag.device)
 
 

@@ -128,15 +128,24 @@ def normalise_history(history: Any) -> list[tuple[str, str]]:
     return turns
 
 
-def load_factoid_decoder(settings: GenerationSettings, device: str = "auto") -> Any:
-    """The decoder ``settings.factoid_decoder`` resolves to
-    (:func:`rag.models.resolve_factoid_decoder`), without an adapter, and warmed up (:func:`rag.answer.compose.warm_up_extract`: the engine's
-    first call at load, not in the first factoid's time). For a caller that checked it is not
-    the answering decoder (:attr:`RAGPipeline.factoid_generator`, ``evals.qa``)."""
-    from rag.generate.load import load_decoder
+def separate_factoid_decoder(settings: GenerationSettings) -> str | None:
+    """The decoder that copies factoids' short answers
+    (:func:`rag.models.resolve_factoid_decoder`) when it is not the answering
+    ``settings.decoder`` (the 1.5B beside the default 0.5B); None when that one copies them."""
     from rag.models import resolve_factoid_decoder
 
     name = resolve_factoid_decoder(settings.decoder, settings.factoid_decoder)
+    return None if name == str(settings.decoder) else name
+
+
+def load_factoid_decoder(settings: GenerationSettings, device: str = "auto") -> Any:
+    """The decoder :func:`separate_factoid_decoder` names, without an adapter, and warmed up
+    (:func:`rag.answer.compose.warm_up_extract`: the engine's first call at load, not in the
+    first factoid's time). For a caller that checked there is one
+    (:attr:`RAGPipeline.factoid_generator`, ``evals.qa``, ``benchmarks.serve_load``)."""
+    from rag.generate.load import load_decoder
+
+    name = separate_factoid_decoder(settings) or str(settings.decoder)
     loaded = load_decoder(settings.replace(decoder=name, adapter="none"), device, "none")
     warm_up_extract(loaded)
     return loaded
@@ -227,10 +236,8 @@ class RAGPipeline:
         :attr:`fallback_generator` when that resolves to the answering decoder. Loaded on first
         use."""
         if self._factoid is None:
-            from rag.models import resolve_factoid_decoder
-
             gen = self.config.generate
-            if resolve_factoid_decoder(gen.decoder, gen.factoid_decoder) == str(gen.decoder):
+            if separate_factoid_decoder(gen) is None:
                 self._factoid = self.fallback_generator
                 return self._factoid
             with self._generator_lock:
