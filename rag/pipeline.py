@@ -246,12 +246,14 @@ class RAGPipeline:
         return self._factoid
 
     def load_models(self) -> None:
-        """Load now every model this pipeline may answer with (they are lazy): a front end's
-        preload, so a bad model fails at start-up and no first question pays a load. A decoder
-        shared with other pipelines (rag.serve.state.SharedDecoder) is loaded through its
-        ``ensure_loaded``."""
+        """Load now every model this pipeline may answer with (they are lazy): the retriever's
+        query encoder (which also picks the answering sentences), the reader when one is set,
+        and every decoder. A front end's preload, so a bad model fails at start-up and no first
+        question pays a load. A decoder shared with other pipelines
+        (rag.serve.state.SharedDecoder) is loaded through its ``ensure_loaded``."""
+        _ = getattr(self.retriever, "encoder", None)  # an index's encoder loads on first use
+        _ = self.reader
         for model in (
-            self.retriever,
             self.generator,
             self.fallback_generator,
             self.factoid_generator,

@@ -365,3 +365,24 @@ def test_a_front_ends_preload_loads_the_decoders_it_shares_through_their_stand_i
     pipe.load_models()
     assert loaded == ["auto"]  # the decoder (its adapter setting), once: it serves all three
     assert pipe.factoid_generator.reply == "answer" and loaded == ["auto"]
+
+
+def test_the_preload_loads_the_query_encoder_too(monkeypatch):
+    """The index's encoder (it embeds the question and picks the answering sentences) loads on
+    first use; ``load_models`` is the front ends' preload, so it must load it, once, or the
+    first question after start-up pays the encoder's load."""
+
+    class LazyEncoderRetriever:
+        loads = 0
+
+        @property
+        def encoder(self):
+            LazyEncoderRetriever.loads += 1
+            return "encoder"
+
+    monkeypatch.setattr(RAGPipeline, "_load_decoder", lambda self, adapter: FakeGenerator("a"))
+    monkeypatch.setattr(pipeline_module, "open_retriever", lambda config: LazyEncoderRetriever())
+    pipe = RAGPipeline(RAGConfig.of(index="one", decoder="smollm2", reader="none"))
+    assert LazyEncoderRetriever.loads == 0  # built, nothing loaded yet
+    pipe.load_models()
+    assert LazyEncoderRetriever.loads == 1

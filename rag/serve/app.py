@@ -138,9 +138,6 @@ class Service:
         (:meth:`rag.pipeline.RAGPipeline.load_models`), so a broken index or a missing model
         stops the command instead of the first request."""
         pipe = self.pipelines.get(self.config.index)
-        retriever = getattr(pipe, "retriever", None)
-        if retriever is not None:
-            _ = retriever.encoder
         load = getattr(pipe, "load_models", None)  # a stand-in pipeline (tests) may not have it
         if load is not None:
             load()
