@@ -63,6 +63,36 @@ def test_units_split_prose_into_sentences_and_keep_code_and_list_items_whole():
     assert units[3:] == ["- read() returns everything", "- readline() returns one line"]
 
 
+def test_each_row_of_a_markdown_table_is_a_unit_and_its_rule_is_none():
+    """A row is one fact (a setting, its default): as prose the rows ran together into one
+    60-word piece that began and ended inside other rows."""
+    text = (
+        "The settings. Each has a default.\n"
+        "| setting | default | meaning |\n|---|:-:|---|\n"
+        "| `k` | 5 | passages retrieved. Then read. |\n| `quotes` | 3 | quotes shown |\n"
+        "After the table.\n\n"
+        "Prose | with pipes | is not a table.\n| nor this |\n"
+    )
+    units = [text[u.start : u.end] for u in split_units(text)]
+    assert units == [
+        "The settings.",
+        "Each has a default.",
+        "| setting | default | meaning |",
+        "| `k` | 5 | passages retrieved. Then read. |",  # a row is not cut at its full stop
+        "| `quotes` | 3 | quotes shown |",
+        "After the table.",
+        "Prose | with pipes | is not a table.\n| nor this |",
+    ]
+
+
+def test_a_grid_table_or_an_asciidoc_table_is_not_taken_for_a_markdown_table():
+    grid = "+-----+-----+\n| a   | b   |\n+=====+=====+\n| 1   | 2   |\n+-----+-----+"
+    adoc = '[cols="1,1"]\n|===\n|a |b\n|1 |2\n|==='
+    for text in (grid, adoc):
+        units = split_units(text)
+        assert len(units) == 1 and text[units[0].start : units[0].end] == text
+
+
 def test_a_long_sentence_is_cut_into_bounded_pieces():
     text = " ".join(f"w{i}" for i in range(150)) + "."
     units = split_units(text)

@@ -42,6 +42,8 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9])")
 _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
 _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mark (quoted or not)
+_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")  # a markdown (pipe) table's line
+_TABLE_RULE = re.compile(r"^\s*\|?(?:\s*:?-+:?\s*\|)+(?:\s*:?-+:?\s*)?\s*$")  # |---|:--:|
 
 
 @dataclass(frozen=True)
@@ -82,10 +84,57 @@ def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
     return out
 
 
+def _line_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
+    """The non-blank lines of ``text[start:end]`` as (start, end) offsets, whitespace trimmed."""
+    out, off = [], start
+    for ln in text[start:end].splitlines(keepends=True):
+        if ln.strip():
+            out.append((off + len(ln) - len(ln.lstrip()), off + len(ln.rstrip())))
+        off += len(ln)
+    return out
+
+
+def _table_units(text: str, start: int, end: int, passage: int) -> list[Unit] | None:
+    """A block holding a markdown pipe table (a row of cells, then a ``|---|---|`` rule): each
+    row one unit (the rule none), the lines around the table as prose; None without a table.
+
+    Why: a row is one fact (a setting, its default, what it does); as prose the rows run
+    together into one "sentence" cut every MAX_UNIT_WORDS words, so a row's answer came with
+    the ends of its neighbours, and scored with their words."""
+    lines = _line_spans(text, start, end)
+    rule = next(
+        (
+            j
+            for j in range(1, len(lines))
+            if _TABLE_RULE.match(text[slice(*lines[j])])
+            and _TABLE_ROW.match(text[slice(*lines[j - 1])])
+        ),
+        None,
+    )
+    if rule is None:
+        return None
+    first = rule - 1  # the header row
+    last = rule
+    while last + 1 < len(lines) and _TABLE_ROW.match(text[slice(*lines[last + 1])]):
+        last += 1
+    units = []
+    if first > 0:
+        units += [Unit(passage, s, e) for s, e in _pieces(text, lines[0][0], lines[first - 1][1])]
+    units += [Unit(passage, s, e) for j, (s, e) in enumerate(lines[first : last + 1]) if j != 1]
+    if last + 1 < len(lines):  # after the table: prose, or another table
+        rest = _table_units(text, lines[last + 1][0], end, passage)
+        units += (
+            rest
+            if rest is not None
+            else [Unit(passage, s, e) for s, e in _pieces(text, lines[last + 1][0], lines[-1][1])]
+        )
+    return units
+
+
 def split_units(text: str, passage: int = 0) -> list[Unit]:
     """A passage's units: blocks are split at blank lines; a block whose lines look like code
-    (indented, ``>>>``, ``$``) stays whole, as does each list item's line; prose is split into
-    sentences. Offsets index ``text``."""
+    (indented, ``>>>``, ``$``) stays whole, as does each list item's line and each row of a
+    markdown table; prose is split into sentences. Offsets index ``text``."""
     units: list[Unit] = []
     pos = 0
     for m in [*_BLANK.finditer(text), None]:
@@ -95,7 +144,10 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
             lines = [ln for ln in block.splitlines() if ln.strip()]
             lead = pos + (len(block) - len(block.lstrip()))
             tail = pos + len(block.rstrip())
-            if all(_CODE_LINE.match(ln) for ln in lines) or (
+            table = _table_units(text, lead, tail, passage) if len(lines) > 2 else None
+            if table is not None:
+                units.extend(table)
+            elif all(_CODE_LINE.match(ln) for ln in lines) or (
                 len(lines) > 1 and sum(bool(_CODE_LINE.match(ln)) for ln in lines) > len(lines) / 2
             ):
                 units.append(Unit(passage, lead, tail))
