@@ -146,7 +146,9 @@ def load_factoid_decoder(settings: GenerationSettings, device: str = "auto") -> 
     from rag.generate.load import load_decoder
 
     name = separate_factoid_decoder(settings) or str(settings.decoder)
-    loaded = load_decoder(settings.replace(decoder=name, adapter="none"), device, "none")
+    loaded = load_decoder(
+        settings.replace(decoder=name, adapter="none"), device, "none", short_replies=True
+    )
     warm_up_extract(loaded)
     return loaded
 

@@ -474,15 +474,16 @@ def test_the_pipeline_loads_the_factoid_decoder_once_and_warms_it_at_load(monkey
 
     loaded = []
 
-    def fake_load(settings, device="auto", adapter=None):
-        loaded.append((settings.decoder, adapter))
+    def fake_load(settings, device="auto", adapter=None, *, short_replies=False):
+        loaded.append((settings.decoder, adapter, short_replies))
         return TwoPartDecoder("x", "x", "1")
 
     monkeypatch.setattr(registry, "is_installed", lambda pkg: True)
     monkeypatch.setattr(load_module, "load_decoder", fake_load)
     pipe = RAGPipeline(RAGConfig.of(answerability_threshold=None))
     first = pipe.factoid_generator
-    assert pipe.factoid_generator is first and loaded == [("qwen2.5-coder-1.5b", "none")]
+    # loaded as a decoder of short replies (its engine's auto precision weighs it)
+    assert pipe.factoid_generator is first and loaded == [("qwen2.5-coder-1.5b", "none", True)]
     (warm,) = first.calls
     assert warm["max_new_tokens"] == 1
     assert warm["messages"][0]["content"] == EXTRACT_SYSTEM_PROMPT

@@ -74,6 +74,50 @@ def test_transcode_reencodes_unreadable_types_as_q8_0_and_keeps_the_rest(tmp_pat
     assert context_length(dst) == 4096
 
 
+def test_the_engines_precision_follows_the_decoder_precision_setting():
+    """auto is f32 only for an answer-writing decoder on a CPU with AMX (where the engine would
+    pick bf16 and decode slower, measured there), the engine's own choice elsewhere; fp32 /
+    bf16 are asked for as given."""
+    from rag.generate.ov_engine import inference_precision
+
+    assert inference_precision("auto", amx=True) == "f32"
+    assert inference_precision("auto", amx=False) is None
+    assert [inference_precision(s, amx=a) for s in ("fp32", "bf16") for a in (True, False)] == [
+        "f32",
+        "f32",
+        "bf16",
+        "bf16",
+    ]
+    assert inference_precision("int8", amx=True) is None  # the GGUF's blocks are the engine's
+    # a factoid copier's replies are a few tokens: bf16's faster prefill is what counts there
+    assert inference_precision("auto", amx=True, short_replies=True) is None
+    assert inference_precision("fp32", amx=True, short_replies=True) == "f32"
+
+
+def test_the_settings_precision_reaches_the_engine(monkeypatch):
+    require_openvino_smollm2()
+    import openvino_genai as og
+
+    from rag.generate.load import load_decoder
+    from rag.generate.settings import GenerationSettings
+
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def build(path, sched, device, props):
+        seen.append(props)
+        raise Built  # the properties are what is checked: no model is compiled
+
+    monkeypatch.setattr(og, "ContinuousBatchingPipeline", build)
+    for precision in ("fp32", "bf16"):
+        s = GenerationSettings(decoder="smollm2", engine="openvino", decoder_precision=precision)
+        with pytest.raises(Built):
+            load_decoder(s, device="cpu", adapter="none")
+    assert [p.get("INFERENCE_PRECISION_HINT") for p in seen] == ["f32", "bf16"]
+
+
 # ---------------------------------------------------------------------------- a real model
 
 

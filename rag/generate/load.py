@@ -31,14 +31,20 @@ def prepare_serving_process() -> bool:
 
 
 def load_decoder(
-    settings: GenerationSettings, device: str = "auto", adapter: str | Path | None = None
+    settings: GenerationSettings,
+    device: str = "auto",
+    adapter: str | Path | None = None,
+    *,
+    short_replies: bool = False,
 ) -> Any:
     """The decoder ``settings`` ask for, with ``adapter`` (``auto`` / ``none`` / a folder, as
     :attr:`GenerationSettings.adapter`; the pipeline loads its k-passage fallback without one),
     on the engine ``settings.engine`` resolves to on ``device``
     (:func:`rag.generate.engines.choose_engine`: OpenVINO GenAI where it can run the decoder, a
     :class:`rag.generate.generator.Generator` on torch elsewhere). The settings are passed whole:
-    every decoding option is theirs."""
+    every decoding option is theirs. ``short_replies``: the decoder's replies are a few tokens
+    (the factoid copier), which the OpenVINO engine's ``auto`` precision weighs
+    (:func:`rag.generate.ov_engine.inference_precision`)."""
     from rag.generate.engines import choose_engine
     from rag.generate.generator import Generator
     from rag.generate.ov_engine import OpenVINOGenerator
@@ -57,7 +63,13 @@ def load_decoder(
     }
     resolved = resolve_adapter(s.decoder, adapter)
     if choose_engine(s.engine, s.decoder, resolved, pick_device(device)) == "openvino":
-        return OpenVINOGenerator.load(s.decoder, prompt_lookup=s.prompt_lookup, **common)
+        return OpenVINOGenerator.load(
+            s.decoder,
+            prompt_lookup=s.prompt_lookup,
+            precision=s.decoder_precision,
+            short_replies=short_replies,
+            **common,
+        )
     return Generator.load(
         s.decoder,
         adapter=adapter,

@@ -43,6 +43,37 @@ log = logging.getLogger(__name__)
 LOOKUP_NGRAM = 3  # prompt lookup matches n-grams of up to 3 of the reply's last ids in the prompt
 
 
+def cpu_has_amx() -> bool:
+    """True when the CPU has AMX tiles (``amx_tile`` in /proc/cpuinfo)."""
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def inference_precision(
+    setting: str, amx: bool | None = None, *, short_replies: bool = False
+) -> str | None:
+    """The engine's ``INFERENCE_PRECISION_HINT`` for a ``decoder_precision`` setting: ``fp32``
+    → ``f32``, ``bf16`` → ``bf16``; ``auto`` → ``f32`` on a CPU with AMX (``amx``: None = read
+    this CPU) for a decoder that writes answers, else None (the engine's own choice); ``int8``
+    → None (the engine already runs the GGUF's quantised weight blocks; the int8 decode layers
+    are the torch engine's). ``short_replies``: a decoder whose replies are a few tokens (the
+    factoid copier, :func:`rag.pipeline.load_factoid_decoder`), bound by its prompt.
+
+    Why: on AMX the engine picks bf16 by itself, which prefills faster but decodes about a
+    quarter slower than f32, so the 0.5B's written answers (a few dozen tokens) took longer in
+    bf16 and the 1.5B's copied factoids (a few tokens) longer in f32 (docs/benchmarks.md). Not
+    measured on the other CPU kinds, so not applied there."""
+    if setting == "fp32":
+        return "f32"
+    if setting == "bf16":
+        return "bf16"
+    if setting == "auto" and not short_replies:
+        return "f32" if (cpu_has_amx() if amx is None else amx) else None
+    return None
+
+
 def _running(handle: Any) -> bool:
     """Whether the engine is still decoding the request behind ``handle``."""
     return handle.get_status().name == "RUNNING"
@@ -331,6 +362,8 @@ class OpenVINOGenerator(ChatDecoder):
         max_context_tokens: int | None = None,
         rules: DecodingRules | None = None,
         prompt_lookup: int = DEFAULT_PROMPT_LOOKUP,
+        precision: str = "auto",
+        short_replies: bool = False,
     ) -> OpenVINOGenerator:
         """The engine folder of ``name`` (:func:`engine_gguf`: built once from the pinned GGUF
         parts, sha256-checked) on the CPU. The scheduler holds ``max_batch`` sequences, prefills
@@ -339,7 +372,8 @@ class OpenVINOGenerator(ChatDecoder):
         ``prompt_lookup`` > 0 turns on the engine's prompt lookup decoding: each step proposes
         that many tokens found after an earlier occurrence of the reply's last ids (an n-gram of
         up to :data:`LOOKUP_NGRAM`) in the prompt or reply, and one forward keeps the ones
-        greedy decoding would have chosen."""
+        greedy decoding would have chosen. ``precision``: the ``decoder_precision`` setting,
+        for a decoder of ``short_replies`` or not (:func:`inference_precision`)."""
         import json
 
         import openvino_genai as og
@@ -360,7 +394,10 @@ class OpenVINOGenerator(ChatDecoder):
         # running answers (~3k tokens each at most) plus the prompts kept for reuse; the engine
         # allocates blocks on demand up to this size
         sched.cache_size = max(1, round((prompt_cache_mb + 256 * sched.max_num_seqs) / 1024))
-        props = {"prompt_lookup": True} if prompt_lookup else {}
+        props: dict[str, Any] = {"prompt_lookup": True} if prompt_lookup else {}
+        hint = inference_precision(precision, short_replies=short_replies)
+        if hint:
+            props["INFERENCE_PRECISION_HINT"] = hint
 
         def build() -> Any:
             return og.ContinuousBatchingPipeline(str(folder / "model.gguf"), sched, "CPU", props)

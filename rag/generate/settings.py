@@ -41,7 +41,10 @@ class GenerationSettings:
     engine: str = "auto"
     # decoder weights (rag.models.precision): auto = bf16 on CUDA or a CPU with bf16 units (AMX),
     # else fp32 | fp32 | bf16 | int8 = decode steps through int8 copies of the linear layers
-    # (CPU; the prompt runs on the auto float weights; benchmarks.decode_variants)
+    # (CPU; the prompt runs on the auto float weights; benchmarks.decode_variants). On the
+    # OpenVINO engine, its compute precision: auto = f32 for the answering decoder on a CPU
+    # with AMX (where the engine picks bf16 and decodes slower), else the engine's own | fp32 |
+    # bf16 | int8 = the engine's own (rag.generate.ov_engine.inference_precision)
     decoder_precision: str = "auto"
     # prompt format (rag.answer.prompt.PROFILES): auto = the decoder's measured best (rag.models)
     profile: str = "auto"
