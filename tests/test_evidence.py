@@ -63,34 +63,59 @@ def test_units_split_prose_into_sentences_and_keep_code_and_list_items_whole():
     assert units[3:] == ["- read() returns everything", "- readline() returns one line"]
 
 
-def test_each_row_of_a_markdown_table_is_a_unit_and_its_rule_is_none():
-    """A row is one fact (a setting, its default): as prose the rows ran together into one
-    60-word piece that began and ended inside other rows."""
-    text = (
-        "The settings. Each has a default.\n"
-        "| setting | default | meaning |\n|---|:-:|---|\n"
-        "| `k` | 5 | passages retrieved. Then read. |\n| `quotes` | 3 | quotes shown |\n"
-        "After the table.\n\n"
-        "Prose | with pipes | is not a table.\n| nor this |\n"
-    )
-    units = [text[u.start : u.end] for u in split_units(text)]
-    assert units == [
+TABLES = {  # text -> its units
+    # a whole table between prose: the header a unit, the |---| rule none, a row not cut at
+    # its full stop; a line of prose with pipes and a lone |...| line are no table
+    "The settings. Each has a default.\n"
+    "| setting | default | meaning |\n|---|:-:|---|\n"
+    "| `k` | 5 | passages retrieved. Then read. |\n| `quotes` | 3 | quotes shown |\n"
+    "After the table.\n\n"
+    "Prose | with pipes | is not a table.\n| nor this |\n": [
         "The settings.",
         "Each has a default.",
         "| setting | default | meaning |",
-        "| `k` | 5 | passages retrieved. Then read. |",  # a row is not cut at its full stop
+        "| `k` | 5 | passages retrieved. Then read. |",
         "| `quotes` | 3 | quotes shown |",
         "After the table.",
         "Prose | with pipes | is not a table.\n| nor this |",
+    ],
+    # a long table is chunked: a chunk may start inside a row, with no header and no rule
+    "the end of a row cut by the chunker |\n"
+    "| `evidence_passages` | 10 | passages the encoder reads |\n"
+    "| `quotes` | 3 | sentences quoted under an answer |": [
+        "the end of a row cut by the chunker |",
+        "| `evidence_passages` | 10 | passages the encoder reads |",
+        "| `quotes` | 3 | sentences quoted under an answer |",
+    ],
+}
+
+
+@pytest.mark.parametrize("text", list(TABLES), ids=["whole table", "chunk cut inside a table"])
+def test_each_row_of_a_markdown_table_is_a_unit(text):
+    """A row is one fact (a setting, its default): as prose the rows ran together into
+    60-word pieces that began and ended inside other rows."""
+    assert [text[u.start : u.end] for u in split_units(text)] == TABLES[text]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "+-----+-----+\n| a   | b   |\n+=====+=====+\n| 1   | 2   |\n+-----+-----+",  # reST grid
+        '[cols="1,1"]\n|===\n|a |b\n|1 |2\n|===',  # AsciiDoc
+        "| a box of prose, one cell |\n| wrapped over two lines |",  # one cell: a box
+    ],
+)
+def test_a_grid_table_an_asciidoc_table_or_a_box_is_not_taken_for_a_markdown_table(text):
+    units = split_units(text)
+    assert len(units) == 1 and text[units[0].start : units[0].end] == text
+
+
+def test_an_indented_table_is_a_literal_block_left_whole():
+    text = "Layout::\n\n    | a | b |\n    | c | d |"
+    assert [text[u.start : u.end] for u in split_units(text)] == [
+        "Layout::",
+        "| a | b |\n    | c | d |",
     ]
-
-
-def test_a_grid_table_or_an_asciidoc_table_is_not_taken_for_a_markdown_table():
-    grid = "+-----+-----+\n| a   | b   |\n+=====+=====+\n| 1   | 2   |\n+-----+-----+"
-    adoc = '[cols="1,1"]\n|===\n|a |b\n|1 |2\n|==='
-    for text in (grid, adoc):
-        units = split_units(text)
-        assert len(units) == 1 and text[units[0].start : units[0].end] == text
 
 
 def test_a_long_sentence_is_cut_into_bounded_pieces():

@@ -42,7 +42,8 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9])")
 _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
 _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mark (quoted or not)
-_TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")  # a markdown (pipe) table's line
+_TABLE_ROW = re.compile(r"^\|.*\|.*\|\s*$")  # a markdown (pipe) table's line: two cells or more
+_GRID_BORDER = re.compile(r"^\s*\+[-=+:]+\+\s*$")  # a reST grid table's border line
 _TABLE_RULE = re.compile(r"^\s*\|?(?:\s*:?-+:?\s*\|)+(?:\s*:?-+:?\s*)?\s*$")  # |---|:--:|
 
 
@@ -95,32 +96,32 @@ def _line_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
 
 
 def _table_units(text: str, start: int, end: int, passage: int) -> list[Unit] | None:
-    """A block holding a markdown pipe table (a row of cells, then a ``|---|---|`` rule): each
-    row one unit (the rule none), the lines around the table as prose; None without a table.
+    """A block holding a markdown pipe table (two or more unindented lines that start and end
+    with ``|`` and hold two cells or more, in a block with no ``+---+`` border of a grid
+    table): each row one unit (a ``|---|`` rule none), the lines around it as prose; None
+    without one. A chunk may start or end inside a table, without its header or rule, so
+    neither is required.
 
     Why: a row is one fact (a setting, its default, what it does); as prose the rows run
     together into one "sentence" cut every MAX_UNIT_WORDS words, so a row's answer came with
     the ends of its neighbours, and scored with their words."""
     lines = _line_spans(text, start, end)
-    rule = next(
-        (
-            j
-            for j in range(1, len(lines))
-            if _TABLE_RULE.match(text[slice(*lines[j])])
-            and _TABLE_ROW.match(text[slice(*lines[j - 1])])
-        ),
-        None,
-    )
-    if rule is None:
+    # a row starts its line: an indented one is in a literal block (a diagram, a listing)
+    rows = [bool(_TABLE_ROW.match(text[a:b])) and (a == 0 or text[a - 1] == "\n") for a, b in lines]
+    if any(_GRID_BORDER.match(text[a:b]) for a, b in lines):
         return None
-    first = rule - 1  # the header row
-    last = rule
-    while last + 1 < len(lines) and _TABLE_ROW.match(text[slice(*lines[last + 1])]):
+    first = next((j for j in range(len(lines) - 1) if rows[j] and rows[j + 1]), None)
+    if first is None:
+        return None
+    last = first + 1
+    while last + 1 < len(lines) and rows[last + 1]:
         last += 1
     units = []
     if first > 0:
         units += [Unit(passage, s, e) for s, e in _pieces(text, lines[0][0], lines[first - 1][1])]
-    units += [Unit(passage, s, e) for j, (s, e) in enumerate(lines[first : last + 1]) if j != 1]
+    units += [
+        Unit(passage, s, e) for s, e in lines[first : last + 1] if not _TABLE_RULE.match(text[s:e])
+    ]
     if last + 1 < len(lines):  # after the table: prose, or another table
         rest = _table_units(text, lines[last + 1][0], end, passage)
         units += (
@@ -144,7 +145,7 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
             lines = [ln for ln in block.splitlines() if ln.strip()]
             lead = pos + (len(block) - len(block.lstrip()))
             tail = pos + len(block.rstrip())
-            table = _table_units(text, lead, tail, passage) if len(lines) > 2 else None
+            table = _table_units(text, lead, tail, passage) if len(lines) > 1 else None
             if table is not None:
                 units.extend(table)
             elif all(_CODE_LINE.match(ln) for ln in lines) or (
