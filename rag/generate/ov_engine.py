@@ -43,14 +43,6 @@ log = logging.getLogger(__name__)
 LOOKUP_NGRAM = 3  # prompt lookup matches n-grams of up to 3 of the reply's last ids in the prompt
 
 
-def cpu_has_amx() -> bool:
-    """True when the CPU has AMX tiles (``amx_tile`` in /proc/cpuinfo)."""
-    try:
-        return "amx_tile" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-
-
 def inference_precision(
     setting: str, amx: bool | None = None, *, short_replies: bool = False
 ) -> str | None:
@@ -70,6 +62,8 @@ def inference_precision(
     if setting == "bf16":
         return "bf16"
     if setting == "auto" and not short_replies:
+        from rag.models.precision import cpu_has_amx
+
         return "f32" if (cpu_has_amx() if amx is None else amx) else None
     return None
 

@@ -54,14 +54,25 @@ def check_precision(precision: str, flag: str = "--precision") -> str:
     return precision
 
 
+def _cpuinfo() -> str:
+    """/proc/cpuinfo's text ("" where there is none)."""
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16() -> bool:
     """True when the CPU has bf16 matrix units (AMX or AVX512-BF16), where bf16 prefill is
     several times faster than fp32 (measured in docs/answering.md)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    flags = _cpuinfo()
     return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def cpu_has_amx() -> bool:
+    """True when the CPU has AMX tiles (the Intel Xeon kind; the OpenVINO engine's ``auto``
+    precision differs there: :func:`rag.generate.ov_engine.inference_precision`)."""
+    return "amx_tile" in _cpuinfo()
 
 
 def bf16_is_fast(device: str) -> bool:
@@ -135,10 +146,7 @@ def probe_key() -> dict[str, Any]:
     """What the probe's answer depends on: the CPU (model, bf16 units), torch, its threads."""
     import torch
 
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        info = ""
+    info = _cpuinfo()
     model = next(
         (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), ""
     )
