@@ -204,6 +204,28 @@ def test_lead_units_are_the_best_over_all_passages_without_questions():
     assert [t for _, t in lead_units(twice, 2)] == [DANUBE_KM, "Vienna is on it."]
 
 
+def test_units_read_in_context_use_those_vectors_and_embed_the_rest_alone():
+    passages = ["The Danube river is long. It runs 2,850 km.", "Vienna stands on it."]
+    asked: list[list[str]] = []
+
+    def read(texts: list[str], spans: list[list[tuple[int, int]]]) -> list[list]:
+        assert texts == passages and [len(s) for s in spans] == [2, 1]  # every unit, in order
+        # the passage's words for its units ("It runs" reads as the Danube's), none for the last
+        return [[bag(texts[0]), bag(texts[0])], [None]]
+
+    def alone(texts: list[str], kind: str) -> np.ndarray:
+        asked.append(list(texts))
+        return embed(texts, kind)
+
+    scored = score_units("Danube length km", passages, alone, lexical_weight=0.0, read=read)
+    assert asked == [["Danube length km"], ["Vienna stands on it."]]  # the query, then the rest
+    q = bag("Danube length km")
+    expected = [bag(passages[0]) @ q, bag(passages[0]) @ q, bag(passages[1]) @ q]
+    assert np.allclose(scored.scores, expected, atol=1e-6)
+    plain = score_units("Danube length km", passages, embed, lexical_weight=0.0)
+    assert plain.scores[1] < scored.scores[1]  # "It runs 2,850 km." alone misses "Danube"
+
+
 # ---------------------------------------------------------------------------- quotes
 
 
@@ -611,3 +633,37 @@ def test_a_refusal_gets_no_quotes():
     pipe, _ = evidence_pipeline(REFUSAL, "unused")
     answer = pipe.answer("How do I sort a list of records by a field?")
     assert answer.refused and answer.quotes == [] and answer.text == REFUSAL
+
+
+def test_only_prose_is_read_in_context_a_table_row_code_or_list_item_is_embedded_alone():
+    table = "Settings:\n\n| name | default |\n|---|---|\n| passages | 10 |\n| tokens | 320 |"
+    code = "Run it:\n\n    make setup\n\n- one item\n- another item"
+    units = [u for i, p in enumerate([table, code]) for u in split_units(p, i)]
+    assert [u.prose for u in units] == [True, False, False, False, True, False, False, False]
+    given: list[list[tuple[int, int]]] = []
+
+    def read(texts, spans):
+        given.extend(spans)
+        return [[bag(t) for _ in s] for t, s in zip(texts, spans)]
+
+    score_units("passages default", [table, code], embed, read=read)
+    assert given == [[(0, 9)], [(0, 7)]]  # "Settings:" and "Run it:" only
+
+
+def test_a_factoids_units_are_read_in_their_passages_and_a_how_questions_alone(tiny_mlm_dir):
+    from rag.retrieval.encoder import Encoder as RealEncoder
+
+    class Spying(RealEncoder):
+        def encode_spans(self, texts, spans, batch_tokens=None):
+            read.append(list(texts))
+            return super().encode_spans(texts, spans, batch_tokens)
+
+    read: list[list[str]] = []
+    encoder = Spying(RealEncoder.load(tiny_mlm_dir, device="cpu", precision="fp32").model)
+    pipe, _ = evidence_pipeline("The Danube is 2,850 km long [1].", "2,850 km")
+    pipe.retriever.encoder = encoder
+    factoid = pipe.prepare("What is the length of the Danube river?")
+    assert read == [[h.chunk.text for h in pipe.retriever.hits]]  # every passage, once
+    assert factoid.evidence and factoid.lead
+    pipe.prepare("How do I sort a list by a field?")
+    assert len(read) == 1  # a how-question's units were embedded alone

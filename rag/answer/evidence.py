@@ -4,11 +4,14 @@ Why: the decoder's time goes to its prompt (prefill is most of an answer on a 2-
 small decoder reads five whole passages worse than the few sentences that matter. The
 bidirectional encoder that retrieved the passages reads them again at a finer grain, cheaply:
 every passage is cut into units (a sentence, a list item, a code block, a table row), each unit
-is embedded with the index's own encoder and scored against the question, and the best units
+gets a vector from the index's own encoder and is scored against the question, and the best units
 within a token budget are kept, in document order, as one excerpt per passage. The decoder then
 writes from a prompt a fraction of the size (:func:`rag.answer.prompt.build_evidence_messages`).
 
-A unit's score is its cosine to the query (the encoder's reading) plus a lexical term: the share
+A unit's vector is read in context where the encoder allows (late chunking,
+:meth:`rag.retrieval.encoder.Encoder.encode_spans`): the whole passage goes through the encoder
+once and the unit's token states are mean-pooled, so a sentence that says "it" carries what its
+passage says it is; else the unit is embedded alone. Its score is its cosine to the query plus a lexical term: the share
 of the question's content words the unit holds (what a user typed, an option name or a command,
 often occurs verbatim in the answer). A unit that ends with ``:`` introduces what follows (a
 code block, a list), so the next unit comes with it. A unit that ends with a question mark
@@ -30,11 +33,16 @@ import numpy as np
 
 from rag.answer.support import content_words
 
+# (passages, each passage's unit spans) -> one vector (or None) per span: reading in context
+ReadSpans = Callable[[list[str], list[list[tuple[int, int]]]], list[list[np.ndarray | None]]]
 LEXICAL_WEIGHT = 0.3  # weight of the question-word share beside the cosine (chosen on dev sets)
 # padded tokens per encoder batch: units differ in length (a 5-word sentence, a long code block),
 # and a batch is padded to its longest unit, so small batches of similar lengths waste far less
 # than the 8k-token batches that suit chunks of equal size (docs/answering.md measures it)
 UNIT_BATCH_TOKENS = 1024
+# padded tokens per batch when whole passages are read for their units' vectors (late
+# chunking): ten chunks of similar length, one batch
+EVIDENCE_BATCH_TOKENS = 4096
 MAX_UNIT_WORDS = 60  # longer prose is cut into pieces of about this many words
 
 _BLANK = re.compile(r"\n\s*\n")
@@ -54,6 +62,9 @@ class Unit:
     passage: int  # index of the passage among those given
     start: int
     end: int
+    # prose (a sentence, or a piece of a long one) is read in its passage where the encoder can
+    # (late chunking); a table row, a list item or a code block stands alone and is embedded so
+    prose: bool = True
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,9 @@ def _table_units(text: str, start: int, end: int, passage: int) -> list[Unit] | 
     if first > 0:
         units += [Unit(passage, s, e) for s, e in _pieces(text, lines[0][0], lines[first - 1][1])]
     units += [
-        Unit(passage, s, e) for s, e in lines[first : last + 1] if not _TABLE_RULE.match(text[s:e])
+        Unit(passage, s, e, prose=False)
+        for s, e in lines[first : last + 1]
+        if not _TABLE_RULE.match(text[s:e])
     ]
     if last + 1 < len(lines):  # after the table: prose, or another table
         rest = _table_units(text, lines[last + 1][0], end, passage)
@@ -151,13 +164,13 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
             elif all(_CODE_LINE.match(ln) for ln in lines) or (
                 len(lines) > 1 and sum(bool(_CODE_LINE.match(ln)) for ln in lines) > len(lines) / 2
             ):
-                units.append(Unit(passage, lead, tail))
+                units.append(Unit(passage, lead, tail, prose=False))
             elif all(_LIST_ITEM.match(ln) for ln in lines) and len(lines) > 1:
                 off = pos
                 for ln in block.splitlines(keepends=True):
                     if ln.strip():
                         s = off + (len(ln) - len(ln.lstrip()))
-                        units.append(Unit(passage, s, off + len(ln.rstrip())))
+                        units.append(Unit(passage, s, off + len(ln.rstrip()), prose=False))
                     off += len(ln)
             else:
                 units.extend(Unit(passage, s, e) for s, e in _pieces(text, lead, tail))
@@ -187,18 +200,22 @@ def score_units(
     passages: Sequence[str],
     embed: Callable[[list[str], str], np.ndarray],
     lexical_weight: float = LEXICAL_WEIGHT,
+    read: ReadSpans | None = None,
 ) -> Scored:
     """Every unit of ``passages`` scored against ``question``: cosine plus ``lexical_weight`` x
     the share of the question's content words it holds; a unit ending in ``?`` takes the score
     of the unit after it in its passage (-inf without one). ``embed(texts, kind)`` returns
     L2-normalised rows (``kind`` "query" or "document":
-    :meth:`rag.retrieval.encoder.Encoder.encode`)."""
+    :meth:`rag.retrieval.encoder.Encoder.encode`). With ``read(passages, spans)``
+    (:meth:`rag.retrieval.encoder.Encoder.encode_spans`), a unit's vector is read inside its
+    passage (late chunking) rather than embedded alone; a unit it returns None for (past the
+    encoder's length) is embedded alone."""
     units = [u for i, p in enumerate(passages) for u in split_units(p, i)]
     if not units:
         return Scored([], [], np.zeros(0), [])
     texts = [" ".join(passages[u.passage][u.start : u.end].split()) for u in units]
     q = embed([question], "query")[0]
-    vecs = embed(texts, "document")
+    vecs = unit_vectors(passages, units, texts, embed, read)
     qwords = content_words(question)
     scores = vecs @ q + lexical_weight * np.array([lexical_share(qwords, t) for t in texts])
     asks = [bool(_ASKS.search(t)) for t in texts]
@@ -207,6 +224,39 @@ def score_units(
             same = i + 1 < len(units) and units[i + 1].passage == units[i].passage
             scores[i] = scores[i + 1] if same else -np.inf
     return Scored(units, texts, scores, asks)
+
+
+def unit_vectors(
+    passages: Sequence[str],
+    units: list[Unit],
+    texts: list[str],
+    embed: Callable[[list[str], str], np.ndarray],
+    read: ReadSpans | None,
+) -> np.ndarray:
+    """One L2-normalised row per unit: a prose unit read in its passage by ``read`` where it
+    can, every other unit embedded alone (:func:`score_units`). A table row read among its
+    neighbours took their words: on this project's docs the settings row that answers "How many
+    passages does the encoder read?" lost to a sentence of another page."""
+    if read is None:
+        return embed(texts, "document")
+    spans: list[list[tuple[int, int]]] = [[] for _ in passages]
+    for u in units:
+        if u.prose:
+            spans[u.passage].append((u.start, u.end))
+    got = read(list(passages), spans) if any(spans) else [[] for _ in passages]
+    seen = [0] * len(passages)
+    rows: list[np.ndarray | None] = []
+    for u in units:
+        if not u.prose:
+            rows.append(None)
+            continue
+        rows.append(got[u.passage][seen[u.passage]])
+        seen[u.passage] += 1
+    alone = [i for i, r in enumerate(rows) if r is None]
+    if alone:
+        for i, v in zip(alone, embed([texts[i] for i in alone], "document")):
+            rows[i] = v
+    return np.stack([np.asarray(r, dtype=np.float32) for r in rows])
 
 
 def _brings_next(scored: Scored, i: int) -> bool:

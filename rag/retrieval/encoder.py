@@ -278,5 +278,65 @@ class Encoder:
             out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         return out
 
+    @property
+    def reads_in_context(self) -> bool:
+        """Whether :meth:`encode_spans` can pool a span's tokens out of its whole text: the
+        torch backend, a fast tokenizer (character offsets), mean pooling, no document prompt
+        (which would shift the offsets)."""
+        pooling = next((m for m in self.model if type(m).__name__ == "Pooling"), None)
+        mode = pooling.get_config_dict().get("pooling_mode") if pooling is not None else None
+        return (
+            self.backend == "torch"
+            and mode == "mean"
+            and bool(getattr(self.tokenizer, "is_fast", False))
+            and not self.document_prompt
+        )
+
+    def encode_spans(
+        self,
+        texts: list[str],
+        spans: list[list[tuple[int, int]]],
+        batch_tokens: int | None = None,
+    ) -> list[list[np.ndarray | None]]:
+        """Late-chunked vectors: each text goes through the encoder once, and each span
+        ``(start, end)`` (character offsets into its text) gets the mean of the token states
+        whose characters lie in it, L2-normalised: the model's own mean pooling, over the
+        span's tokens instead of the whole text's. None for a span of which the encoder read no
+        token (past ``max_seq_length``). Needs :attr:`reads_in_context`.
+
+        Why: a sentence embedded alone loses what its passage says around it ("It was founded
+        in 1850" does not name what was founded); read inside its passage, with bidirectional
+        attention over all of it, its tokens carry that context. sentence-transformers returns
+        the token states (``output_value="token_embeddings"``) but pools only whole texts, so
+        the pooling over spans is ours. Measured in docs/answering.md."""
+        import torch
+
+        if not self.reads_in_context:
+            raise ValueError(f"encoder {self.name!r} cannot pool spans in context")
+        out: list[list[np.ndarray | None]] = [[None] * len(s) for s in spans]
+        cap = int(self.model.max_seq_length)
+        with torch.inference_mode():
+            for batch in self.batches(texts, batch_tokens):
+                chunk = [texts[i] for i in batch]
+                states = self.model.encode_document(
+                    chunk, batch_size=len(batch), output_value="token_embeddings"
+                )
+                offsets = self.tokenizer(
+                    chunk, truncation=True, max_length=cap, return_offsets_mapping=True
+                )["offset_mapping"]
+                for i, tokens, off in zip(batch, states, offsets):
+                    if len(off) != len(tokens):  # tokenised differently: leave these spans alone
+                        continue
+                    starts = np.array([a for a, _ in off])
+                    ends = np.array([b for _, b in off])
+                    real = ends > starts  # special tokens have (0, 0)
+                    vecs = tokens.float().cpu().numpy()
+                    for j, (start, end) in enumerate(spans[i]):
+                        inside = real & (ends > start) & (starts < end)
+                        if inside.any():
+                            v = vecs[inside].mean(axis=0)
+                            out[i][j] = v / max(float(np.linalg.norm(v)), 1e-12)
+        return out
+
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         return self.encode(queries, kind="query")
