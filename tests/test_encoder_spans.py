@@ -44,6 +44,21 @@ def test_a_span_the_encoder_never_read_is_none(encoder):
     assert vecs[0] is not None and vecs[1] is None
 
 
+def test_a_cut_text_reads_as_the_part_the_encoder_saw(encoder):
+    from rag.documents.chunking import token_offsets
+
+    text = " ".join(["river bank"] * 30)
+    encoder.model.max_seq_length, keep = 12, encoder.model.max_seq_length
+    try:
+        (off,) = token_offsets(encoder.tokenizer, [text])
+        seen = text[: off[12 - 2][1]]  # [CLS], ten tokens, [SEP]: the end of the tenth
+        (cut,) = encoder.encode_spans([text], [[(0, 5)]])
+        (alone,) = encoder.encode_spans([seen], [[(0, 5)]])
+    finally:
+        encoder.model.max_seq_length = keep
+    assert np.allclose(cut[0], alone[0], atol=1e-5)  # token states line up with their offsets
+
+
 def test_only_a_mean_pooling_encoder_reads_spans_in_context(tiny_mlm_dir):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer

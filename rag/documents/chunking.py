@@ -78,6 +78,13 @@ def count_tokens(tokenizer, texts: list[str]) -> list[int]:
     return [len(e.ids) for e in _backend(tokenizer).encode_batch(texts, add_special_tokens=False)]
 
 
+def token_offsets(tokenizer, texts: list[str]) -> list[list[tuple[int, int]]]:
+    """Each text's token character offsets, the model's special tokens included (as ``(0, 0)``),
+    untruncated, in one batched call on the private backend copy: no padding or truncation
+    state is set, so it is safe beside other threads encoding with the same tokenizer."""
+    return [list(e.offsets) for e in _backend(tokenizer).encode_batch(texts)]
+
+
 def _token_offsets(backend, text: str, limit: int | None = None) -> list[tuple[int, int]]:
     """The character offsets of ``text``'s tokens (empty ones dropped), read in pieces of about
     :data:`PIECE_CHARS` characters cut after a line break that a non-space character follows,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from rag.documents.chunking import count_tokens, special_tokens
+from rag.documents.chunking import count_tokens, special_tokens, token_offsets
 from rag.models.precision import (
     check_precision,
     encoder_auto_precision,
@@ -314,17 +314,15 @@ class Encoder:
         if not self.reads_in_context:
             raise ValueError(f"encoder {self.name!r} cannot pool spans in context")
         out: list[list[np.ndarray | None]] = [[None] * len(s) for s in spans]
-        cap = int(self.model.max_seq_length)
         with torch.inference_mode():
             for batch in self.batches(texts, batch_tokens):
                 chunk = [texts[i] for i in batch]
                 states = self.model.encode_document(
                     chunk, batch_size=len(batch), output_value="token_embeddings"
                 )
-                offsets = self.tokenizer(
-                    chunk, truncation=True, max_length=cap, return_offsets_mapping=True
-                )["offset_mapping"]
-                for i, tokens, off in zip(batch, states, offsets):
+                for i, tokens, off in zip(batch, states, token_offsets(self.tokenizer, chunk)):
+                    if len(off) > len(tokens):  # cut at max_seq_length: the first n - 1 and the end
+                        off = off[: len(tokens) - 1] + [(0, 0)]
                     if len(off) != len(tokens):  # tokenised differently: leave these spans alone
                         continue
                     starts = np.array([a for a, _ in off])
