@@ -8,10 +8,11 @@ gets a vector from the index's own encoder and is scored against the question, a
 within a token budget are kept, in document order, as one excerpt per passage. The decoder then
 writes from a prompt a fraction of the size (:func:`rag.answer.prompt.build_evidence_messages`).
 
-A unit's vector is read in context where the encoder allows (late chunking,
-:meth:`rag.retrieval.encoder.Encoder.encode_spans`): the whole passage goes through the encoder
-once and the unit's token states are mean-pooled, so a sentence that says "it" carries what its
-passage says it is; else the unit is embedded alone. Its score is its cosine to the query plus a lexical term: the share
+For a factoid (the pipeline decides) a prose unit's vector is read in context where the encoder
+allows (late chunking, :meth:`rag.retrieval.encoder.Encoder.encode_spans`): the whole passage
+goes through the encoder once and the unit's token states are mean-pooled, so a sentence that
+says "it" carries what its passage says it is; every other unit is embedded alone. A unit's
+score is its cosine to the query plus a lexical term: the share
 of the question's content words the unit holds (what a user typed, an option name or a command,
 often occurs verbatim in the answer). A unit that ends with ``:`` introduces what follows (a
 code block, a list), so the next unit comes with it. A unit that ends with a question mark
