@@ -34,6 +34,20 @@ def test_a_span_carries_its_context_and_comes_back_in_input_order(encoder):
     assert float(got[0][1] @ got[1][0]) < 0.9999
 
 
+def test_a_text_without_spans_is_not_read(encoder, monkeypatch):
+    read: list[str] = []
+    encode = encoder.model.encode_document
+
+    def spy(texts, **kw):
+        read.extend(texts)
+        return encode(texts, **kw)
+
+    monkeypatch.setattr(encoder.model, "encode_document", spy)
+    got = encoder.encode_spans(["Zebras have stripes.", SENTENCE], [[], [(0, 10)]])
+    assert read == [SENTENCE] and got[0] == [] and got[1][0] is not None
+    assert encoder.encode_spans([SENTENCE], [[]]) == [[]] and read == [SENTENCE]
+
+
 def test_a_span_the_encoder_never_read_is_none(encoder):
     encoder.model.max_seq_length, keep = 12, encoder.model.max_seq_length
     try:

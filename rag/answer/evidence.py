@@ -244,7 +244,7 @@ def unit_vectors(
     for u in units:
         if u.prose:
             spans[u.passage].append((u.start, u.end))
-    got = read(list(passages), spans) if any(spans) else [[] for _ in passages]
+    got = read(list(passages), spans)
     seen = [0] * len(passages)
     rows: list[np.ndarray | None] = []
     for u in units:

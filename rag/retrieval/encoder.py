@@ -302,7 +302,8 @@ class Encoder:
         ``(start, end)`` (character offsets into its text) gets the mean of the token states
         whose characters lie in it, L2-normalised: the model's own mean pooling, over the
         span's tokens instead of the whole text's. None for a span of which the encoder read no
-        token (past ``max_seq_length``). Needs :attr:`reads_in_context`.
+        token (past ``max_seq_length``); a text with no span is not read. Needs
+        :attr:`reads_in_context`.
 
         Why: a sentence embedded alone loses what its passage says around it ("It was founded
         in 1850" does not name what was founded); read inside its passage, with bidirectional
@@ -314,8 +315,10 @@ class Encoder:
         if not self.reads_in_context:
             raise ValueError(f"encoder {self.name!r} cannot pool spans in context")
         out: list[list[np.ndarray | None]] = [[None] * len(s) for s in spans]
+        wanted = [i for i, s in enumerate(spans) if s]  # a text with no span is not read
         with torch.inference_mode():
-            for batch in self.batches(texts, batch_tokens):
+            for group in self.batches([texts[i] for i in wanted], batch_tokens):
+                batch = [wanted[g] for g in group]
                 chunk = [texts[i] for i in batch]
                 states = self.model.encode_document(
                     chunk, batch_size=len(batch), output_value="token_embeddings"
