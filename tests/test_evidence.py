@@ -9,9 +9,11 @@ import re
 import numpy as np
 import pytest
 
-from rag.answer.compose import Prepared, around, extract_short_answer
+from rag.answer.compose import Prepared, add_quotations, around, extract_short_answer
 from rag.answer.evidence import (
+    KIND_WEIGHT,
     Excerpt,
+    answer_kind,
     asks_how,
     lead_units,
     quotable,
@@ -24,7 +26,7 @@ from rag.answer.prompt import EXTRACT_SYSTEM_PROMPT, REFUSAL, split_short_answer
 from rag.answer.verify import attribute, locate
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.types import Chunk, Hit
+from rag.types import Answer, Chunk, Hit
 
 VOCAB = [
     "tar", "extract", "folder", "archive", "danube", "river", "length", "km", "compress",
@@ -204,6 +206,38 @@ def test_lead_units_are_the_best_over_all_passages_without_questions():
     assert [t for _, t in lead_units(twice, 2)] == [DANUBE_KM, "Vienna is on it."]
 
 
+@pytest.mark.parametrize(
+    ("question", "holds", "lacks"),
+    [
+        ("How many yards was the field goal?", "He kicked it from 33 yards.", "He kicked it."),
+        ("How long is the Danube river?", "It runs two thousand km.", "It runs east."),
+        ("In what year was the treaty signed?", "It was signed in 1850.", "It was signed."),
+        ("When did the war end?", "It ended in May.", "It ended badly."),
+        ("In what century was it built?", "It was built in the 1600s.", "It was built."),
+    ],
+)
+def test_a_number_or_date_question_asks_for_a_unit_holding_one(question, holds, lacks):
+    kind = answer_kind(question)
+    assert kind is not None and kind.search(holds) and not kind.search(lacks)
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["Who wrote the letter?", "How do I undo a commit?", "What is the index?", "Why did it fail?"],
+)
+def test_other_questions_have_no_answer_kind(question):
+    assert answer_kind(question) is None
+
+
+def test_a_unit_holding_the_asked_kind_scores_more_and_no_other(monkeypatch):
+    passages = ["The Danube river runs east. The Danube river runs 2,850 km."]
+    asked = score_units("How long does the Danube river run?", passages, embed)
+    monkeypatch.setattr("rag.answer.evidence.KIND_WEIGHT", 0.0)
+    plain = score_units("How long does the Danube river run?", passages, embed)
+    # only the unit with a number gains, by KIND_WEIGHT
+    assert np.allclose(asked.scores - plain.scores, [0.0, KIND_WEIGHT], atol=1e-6)
+
+
 def test_units_read_in_context_use_those_vectors_and_embed_the_rest_alone():
     passages = ["The Danube river is long. It runs 2,850 km.", "Vienna stands on it."]
     asked: list[list[str]] = []
@@ -276,6 +310,47 @@ def test_quotes_leave_out_headings_rules_and_repeats():
         _excerpt(3, 0.6, "Tabs are eight characters wide, and so are indentations."),
     ]
     assert [n for n, _ in quotations(excerpts, "Indent with tabs.", 3)] == [2, 4]
+
+
+def test_an_excerpt_gives_its_next_unit_when_the_answer_says_its_best():
+    """Seen on a Git dev question: the answer said "This is known as being in detached HEAD
+    state", and the sentence after it, which says what that means, was never quoted."""
+    said = "This is known as being in detached HEAD state."
+    means = "It means simply that HEAD refers to a specific commit, not a named branch."
+    detached = Excerpt(0, f"{said} {means}", (), 0.9, said, ((0.9, said), (0.7, means)))
+    switch = "Use git switch -c to make a branch there."
+    other = Excerpt(1, switch, (), 0.8, switch, ((0.8, switch),))
+    assert quotations([detached, other], said, 3) == [(2, other.text), (1, means)]
+    # at most per_excerpt quotes from one excerpt, best first over all of them
+    third = "You can look around and make experimental commits."
+    many = Excerpt(0, "", (), 0.9, means, ((0.9, means), (0.85, third), (0.82, DANUBE_KM)))
+    assert quotations([many, other], "", 3) == [(1, means), (1, third), (2, other.text)]
+    assert quotations([many, other], "", 3, per_excerpt=1) == [(1, means), (2, other.text)]
+
+
+def test_two_quotes_of_one_excerpt_add_one_citation():
+    means = "It means simply that HEAD refers to a specific commit, not a named branch."
+    look = "You can look around and make experimental commits there."
+    excerpt = Excerpt(0, f"{means} {look}", (), 0.9, means, ((0.9, means), (0.8, look)))
+    hits = [Hit(Chunk(id="a", text=excerpt.text, source="git-checkout.txt"), 1.0)]
+    prep = Prepared("What does detached HEAD mean?", "", hits, [], {}, evidence=[excerpt])
+    answer = Answer(text="HEAD is detached.")
+    shown = add_quotations(answer, prep, 4)
+    assert answer.quotes == [(1, means), (1, look)] and shown.count("[1]") == 2
+    assert [c.number for c in answer.citations] == [1]
+
+
+def test_an_excerpt_ranks_its_units_with_what_they_introduce():
+    passage = (
+        "Archives are files. To extract into a folder, run:\n\n    tar -xf a.tar -C folder\n\n"
+        "The folder must exist."
+    )
+    (excerpt,) = select("extract into folder run tar", [passage], embed, 60, words)
+    texts = [t for _, t in excerpt.ranked]
+    assert texts[0] == excerpt.best == "To extract into a folder, run: tar -xf a.tar -C folder"
+    assert "tar -xf a.tar -C folder" not in texts[1:]  # the example comes once, with its ":"
+    assert [s for s, _ in excerpt.ranked] == sorted((s for s, _ in excerpt.ranked), reverse=True)
+    assert excerpt.score == excerpt.ranked[0][0] and len(texts) == 3
 
 
 @pytest.mark.parametrize(

@@ -375,7 +375,7 @@ def add_quotations(answer: Answer, prep: Prepared, n: int) -> str:
     answer.quotes = found
     answer.text += quotes_block(found, markers=False)
     cited = {c.number for c in answer.citations}
-    for k, _ in found:  # one quote per excerpt: the numbers differ
+    for k in dict.fromkeys(k for k, _ in found):  # two quotes of one excerpt: one citation
         if k not in cited:
             answer.citations.append(citation_for(k, prep.hits))
     return quotes_block(found)

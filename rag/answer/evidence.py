@@ -45,6 +45,7 @@ UNIT_BATCH_TOKENS = 1024
 # chunking): ten chunks of similar length, one batch
 EVIDENCE_BATCH_TOKENS = 4096
 MAX_UNIT_WORDS = 60  # longer prose is cut into pieces of about this many words
+KIND_WEIGHT = 0.1  # added to a unit holding what a number or date question asks for (dev sets)
 
 _BLANK = re.compile(r"\n\s*\n")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9])")
@@ -77,8 +78,11 @@ class Excerpt:
     units: tuple[Unit, ...]
     score: float  # the best kept unit's score
     # the best kept unit's text, with the unit it introduces (``:``) or asks for (``?``): the
-    # answer when the decoder writes nothing, and what is quoted under a written one
+    # answer when the decoder writes nothing
     best: str = ""
+    # every kept unit as (score, text with what it introduces or asks for), best first: what
+    # is quoted under a written answer (:func:`quotations`); ``best`` is the first
+    ranked: tuple[tuple[float, str], ...] = ()
 
 
 def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
@@ -179,6 +183,42 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
     return units
 
 
+# the answer's kind, where the question says it: a number ("How many ...", "What year ...") or a
+# date ("When did ...", "In what century ..."), and what a unit holding one has
+_ASKS_NUMBER = re.compile(
+    r"\bhow\s+(?:many|much|long|old|far|large|big|tall|high|often|fast|wide|deep|heavy)\b"
+    r"|\bwhat\s+(?:percentage|percent|proportion|fraction|number|amount)\b|\b(?:what|which)\s+year\b",
+    re.I,
+)
+_ASKS_DATE = re.compile(
+    r"^\W*when\b|\bwhen\s+(?:did|was|were|is|does|do|will|had)\b"
+    r"|\bwhat\s+(?:date|day|month|century|decade|time|era)\b",
+    re.I,
+)
+_NUMBER = re.compile(
+    r"\d|\b(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|twenty|thirty"
+    r"|forty|fifty|hundred|thousand|million|billion|dozen|half|several|few)\b",
+    re.I,
+)
+_DATE = re.compile(
+    r"\b\d{3,4}s?\b|\b(?:January|February|March|April|May|June|July|August|September|October"
+    r"|November|December|century|decade|spring|summer|autumn|fall|winter|Monday|Tuesday"
+    r"|Wednesday|Thursday|Friday|Saturday|Sunday)\b"
+)
+
+
+def answer_kind(question: str) -> re.Pattern[str] | None:
+    """What a unit that can answer ``question`` holds, where the question says the answer's
+    kind: a number for "How many / how long / what year ...", a year, month or day for "When
+    ..."; None for any other question. Expected answer types are an old device of extractive
+    QA; here they only break near-ties in the encoder's ranking (:data:`KIND_WEIGHT`)."""
+    if _ASKS_NUMBER.search(question):
+        return _NUMBER
+    if _ASKS_DATE.search(question):
+        return _DATE
+    return None
+
+
 def lexical_share(question_words: set[str], text: str) -> float:
     """The share of the question's content words that ``text`` holds."""
     if not question_words:
@@ -204,9 +244,10 @@ def score_units(
     read: ReadSpans | None = None,
 ) -> Scored:
     """Every unit of ``passages`` scored against ``question``: cosine plus ``lexical_weight`` x
-    the share of the question's content words it holds; a unit ending in ``?`` takes the score
-    of the unit after it in its passage (-inf without one). ``embed(texts, kind)`` returns
-    L2-normalised rows (``kind`` "query" or "document":
+    the share of the question's content words it holds, plus :data:`KIND_WEIGHT` when the
+    question asks for a number or a date and the unit holds one (:func:`answer_kind`); a unit
+    ending in ``?`` takes the score of the unit after it in its passage (-inf without one).
+    ``embed(texts, kind)`` returns L2-normalised rows (``kind`` "query" or "document":
     :meth:`rag.retrieval.encoder.Encoder.encode`). With ``read(passages, spans)``
     (:meth:`rag.retrieval.encoder.Encoder.encode_spans`), a unit's vector is read inside its
     passage (late chunking) rather than embedded alone; a unit it returns None for (past the
@@ -219,6 +260,8 @@ def score_units(
     vecs = unit_vectors(passages, units, texts, embed, read)
     qwords = content_words(question)
     scores = vecs @ q + lexical_weight * np.array([lexical_share(qwords, t) for t in texts])
+    if (kind := answer_kind(question)) is not None:
+        scores += KIND_WEIGHT * np.array([kind.search(t) is not None for t in texts])
     asks = [bool(_ASKS.search(t)) for t in texts]
     for i in range(len(units) - 1, -1, -1):  # from the end: a run of questions takes its answer's
         if asks[i]:
@@ -347,41 +390,63 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
                 parts.append("…")
             parts.append(texts[b])
         text = " ".join(parts)
-        top = max(idx, key=lambda j: scores[j])
-        best = texts[top]
-        if _brings_next(scored, top) and top + 1 in idx:
-            best += " " + texts[top + 1]  # what it introduces or the answer it asks for
+        ranked: list[tuple[float, str]] = []
+        for j in sorted(idx, key=lambda j: -scores[j]):
+            unit = texts[j]
+            if _brings_next(scored, j) and j + 1 in idx:
+                unit += " " + texts[j + 1]  # what it introduces or the answer it asks for
+            if not any(unit in t for _, t in ranked):  # an example its ":" unit brought
+                ranked.append((float(scores[j]), unit))
         kept_units = tuple(units[j] for j in idx)
         clipped = _clip(text, budget, count_tokens)
-        out.append(Excerpt(p, clipped, kept_units, float(scores[top]), best))
+        out.append(Excerpt(p, clipped, kept_units, ranked[0][0], ranked[0][1], tuple(ranked)))
     out.sort(key=lambda e: (e.passage != 0, -e.score))
     return out
 
 
-def quotations(excerpts: Sequence[Excerpt], answer: str, n: int) -> list[tuple[int, str]]:
+QUOTES_PER_EXCERPT = 2  # quotes drawn from one excerpt at most (chosen on the dev questions)
+
+
+def quotations(
+    excerpts: Sequence[Excerpt], answer: str, n: int, per_excerpt: int = QUOTES_PER_EXCERPT
+) -> list[tuple[int, str]]:
     """Up to ``n`` of the encoder's best units to quote under the written answer, as (excerpt
-    number from 1, the unit's text): each excerpt's best unit, best first; a unit the answer
-    already says (half or more of its content words are in it) or with fewer than
-    :data:`MIN_QUOTE_WORDS` content words (a heading) is skipped. A floor on the score below the
-    best excerpt's was tried and not kept (docs/answering.md).
+    number from 1, the unit's text), best first over all excerpts' kept units
+    (``Excerpt.ranked``), at most ``per_excerpt`` from one excerpt; a unit the answer already
+    says (half or more of its content words are in it) or with fewer than
+    :data:`MIN_QUOTE_WORDS` content words (a heading) is skipped, and the excerpt's next unit
+    may take its place. A floor on the score below the best excerpt's was tried and not kept
+    (docs/answering.md).
 
     Why: the small decoder writes an answer that holds the manual's key terms (the command, the
     option) for a fraction of the questions whose excerpts hold them (docs/answering.md); the
     encoder's own best sentences, quoted word for word with their citation, carry them to the
-    reader exactly, at no decoding cost."""
+    reader exactly, at no decoding cost. Quoting each excerpt's best unit only lost the
+    sentence after a skipped one ("It means simply that HEAD refers to a specific commit" after
+    "This is known as being in detached HEAD state", which the answer had said)."""
     if n <= 0 or not excerpts:
         return []
     said = content_words(answer)
+    candidates = sorted(
+        (
+            (score, i, text)
+            for i, e in enumerate(excerpts)
+            for score, text in e.ranked or [(e.score, e.best)]
+        ),
+        key=lambda c: -c[0],
+    )
     out: list[tuple[int, str]] = []
     seen: set[str] = set()
-    for i in sorted(range(len(excerpts)), key=lambda j: -excerpts[j].score):
-        text = quotable(excerpts[i].best)
+    taken = [0] * len(excerpts)
+    for _, i, unit in candidates:
+        text = quotable(unit)
         words = content_words(text or "")
         if not text or len(words) < MIN_QUOTE_WORDS or len(words & said) * 2 >= len(words):
             continue
-        if text.lower() in seen:  # the same text in two passages (a page ingested twice)
+        if text.lower() in seen or taken[i] == per_excerpt:  # seen: a page ingested twice
             continue
         seen.add(text.lower())
+        taken[i] += 1
         out.append((i + 1, _cut_words(text, MAX_QUOTE_WORDS)))
         if len(out) == n:
             break
