@@ -264,7 +264,7 @@ def test_units_read_in_context_use_those_vectors_and_embed_the_rest_alone():
 
 
 def _excerpt(i: int, score: float, best: str) -> Excerpt:
-    return Excerpt(i, best, (), score, best)
+    return Excerpt(i, best, (), ((score, best),))
 
 
 def test_quotes_are_the_best_units_the_answer_does_not_say_best_first():
@@ -317,13 +317,13 @@ def test_an_excerpt_gives_its_next_unit_when_the_answer_says_its_best():
     state", and the sentence after it, which says what that means, was never quoted."""
     said = "This is known as being in detached HEAD state."
     means = "It means simply that HEAD refers to a specific commit, not a named branch."
-    detached = Excerpt(0, f"{said} {means}", (), 0.9, said, ((0.9, said), (0.7, means)))
+    detached = Excerpt(0, f"{said} {means}", (), ((0.9, said), (0.7, means)))
     switch = "Use git switch -c to make a branch there."
-    other = Excerpt(1, switch, (), 0.8, switch, ((0.8, switch),))
+    other = Excerpt(1, switch, (), ((0.8, switch),))
     assert quotations([detached, other], said, 3) == [(2, other.text), (1, means)]
     # at most per_excerpt quotes from one excerpt, best first over all of them
     third = "You can look around and make experimental commits."
-    many = Excerpt(0, "", (), 0.9, means, ((0.9, means), (0.85, third), (0.82, DANUBE_KM)))
+    many = Excerpt(0, "", (), ((0.9, means), (0.85, third), (0.82, DANUBE_KM)))
     assert quotations([many, other], "", 3) == [(1, means), (1, third), (2, other.text)]
     assert quotations([many, other], "", 3, per_excerpt=1) == [(1, means), (2, other.text)]
 
@@ -331,7 +331,7 @@ def test_an_excerpt_gives_its_next_unit_when_the_answer_says_its_best():
 def test_two_quotes_of_one_excerpt_add_one_citation():
     means = "It means simply that HEAD refers to a specific commit, not a named branch."
     look = "You can look around and make experimental commits there."
-    excerpt = Excerpt(0, f"{means} {look}", (), 0.9, means, ((0.9, means), (0.8, look)))
+    excerpt = Excerpt(0, f"{means} {look}", (), ((0.9, means), (0.8, look)))
     hits = [Hit(Chunk(id="a", text=excerpt.text, source="git-checkout.txt"), 1.0)]
     prep = Prepared("What does detached HEAD mean?", "", hits, [], {}, evidence=[excerpt])
     answer = Answer(text="HEAD is detached.")

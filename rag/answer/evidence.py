@@ -76,13 +76,20 @@ class Excerpt:
     passage: int  # index of the passage among those given
     text: str
     units: tuple[Unit, ...]
-    score: float  # the best kept unit's score
-    # the best kept unit's text, with the unit it introduces (``:``) or asks for (``?``): the
-    # answer when the decoder writes nothing
-    best: str = ""
-    # every kept unit as (score, text with what it introduces or asks for), best first: what
-    # is quoted under a written answer (:func:`quotations`); ``best`` is the first
-    ranked: tuple[tuple[float, str], ...] = ()
+    # every kept unit as (score, its text with the unit it introduces (``:``) or asks for
+    # (``?``)), best first: what is quoted under a written answer (:func:`quotations`)
+    ranked: tuple[tuple[float, str], ...]
+
+    @property
+    def score(self) -> float:
+        """The best kept unit's score."""
+        return self.ranked[0][0]
+
+    @property
+    def best(self) -> str:
+        """The best kept unit's text (with what it brings): the answer when the decoder
+        writes nothing."""
+        return self.ranked[0][1]
 
 
 def _pieces(text: str, start: int, end: int) -> list[tuple[int, int]]:
@@ -399,7 +406,7 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
                 ranked.append((float(scores[j]), unit))
         kept_units = tuple(units[j] for j in idx)
         clipped = _clip(text, budget, count_tokens)
-        out.append(Excerpt(p, clipped, kept_units, ranked[0][0], ranked[0][1], tuple(ranked)))
+        out.append(Excerpt(p, clipped, kept_units, tuple(ranked)))
     out.sort(key=lambda e: (e.passage != 0, -e.score))
     return out
 
@@ -428,11 +435,7 @@ def quotations(
         return []
     said = content_words(answer)
     candidates = sorted(
-        (
-            (score, i, text)
-            for i, e in enumerate(excerpts)
-            for score, text in e.ranked or [(e.score, e.best)]
-        ),
+        ((score, i, text) for i, e in enumerate(excerpts) for score, text in e.ranked),
         key=lambda c: -c[0],
     )
     out: list[tuple[int, str]] = []
