@@ -16,6 +16,7 @@ from rag.answer.evidence import (
     answer_kind,
     asks_how,
     lead_units,
+    plain_markup,
     quotable,
     quotations,
     score_units,
@@ -310,6 +311,30 @@ def test_quotes_leave_out_headings_rules_and_repeats():
         _excerpt(3, 0.6, "Tabs are eight characters wide, and so are indentations."),
     ]
     assert [n for n, _ in quotations(excerpts, "Indent with tabs.", 3)] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [  # seen in quotes of the Git manual (AsciiDoc) and the kernel docs (reST)
+        (
+            "[[def_detached_HEAD]]detached HEAD:: Normally the <<def_HEAD,HEAD>> stores a <<def_branch,branch>>.",
+            "detached HEAD:: Normally the HEAD stores a branch.",
+        ),
+        (
+            "See linkgit:git-reset[1] and <<merge-strategies>>.",
+            "See git-reset(1) and merge-strategies.",
+        ),
+        (
+            "Use :c:func:`kmalloc()` as :ref:`the guide <mm-guide>` says, with ``GFP_KERNEL``.",
+            "Use `kmalloc()` as `the guide` says, with `GFP_KERNEL`.",
+        ),
+        # no markup: left as it is (a time, a command, a path)
+        ("At 10:30 run `make` :: then echo 1 > /proc/sys/vm/drop_caches", None),
+    ],
+)
+def test_quotes_show_inline_markup_as_rendered(raw, shown):
+    assert plain_markup(raw) == (shown or raw)
+    assert quotable(raw) == (shown or raw)
 
 
 def test_an_excerpt_gives_its_next_unit_when_the_answer_says_its_best():

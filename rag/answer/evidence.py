@@ -457,14 +457,35 @@ def quotations(
 
 
 _RULE = re.compile(r"\s*[=\-~^]{3,}\s*")  # a heading's underline, a listing's delimiter line
+# inline markup a reader sees as noise in a quote, and what it shows: AsciiDoc anchors
+# ([[def_HEAD]]), cross references (<<def_branch,branch>>, <<merge>>) and man-page links
+# (linkgit:git-reset[1]); reST roles (:c:func:`kmalloc()`, :ref:`text <label>`) and literals
+_MARKUP = (
+    (re.compile(r"\[\[[\w.:-]+\]\]"), ""),
+    (re.compile(r"<<[\w.:-]+,\s*([^<>]+?)>>"), r"\1"),
+    (re.compile(r"<<([\w.:-]+)>>"), r"\1"),
+    (re.compile(r"\blinkgit:([\w.-]+)\[(\d)\]"), r"\1(\2)"),
+    (re.compile(r"(?<!\S):(?:[\w-]+:)+`([^`<]+?)\s*(?:<[^`>]*>)?`"), r"`\1`"),
+    (re.compile(r"``([^`]+)``"), r"`\1`"),
+)
+
+
+def plain_markup(text: str) -> str:
+    """``text`` with the inline markup of :data:`_MARKUP` shown as a reader sees it rendered
+    ("<<def_branch,branch>>" → "branch", "linkgit:git-reset[1]" → "git-reset(1)",
+    ":c:func:`kmalloc()`" → "`kmalloc()`"); only for display: the passages keep their text."""
+    for pattern, shown in _MARKUP:
+        text = pattern.sub(shown, text)
+    return text
 
 
 def quotable(unit: str) -> str | None:
     """``unit`` as a quote: heading underlines and listing delimiters (``=====``, ``-----``,
-    reST and AsciiDoc) taken out, as they mean nothing on one line; None for a heading alone
-    (one such rule at its end, and no full stop, command prompt or closing colon in it)."""
+    reST and AsciiDoc) taken out, as they mean nothing on one line, and inline markup shown as
+    rendered (:func:`plain_markup`); None for a heading alone (one such rule at its end, and no
+    full stop, command prompt or closing colon in it)."""
     rules = _RULE.findall(unit)
-    text = " ".join(_RULE.sub(" ", unit).split())
+    text = " ".join(plain_markup(_RULE.sub(" ", unit)).split())
     heading = len(rules) == 1 and re.search(r"[=\-~^]{3,}\s*$", unit) is not None
     if heading and not re.search(r"[.;$]|:$", text):
         return None
