@@ -328,6 +328,10 @@ def test_quotes_leave_out_headings_rules_and_repeats():
             "Use :c:func:`kmalloc()` as :ref:`the guide <mm-guide>` says, with ``GFP_KERNEL``.",
             "Use `kmalloc()` as `the guide` says, with `GFP_KERNEL`.",
         ),
+        (
+            "A :keyword:`!yield` makes :c:member:`~PyConfig.argv` differ (:pep:`343`).",
+            "A `yield` makes `argv` differ (PEP 343).",
+        ),
         # no markup: left as it is (a time, a command, a path)
         ("At 10:30 run `make` :: then echo 1 > /proc/sys/vm/drop_caches", None),
     ],

@@ -465,9 +465,22 @@ _MARKUP = (
     (re.compile(r"<<[\w.:-]+,\s*([^<>]+?)>>"), r"\1"),
     (re.compile(r"<<([\w.:-]+)>>"), r"\1"),
     (re.compile(r"\blinkgit:([\w.-]+)\[(\d)\]"), r"\1(\2)"),
-    (re.compile(r"(?<!\S):(?:[\w-]+:)+`([^`<]+?)\s*(?:<[^`>]*>)?`"), r"`\1`"),
+    (
+        re.compile(r"(?<![\w:`]):((?:[\w-]+:)+)`([^`<]+?)\s*(?:<[^`>]*>)?`"),
+        lambda m: _role(*m.groups()),
+    ),
     (re.compile(r"``([^`]+)``"), r"`\1`"),
 )
+
+
+def _role(role: str, target: str) -> str:
+    """A reST role as Sphinx shows it: ``:pep:`343``` "PEP 343", ``:keyword:`!yield``` "`yield`",
+    ``:c:member:`~PyConfig.argv``` "`argv`" (``!`` is no link, ``~`` the last name alone)."""
+    if role in ("pep:", "rfc:"):
+        return f"{role[:-1].upper()} {target}"
+    if target.startswith("~"):
+        target = target.rsplit(".", 1)[-1]
+    return f"`{target.lstrip('!~')}`"
 
 
 def plain_markup(text: str) -> str:
