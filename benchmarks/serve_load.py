@@ -200,8 +200,9 @@ class SharedModels:
         if self._retriever is None:
             self._retriever = host.retriever
             _ = self._retriever.encoder  # load the encoder now, not in the first request
-        if self._plain is None:
+        if self._plain is None:  # built now: the pipeline loads its engine lazily
             self._plain = host.generator
+            getattr(self._plain, "ensure_loaded", lambda: None)()
         self.factoid(False, self.base.generate.max_batch)
         if batched:
             self.generator(True, batched)

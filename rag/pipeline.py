@@ -292,10 +292,13 @@ class RAGPipeline:
 
     def _load_decoder(self, adapter: str | Path | None) -> Any:
         """The decoder of the generation settings with ``adapter`` (``auto`` / ``none`` / a
-        folder), on the engine they resolve to (:func:`rag.generate.load.load_decoder`)."""
+        folder), on the engine they resolve to (:func:`rag.generate.load.load_decoder`): its
+        tokenizer now (the excerpts' token budget needs it), an OpenVINO engine at its first
+        request, so a factoid the factoid decoder answers never builds it (:meth:`load_models`
+        builds it now)."""
         from rag.generate.load import load_decoder
 
-        return load_decoder(self.config.generate, self.config.device, adapter)
+        return load_decoder(self.config.generate, self.config.device, adapter, lazy=True)
 
     @property
     def generation(self) -> str | None:

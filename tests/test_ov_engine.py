@@ -166,6 +166,30 @@ def test_the_engine_streams_what_it_generates_and_reports_its_stats(smol):
     assert streamed_stats["new_tokens"] == stats["new_tokens"]
 
 
+def test_a_lazy_engine_counts_tokens_unbuilt_and_builds_once_at_its_first_request(smol):
+    """``rag.ask`` built the 0.5B's engine (7 s of reading its GGUF) for a factoid the 1.5B
+    answered: the excerpts' token budget needs only its tokenizer. Loaded lazily, the engine
+    is built at the first request (or ``ensure_loaded``, a front end's preload), once."""
+    from rag.generate.ov_engine import OpenVINOGenerator
+
+    lazy = OpenVINOGenerator.load(
+        "smollm2", prompt_cache_mb=64, max_batch=4, prompt_lookup=0, lazy=True
+    )
+    try:
+        assert lazy._stepper.pipe is None
+        assert lazy.count_tokens("Paris is the capital.") == smol.count_tokens(
+            "Paris is the capital."
+        )
+        assert lazy.prompt_ids(messages(lazy)) == smol.prompt_ids(messages(smol))
+        assert lazy._stepper.pipe is None  # the tokenizer's work built nothing
+        text = lazy.generate(messages(lazy), max_new_tokens=24)
+        assert text == smol.generate(messages(smol), max_new_tokens=24)  # greedy: the same reply
+        built = lazy._stepper.pipe
+        assert built is not None and lazy.ensure_loaded() is lazy and lazy._stepper.pipe is built
+    finally:
+        lazy.close()
+
+
 def test_the_token_limit_and_stop_strings_hold(smol):
     stats = {}
     short = smol.generate(messages(smol), max_new_tokens=3, stats=stats)

@@ -274,7 +274,7 @@ def test_fallback_generator_is_loaded_without_the_adapter_only_for_span_adapters
     monkeypatch.setattr(
         rag.generate.load,
         "load_decoder",
-        lambda settings, device, adapter: loaded.append(adapter) or adapter,
+        lambda settings, device, adapter, lazy=False: loaded.append(adapter) or adapter,
     )
     for name, fmt in (("span-lora", "span"), ("k-lora", "passages")):
         folder = tmp_path / "models" / name
@@ -365,6 +365,31 @@ def test_a_front_ends_preload_loads_the_decoders_it_shares_through_their_stand_i
     pipe.load_models()
     assert loaded == ["auto"]  # the decoder (its adapter setting), once: it serves all three
     assert pipe.factoid_generator.reply == "answer" and loaded == ["auto"]
+
+
+def test_the_preload_builds_the_engines_the_pipeline_loaded_lazily(monkeypatch):
+    """The pipeline loads its OpenVINO decoders lazily (the tokenizer now, the engine at the
+    first request: a factoid answered by the 1.5B never builds the 0.5B's); a front end's
+    preload must build them now, through the server's shared stand-ins too."""
+    from rag.models import registry
+    from rag.serve import state
+
+    built = []
+
+    class LazyEngine(FakeGenerator):
+        def ensure_loaded(self):
+            built.append(self.reply)
+            return self
+
+    monkeypatch.setattr(RAGPipeline, "_load_decoder", lambda self, adapter: LazyEngine("a"))
+    monkeypatch.setattr(pipeline_module, "open_retriever", lambda config: "retriever")
+    monkeypatch.setattr(registry, "is_installed", lambda pkg: False)  # the 0.5B copies factoids
+    shared = state.decoder_sharing_factory()(RAGConfig.of(index="one"))
+    own = RAGPipeline(RAGConfig.of(index="one"))
+    for pipe in (shared, own):
+        built.clear()
+        pipe.load_models()
+        assert built and set(built) == {"a"}  # built now, not at the first question
 
 
 def test_the_preload_loads_the_query_encoder_too(monkeypatch):

@@ -36,6 +36,7 @@ def load_decoder(
     adapter: str | Path | None = None,
     *,
     short_replies: bool = False,
+    lazy: bool = False,
 ) -> Any:
     """The decoder ``settings`` ask for, with ``adapter`` (``auto`` / ``none`` / a folder, as
     :attr:`GenerationSettings.adapter`; the pipeline loads its k-passage fallback without one),
@@ -44,7 +45,8 @@ def load_decoder(
     :class:`rag.generate.generator.Generator` on torch elsewhere). The settings are passed whole:
     every decoding option is theirs. ``short_replies``: the decoder's replies are a few tokens
     (the factoid copier), which the OpenVINO engine's ``auto`` precision weighs
-    (:func:`rag.generate.ov_engine.inference_precision`)."""
+    (:func:`rag.generate.ov_engine.inference_precision`). ``lazy``: an OpenVINO engine is built
+    at its first request or ``ensure_loaded`` (the tokenizer is loaded now); torch loads now."""
     from rag.generate.engines import choose_engine
     from rag.generate.generator import Generator
     from rag.generate.ov_engine import OpenVINOGenerator
@@ -68,6 +70,7 @@ def load_decoder(
             prompt_lookup=s.prompt_lookup,
             precision=s.decoder_precision,
             short_replies=short_replies,
+            lazy=lazy,
             **common,
         )
     return Generator.load(

@@ -338,6 +338,9 @@ class OpenVINOGenerator(ChatDecoder):
         )
         self.prompt_lookup = prompt_lookup
         self._positions = max_positions
+        if pipe is None and rebuild is None:
+            raise ValueError("an engine, or a way to build one, is needed")
+        self._build, self._build_lock = rebuild, threading.Lock()
         self._stepper = _Stepper(pipe, serial=not batching, rebuild=rebuild)
         self.batcher = None  # the torch batcher's slot (benchmarks read it): the engine batches
         self._eos = self._eos_ids()
@@ -358,6 +361,7 @@ class OpenVINOGenerator(ChatDecoder):
         prompt_lookup: int = DEFAULT_PROMPT_LOOKUP,
         precision: str = "auto",
         short_replies: bool = False,
+        lazy: bool = False,
     ) -> OpenVINOGenerator:
         """The engine folder of ``name`` (:func:`engine_gguf`: built once from the pinned GGUF
         parts, sha256-checked) on the CPU. The scheduler holds ``max_batch`` sequences, prefills
@@ -367,7 +371,10 @@ class OpenVINOGenerator(ChatDecoder):
         that many tokens found after an earlier occurrence of the reply's last ids (an n-gram of
         up to :data:`LOOKUP_NGRAM`) in the prompt or reply, and one forward keeps the ones
         greedy decoding would have chosen. ``precision``: the ``decoder_precision`` setting,
-        for a decoder of ``short_replies`` or not (:func:`inference_precision`)."""
+        for a decoder of ``short_replies`` or not (:func:`inference_precision`). ``lazy``: the
+        tokenizer now, the engine (most of the load: reading the GGUF file) at the first
+        request or :meth:`ensure_loaded`; a pipeline whose factoid is answered by another
+        decoder then never builds this one (``rag.ask``: a factoid's answer 7 s sooner)."""
         import json
 
         import openvino_genai as og
@@ -398,7 +405,7 @@ class OpenVINOGenerator(ChatDecoder):
 
         with MODEL_LOAD_LOCK:
             tokenizer = AutoTokenizer.from_pretrained(folder)
-            pipe = build()
+            pipe = None if lazy else build()
         return cls(
             pipe,
             tokenizer,
@@ -410,6 +417,18 @@ class OpenVINOGenerator(ChatDecoder):
             prompt_lookup=prompt_lookup,
             rebuild=build,
         )
+
+    def ensure_loaded(self) -> OpenVINOGenerator:
+        """Build the engine now if it was loaded lazily (:meth:`load`), once, so that a front
+        end's preload (:meth:`rag.pipeline.RAGPipeline.load_models`) fails or pays here."""
+        if self._stepper.pipe is None:
+            from rag.models.loading import MODEL_LOAD_LOCK
+
+            with self._build_lock:
+                if self._stepper.pipe is None:
+                    with MODEL_LOAD_LOCK:
+                        self._stepper.pipe = self._build()
+        return self
 
     def model_positions(self) -> int | None:
         return self._positions
@@ -453,6 +472,7 @@ class OpenVINOGenerator(ChatDecoder):
         ``options`` the engine reads the token limit, sampling and ``stop``; ``use_cache``,
         ``use_prefix_cache``, ``min_new_tokens``, ``prompt_cache`` and ``ban`` are the torch
         engine's (this one keeps its own prefix cache) and are ignored."""
+        self.ensure_loaded()  # the worker touches the engine only once a request is queued
         return _Run(self._stepper.submit(ids, self._config(options)), self.rules, self._stepper)
 
     def close(self) -> None:

@@ -58,8 +58,10 @@ class SharedDecoder:
 
     def ensure_loaded(self) -> Any:
         """The decoder this stands in for, loaded now (:meth:`rag.pipeline.RAGPipeline.load_models`:
-        a front end's preload)."""
-        return getattr(self._host, self._role)
+        a front end's preload), an engine that builds lazily built too."""
+        model = getattr(self._host, self._role)
+        ensure = getattr(model, "ensure_loaded", None)
+        return ensure() if ensure is not None else model
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
