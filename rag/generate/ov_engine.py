@@ -145,8 +145,11 @@ class _Stepper:
     """
 
     def __init__(self, pipe: Any, serial: bool, rebuild: Callable[[], Any] | None = None) -> None:
-        self.pipe = pipe
+        if pipe is None and rebuild is None:
+            raise ValueError("an engine, or a way to build one, is needed")
+        self.pipe = pipe  # None: built at the first request (:meth:`ensure_built`)
         self._rebuild = rebuild
+        self._build_lock = threading.Lock()
         self._ids = itertools.count()
         self._active: dict[int, _Request] = {}
         self._adding: list[_Request] = []  # submitted, added at the next pause
@@ -157,6 +160,17 @@ class _Stepper:
         self._broken: RuntimeError | None = None
         self._thread = threading.Thread(target=self._run, name="rag-ov-engine", daemon=True)
         self._thread.start()
+
+    def ensure_built(self) -> None:
+        """Build the engine by ``rebuild`` if there is none yet (a lazy load), once; the worker
+        touches the engine only once a request is queued, so it never sees it missing."""
+        if self.pipe is None:
+            from rag.models.loading import MODEL_LOAD_LOCK
+
+            with self._build_lock:
+                if self.pipe is None:
+                    with MODEL_LOAD_LOCK:
+                        self.pipe = self._rebuild()
 
     def submit(self, ids: Sequence[int], config: Any) -> _Request:
         """Queue a request; the worker adds it to the engine before its next step."""
@@ -338,9 +352,6 @@ class OpenVINOGenerator(ChatDecoder):
         )
         self.prompt_lookup = prompt_lookup
         self._positions = max_positions
-        if pipe is None and rebuild is None:
-            raise ValueError("an engine, or a way to build one, is needed")
-        self._build, self._build_lock = rebuild, threading.Lock()
         self._stepper = _Stepper(pipe, serial=not batching, rebuild=rebuild)
         self.batcher = None  # the torch batcher's slot (benchmarks read it): the engine batches
         self._eos = self._eos_ids()
@@ -421,13 +432,7 @@ class OpenVINOGenerator(ChatDecoder):
     def ensure_loaded(self) -> OpenVINOGenerator:
         """Build the engine now if it was loaded lazily (:meth:`load`), once, so that a front
         end's preload (:meth:`rag.pipeline.RAGPipeline.load_models`) fails or pays here."""
-        if self._stepper.pipe is None:
-            from rag.models.loading import MODEL_LOAD_LOCK
-
-            with self._build_lock:
-                if self._stepper.pipe is None:
-                    with MODEL_LOAD_LOCK:
-                        self._stepper.pipe = self._build()
+        self._stepper.ensure_built()
         return self
 
     def model_positions(self) -> int | None:
@@ -472,7 +477,7 @@ class OpenVINOGenerator(ChatDecoder):
         ``options`` the engine reads the token limit, sampling and ``stop``; ``use_cache``,
         ``use_prefix_cache``, ``min_new_tokens``, ``prompt_cache`` and ``ban`` are the torch
         engine's (this one keeps its own prefix cache) and are ignored."""
-        self.ensure_loaded()  # the worker touches the engine only once a request is queued
+        self._stepper.ensure_built()
         return _Run(self._stepper.submit(ids, self._config(options)), self.rules, self._stepper)
 
     def close(self) -> None:
