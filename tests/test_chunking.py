@@ -8,8 +8,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from rag.documents import Document, markdown_headings
-from rag.documents.chunking import chunk_document, count_tokens
+from rag.documents.chunking import chunk_document, count_tokens, indexed_text
 from rag.models import minilm_path
+from rag.types import Chunk
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +279,19 @@ def test_a_run_without_spaces_is_cut_inside(wordpiece, bpe):
         assert max(count_tokens(tok, [c.text for c in chunks])) <= 64
         covered = sum(c.end - c.start for c in chunks)
         assert covered >= len(text.strip()) - 16 and "After the blob." in chunks[-1].text
+
+
+def test_indexed_text_names_the_file_and_its_headings():
+    chunk = Chunk(
+        id="c",
+        text="Return the base name.",
+        source="/docs/library/os.path.rst.txt",
+        heading_path=("os.path — Common pathname manipulations", "Functions"),
+    )
+    assert indexed_text(chunk) == (
+        "os.path › os.path — Common pathname manipulations › Functions\nReturn the base name."
+    )
+    assert indexed_text(chunk, context=False) == "Return the base name."
+    bare = Chunk(id="d", text="Some words.", source="/docs/NOTES")
+    assert indexed_text(bare) == "NOTES\nSome words."
+    assert indexed_text(Chunk(id="e", text="x", source="/docs/.md")) == ".md\nx"

@@ -16,6 +16,7 @@ from rag.documents import (
     markdown_headings,
     rst_headings,
 )
+from rag.documents.loaders import text_headings
 
 
 def write(path: Path, data: str | bytes) -> Path:
@@ -45,6 +46,51 @@ def test_rst_headings_levels_follow_first_appearance():
         (3, "Sub"),
         (2, "Other"),
     ]
+
+
+MAN_PAGE = """git-push(1)
+===========
+
+NAME
+----
+git-push - Update remote refs along with associated objects
+
+OPTIONS[[OPTIONS]]
+------------------
+-d, --delete::
+	All listed refs are deleted from the remote repository.
+
+EXAMPLES
+--------
+------------
+$ git revert HEAD
+------------
+
+# not a heading: a shell comment
+"""
+
+
+def test_text_headings_of_an_asciidoc_manual_page(tmp_path):
+    doc = load_document(write(tmp_path / "git-push.txt", MAN_PAGE))
+    assert [(h.level, h.title) for h in doc.headings] == [
+        (1, "git-push(1)"),
+        (2, "NAME"),
+        (2, "OPTIONS"),  # its [[anchor]] dropped
+        (2, "EXAMPLES"),  # the fenced "$ git revert HEAD" above a fence is code, not a title
+    ]
+    assert doc.heading_path_at(doc.text.index("All listed")) == ("git-push(1)", "OPTIONS")
+
+
+def test_text_headings_prefer_asciidoc_one_line_titles_then_markdown():
+    manual = (
+        "= Git User Manual\n\n== Introduction\n\n----\n$ git log\n\nHEAD is now at 427abfa\n----\n"
+    )
+    assert [(h.level, h.title) for h in text_headings(manual)] == [
+        (1, "Git User Manual"),
+        (2, "Introduction"),
+    ]
+    assert [h.title for h in text_headings("# Notes\n\nplain text\n")] == ["Notes"]
+    assert text_headings("a line\nof text\n\n}\n---\n") == []  # no word, no blank before
 
 
 def test_sphinx_rst_txt_is_read_as_rst(tmp_path):

@@ -10,6 +10,7 @@ import os
 import pytest
 from ingest_support import write_docs
 
+from rag.documents.chunking import indexed_text
 from rag.ingest import ingest, main
 from rag.ingest.config import effective_chunking, same_chunking
 from rag.retrieval.retriever import Retriever
@@ -163,11 +164,38 @@ def test_chunk_tokens_above_the_encoder_limit_is_capped_and_said(tmp_path, tiny_
 
 
 def test_same_chunking_compares_effective_values():
-    old_style = {"chunk_tokens": 256, "overlap": 32, "max_tokens": 254}  # minilm's old manifests
+    old_style = {"chunk_tokens": 256, "overlap": 32, "max_tokens": 254, "context": 1}
     assert same_chunking(old_style, effective_chunking(256, 32, 254))
     assert same_chunking(old_style, effective_chunking(300, 32, 254))  # same chunks either way
     assert not same_chunking(old_style, effective_chunking(128, 32, 254))
     assert not same_chunking({}, effective_chunking(256, 32, 254))
+    # indexed without the file and headings line: the next run embeds it all again, once
+    before_context = {"chunk_tokens": 256, "overlap": 32, "max_tokens": 254}
+    assert not same_chunking(before_context, effective_chunking(256, 32, 254))
+    assert same_chunking(before_context, effective_chunking(256, 32, 254, context=False))
+
+
+def test_chunks_are_embedded_under_their_file_and_headings(tmp_path, tiny_mlm_dir, capsys):
+    """The vector of a chunk is its text's under the line naming its file and headings
+    (``indexed_text``: the query made of exactly that text scores 1); BM25 and the stored,
+    shown text are the chunk's own. ``--no-context`` embeds the text alone."""
+    body = "All listed refs are deleted from the remote repository.\n"
+    docs = write_docs(tmp_path / "docs", {"okapi-push.md": f"# Wombat options\n\n{body}"})
+    for name, flags, context in (("ctx", [], True), ("plain", ["--no-context"], False)):
+        code, _, _ = run(
+            [str(docs), "--index", name, "--encoder", str(tiny_mlm_dir), *flags], capsys
+        )
+        assert code == 0
+        r = Retriever.from_settings(name)
+        (chunk,) = r.chunks.values()
+        assert chunk.text.startswith("# Wombat") and "okapi" not in chunk.text
+        assert not r.search("okapi", k=1, mode="bm25")  # the file name is not a BM25 term
+        embedded = indexed_text(chunk, context)
+        assert embedded.startswith("okapi-push › Wombat options\n") == context
+        for query, exact in ((embedded, True), (indexed_text(chunk, not context), False)):
+            (hit,) = r.search(query, k=1, mode="dense")
+            assert (abs(hit.score - 1.0) < 1e-4) == exact, (name, query, hit.score)
+        assert open_generation(name)[2].chunking["context"] == context
 
 
 def test_unsupported_types_are_listed_as_skipped(tmp_path, tiny_mlm_dir, capsys):

@@ -26,11 +26,13 @@ import hashlib
 import re
 from bisect import bisect_left
 from collections.abc import Callable
+from pathlib import PurePath
 from typing import Any
 
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
 from rag.documents.limits import DocumentError
 from rag.documents.loaders import Document
+from rag.documents.walk import SUPPORTED_SUFFIXES
 from rag.types import Chunk
 
 # Boundary strength: higher is a better place to cut.
@@ -309,3 +311,25 @@ def _fit(text: str, a: int, b: int, backend, budget: int) -> list[tuple[int, int
         out.append((a, end))
         a = end + len(text[end:b]) - len(text[end:b].lstrip())
     return out
+
+
+def indexed_text(chunk: Chunk, context: bool = True) -> str:
+    """What the encoder embeds for ``chunk``. With ``context``, its text under one line naming
+    its file (the name without its type's suffix) and its heading path,
+    ``git-push › git-push(1) › OPTIONS``: a contextual chunk header, as LlamaIndex embeds a
+    node's file name and Haystack its ``meta_fields_to_embed``. A chunk from the middle of a
+    manual page rarely names the command it documents ("-d, --delete: All listed refs are
+    deleted from the remote repository"); its file and section do. BM25 indexes the text alone:
+    with the header there, a question's common words that name files ("commit", "branch")
+    pulled in every chunk of git-commit or git-branch (docs/retrieval.md). The stored, shown
+    and cited text stays the chunk's own."""
+    if not context:
+        return chunk.text
+    name = PurePath(chunk.source).name
+    for _ in range(2):  # Sphinx's os.path.rst.txt is os.path
+        suffix = next((s for s in SUPPORTED_SUFFIXES if name.lower().endswith(s)), None)
+        if suffix is None or len(name) == len(suffix):
+            break
+        name = name[: -len(suffix)]
+    header = " › ".join(part for part in (name, *chunk.heading_path) if part.strip())
+    return f"{header}\n{chunk.text}" if header else chunk.text

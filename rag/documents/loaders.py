@@ -158,6 +158,62 @@ def rst_headings(text: str) -> list[Heading]:
     return out
 
 
+_ASCIIDOC_TITLE = re.compile(r"^(={1,6})\s+(\S.*?)\s*$")
+_BLOCK_ATTRIBUTE = re.compile(r"^\[[^\]]*\]$")
+_ANCHOR = re.compile(r"\[\[[^\]]*\]\]")  # AsciiDoc's [[id]] beside a title
+
+
+def text_headings(text: str) -> list[Heading]:
+    """Headings of a plain ``.txt`` file. AsciiDoc's one-line titles (``== Title``) when the
+    file has any; else titles underlined as in reST, setext Markdown and AsciiDoc's two-line
+    titles (``NAME`` over ``----``: Git's manual pages); else Markdown ``#`` lines. Lines inside
+    a delimited block are code, not titles: AsciiDoc fences code with a line of ``----`` (or
+    ``....``, ``====``) that, unlike an underline, has no text directly above it, and a line of
+    code above the closing fence ("}", "$ git revert HEAD") would read as an underlined title.
+    An underlined title must also follow a blank line and hold a word. Without this a manual
+    page's chunks had no heading path, and ``# a shell comment`` in its examples became one."""
+    lines = text.split("\n")
+    starts: dict[int, int] = {}
+    fenced: set[int] = set()
+    fence = None
+    pos = 0
+    for i, line in enumerate(lines):
+        starts[pos] = i
+        pos += len(line) + 1
+        stripped = line.strip()
+        if fence is not None:
+            fenced.add(i)
+            if stripped == fence:
+                fence = None
+        elif (
+            _RST_UNDERLINE.match(line)
+            and len(stripped) >= 4
+            and (i == 0 or not lines[i - 1].strip() or _BLOCK_ATTRIBUTE.match(lines[i - 1].strip()))
+        ):
+            fence = stripped
+            fenced.add(i)
+    offset = 0
+    one_line = []
+    for i, line in enumerate(lines):
+        if i not in fenced and (m := _ASCIIDOC_TITLE.match(line)):
+            one_line.append(Heading(offset, len(m.group(1)), _ANCHOR.sub("", m.group(2)).strip()))
+        offset += len(line) + 1
+    if one_line:
+        return one_line
+    styles: list[str] = []
+    out = []
+    for h in rst_headings(text):
+        i = starts[h.offset]
+        if i in fenced or not re.search(r"\w", h.title) or (i and lines[i - 1].strip()):
+            continue
+        style = lines[i + 1].strip()[0]
+        if style not in styles:
+            styles.append(style)
+        title = _ANCHOR.sub("", h.title).strip() or h.title
+        out.append(Heading(h.offset, styles.index(style) + 1, title))
+    return out or markdown_headings(text)
+
+
 # ---------------------------------------------------------------------------- format loaders
 
 
@@ -287,7 +343,13 @@ def load_document(
                 text, headings = _load_html(path, data, deadline)
             elif suffix in TEXT_SUFFIXES:
                 text = clean_text(_decode(path, data))
-                headings = rst_headings(text) if suffix == ".rst" else markdown_headings(text)
+                headings = (
+                    rst_headings(text)
+                    if suffix == ".rst"
+                    else text_headings(text)
+                    if suffix == ".txt"
+                    else markdown_headings(text)
+                )
             else:
                 raise DocumentError(path, f"unsupported file type '{suffix or path.name}'")
     except DocumentError:

@@ -28,6 +28,7 @@ import numpy as np
 
 from indexes import VectorIndex, open_for_generation, resolve_backend
 from rag.defaults import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
+from rag.documents.chunking import indexed_text
 from rag.ingest.config import (
     IngestConfig,
     IngestReport,
@@ -144,7 +145,7 @@ def _ingest_locked(cfg: IngestConfig, root: Path, t0: float) -> IngestReport:
     if encoder.auto_note:  # printed by rag.ingest: a new index says which encoder auto chose
         report.notes.append(encoder.auto_note)
     requested = DEFAULT_CHUNK_TOKENS if cfg.chunk_tokens is None else cfg.chunk_tokens
-    chunking = effective_chunking(requested, cfg.overlap, encoder.max_chunk_tokens)
+    chunking = effective_chunking(requested, cfg.overlap, encoder.max_chunk_tokens, cfg.context)
     report.chunking = chunking
     if cfg.chunk_tokens is not None and chunking["chunk_tokens"] < cfg.chunk_tokens:
         report.notes.append(
@@ -204,7 +205,7 @@ def _apply(cfg, root, t0, report, gen, old, encoder, chunking, engine, walk) -> 
             report.timings.update(engine.timings)
         elif todo:  # deletions alone need no model
             vectors = encoder.get().encode(
-                [c.text for c in todo],
+                [indexed_text(c, chunking["context"]) for c in todo],
                 progress=cfg.progress,
                 on_batch=lambda n: _checkpoint("mid-encode"),
             )

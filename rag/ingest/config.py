@@ -156,12 +156,15 @@ def check_chunking(chunk_tokens: int | None, overlap: int) -> None:
         raise ValueError(f"--overlap must be in [0, {n // 2}) for {n}-token chunks, not {overlap}")
 
 
-def effective_chunking(chunk_tokens: int, overlap: int, max_tokens: int) -> dict[str, int]:
+def effective_chunking(
+    chunk_tokens: int, overlap: int, max_tokens: int, context: bool = True
+) -> dict[str, int]:
     """The chunking a run really applies, as the manifest records it.
 
     ``chunk_tokens`` is capped at what the encoder reads (``max_tokens``) and the overlap then
     kept proportionate, exactly as :func:`rag.documents.chunking.chunk_document` does, so chunking with
-    these values gives the same chunks. The requested values are kept beside them."""
+    these values gives the same chunks. The requested values are kept beside them. ``context``:
+    whether the indexed text carries the chunk's file and headings (``indexed_text``)."""
     budget = min(chunk_tokens, max_tokens)
     eff_overlap = min(overlap, budget // 4) if budget < chunk_tokens else overlap
     return {
@@ -170,14 +173,18 @@ def effective_chunking(chunk_tokens: int, overlap: int, max_tokens: int) -> dict
         "max_tokens": max_tokens,
         "requested_chunk_tokens": chunk_tokens,
         "requested_overlap": overlap,
+        "context": int(context),
     }
 
 
 def same_chunking(old: dict[str, int], new: dict[str, int]) -> bool:
     """Whether two manifests' chunking makes the same chunks. Manifests written before the
     effective values were stored hold the requested ones (256 with minilm's 254-token limit);
-    comparing effective values keeps their chunks instead of re-embedding the whole index."""
+    comparing effective values keeps their chunks instead of re-embedding the whole index.
+    A manifest without ``context`` was indexed without it: the next run re-embeds it all once."""
     if not old or "chunk_tokens" not in old or "overlap" not in old:
+        return False
+    if old.get("context", 0) != new.get("context", 0):
         return False
 
     def eff(d: dict[str, int]) -> tuple[int, int]:
@@ -202,6 +209,9 @@ class IngestConfig:
     chunk_tokens: int | None = None  # chunk size in encoder tokens; None: 256 (or the encoder's
     # limit if smaller); a larger explicit value is capped, and the report says so
     overlap: int = DEFAULT_OVERLAP  # tokens shared by consecutive chunks of a section
+    # embed each chunk under a line naming its file and its heading path
+    # (rag.documents.chunking.indexed_text); BM25, the stored, shown and cited text: the chunk alone
+    context: bool = True
     device: str = "auto"  # auto | cpu | cuda
     # encoder weights (rag.models.precision): auto (the default: bf16 on CUDA and on a CPU where
     # a cached probe measured it faster, docs/scaling.md; else fp32; the manifest records the

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from rag.documents.chunking import indexed_text
 from rag.ingest.config import IngestConfig
 from rag.ingest.plan import EncoderHandle, PendingFile, chunk_file, os_reason
 from rag.storage.paths import rag_home
@@ -67,7 +68,13 @@ def _chunk_row(row: dict[str, Any], tokenizer: Any, chunking: dict, limits: Any)
     except Exception as e:  # noqa: BLE001 - one file's failure, never the run's
         return [{"key": key, "pos": 0, "error": failure_reason(e), "chunk": "", "text": ""}]
     return [
-        {"key": key, "pos": i, "error": "", "chunk": json.dumps(c.to_dict()), "text": c.text}
+        {
+            "key": key,
+            "pos": i,
+            "error": "",
+            "chunk": json.dumps(c.to_dict()),
+            "text": indexed_text(c, chunking.get("context", 0)),
+        }
         for i, c in enumerate(chunks)
     ]
 
@@ -287,7 +294,14 @@ class RayEngine:
         if rest:
             ray = self._ray()
             items = [
-                {"key": c.id, "pos": 0, "error": "", "chunk": "", "text": c.text} for c in rest
+                {
+                    "key": c.id,
+                    "pos": 0,
+                    "error": "",
+                    "chunk": "",
+                    "text": indexed_text(c, self.cfg.context),
+                }
+                for c in rest
             ]
             for row in self._collect(self._embed(ray.data.from_items(items))):
                 self.vectors[str(row["key"])] = np.asarray(row["vector"], dtype=np.float32)
