@@ -37,6 +37,16 @@ def test_markdown_headings_and_heading_path(tmp_path):
     assert doc.heading_path_at(0) == ("Guide",)
 
 
+def test_markdown_setext_headings_but_not_front_matter_lists_or_code():
+    text = (
+        "---\ntitle: notes\n---\n\nGuide\n=====\n\nintro\n\nInstall\n-------\n\npip install\n\n"
+        "- a list item\n---\n\n```\ncode\n---\n```\n\n| a | b |\n|---|---|\n\n## Use\n"
+    )
+    heads = markdown_headings(text)
+    assert [(h.level, h.title) for h in heads] == [(1, "Guide"), (2, "Install"), (2, "Use")]
+    assert text[heads[1].offset :].startswith("Install\n---")
+
+
 def test_rst_headings_levels_follow_first_appearance():
     text = "=====\nTitle\n=====\n\nIntro.\n\nSection\n-------\n\nBody.\n\nSub\n~~~\n\nMore.\n\nOther\n-----\n"
     heads = rst_headings(text)

@@ -117,14 +117,35 @@ _ATX = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _RST_UNDERLINE = re.compile(r"^([=\-~^\"'`#*+<>:._])\1{2,}\s*$")
 
 
+_SETEXT = re.compile(r"^(=+|-+)\s*$")
+_NOT_SETEXT_TITLE = re.compile(r"^\s*(?:[-*+>|#]|\d+[.)]\s|```|~~~)|^\s{4}")
+
+
 def markdown_headings(text: str) -> list[Heading]:
-    """ATX (``# Title``) headings, skipping fenced code blocks."""
+    """ATX (``# Title``) headings, and setext ones (a line over ``===``: level 1, or over
+    ``---``: level 2, of three or more; the title alone after a blank line and holding a word,
+    so that YAML front matter's closing ``---`` and a list or table above a rule are no
+    titles), skipping fenced code blocks."""
     out, offset, fenced = [], 0, False
-    for line in text.split("\n"):
+    lines = text.split("\n")
+    for i, line in enumerate(lines):
         if line.lstrip().startswith(("```", "~~~")):
             fenced = not fenced
         elif not fenced and (m := _ATX.match(line)):
             out.append(Heading(offset, len(m.group(1)), m.group(2).strip()))
+        elif (
+            not fenced
+            and i >= 1
+            and len(line.strip()) >= 3
+            and (m := _SETEXT.match(line))
+            and re.search(r"\w", lines[i - 1])
+            and not _NOT_SETEXT_TITLE.match(lines[i - 1])
+            and (i == 1 or not lines[i - 2].strip())
+        ):
+            title = lines[i - 1].strip()
+            out.append(
+                Heading(offset - len(lines[i - 1]) - 1, 1 if m.group(1)[0] == "=" else 2, title)
+            )
         offset += len(line) + 1
     return out
 
