@@ -196,6 +196,15 @@ def test_chunks_are_embedded_under_their_file_and_headings(tmp_path, tiny_mlm_di
             (hit,) = r.search(query, k=1, mode="dense")
             assert (abs(hit.score - 1.0) < 1e-4) == exact, (name, query, hit.score)
         assert open_generation(name)[2].chunking["context"] == context
+    # the same folder into the plain index with the line: everything again, and the note says why
+    code, out, err = run([str(docs), "--index", "plain", "--json"], capsys)
+    assert code == 0 and out["chunks_embedded"] == 1
+    assert [line for line in err if line.startswith("note: re-embedding")] == [
+        "note: re-embedding every document: the index was written without the line naming each "
+        "chunk's file and headings (--context)"
+    ]
+    code, out, err = run([str(docs), "--index", "plain", "--json"], capsys)
+    assert out["chunks_embedded"] == 0 and not any("re-embedding" in line for line in err)
 
 
 def test_unsupported_types_are_listed_as_skipped(tmp_path, tiny_mlm_dir, capsys):

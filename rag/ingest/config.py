@@ -194,6 +194,18 @@ def same_chunking(old: dict[str, int], new: dict[str, int]) -> bool:
     return eff(old) == eff(new)
 
 
+def rechunk_reason(old: dict[str, int], new: dict[str, int]) -> str:
+    """The note of a run that re-chunks and re-embeds every document of an index: which
+    chunking setting differs from the one the index was written with."""
+    if old.get("context", 0) != new.get("context", 0):
+        was = "with" if old.get("context", 0) else "without"
+        return (
+            f"re-embedding every document: the index was written {was} the line naming each "
+            "chunk's file and headings (--context)"
+        )
+    return "re-embedding every document: the chunk size or overlap differs from the index's"
+
+
 @dataclass
 class IngestConfig:
     """Settings of one ingest run (saved as run.json beside the generation it writes)."""

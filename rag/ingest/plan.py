@@ -31,6 +31,7 @@ from rag.ingest.config import (
     IngestReport,
     check_found,
     failed_files,
+    rechunk_reason,
     same_chunking,
     under,
 )
@@ -161,6 +162,10 @@ def plan_changes(
     them (default: walked now)."""
     plan = Plan()
     unchanged_chunking = old is not None and same_chunking(old.chunking, chunking)
+    if (
+        old is not None and old.sources and not unchanged_chunking
+    ):  # why an unchanged folder re-embeds
+        report.notes.append(rechunk_reason(old.chunking, chunking))
     sources = old.sources if old else {}
     roots = [Path(os.path.abspath(p)) for p in cfg.paths]
     seen: set[str] = set()
