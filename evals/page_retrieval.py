@@ -1,8 +1,7 @@
 """Where the answering page ranks: hit@k and MRR of documentation questions over an index.
 
 Retrieval alone, no decoder: each question of ``--questions`` (JSONL rows with ``id``,
-``question``, ``pages`` and optionally ``split``; the docqa files work, and so do the
-retrieval-only files ``evals/data/*_retrieval.jsonl``, which have no keywords) is searched
+``question``, ``pages`` and optionally ``split``: the docqa files, keywords unused) is searched
 through the index's own :class:`rag.retrieval.retriever.Retriever`, once per ``--modes``, and
 the first hit from one of its pages is its rank (:func:`evals.docqa.hit_rank`). Questions
 without pages (out of the manual) are skipped. Seconds per index, so a change to what is
@@ -12,7 +11,7 @@ the 20 of an answer run.
 CLI::
 
     python -m evals.page_retrieval --index gitdocs --questions evals/data/gitdocs_qa.jsonl \\
-        evals/data/gitdocs_retrieval.jsonl --split dev --out git-pages.json
+        evals/data/gitdocs_dev2_qa.jsonl --split dev --out git-pages.json
 """
 
 from __future__ import annotations

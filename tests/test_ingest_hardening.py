@@ -164,24 +164,25 @@ def test_chunk_tokens_above_the_encoder_limit_is_capped_and_said(tmp_path, tiny_
 
 
 def test_same_chunking_compares_effective_values():
-    old_style = {"chunk_tokens": 256, "overlap": 32, "max_tokens": 254, "context": 1}
+    old_style = {"chunk_tokens": 256, "overlap": 32, "max_tokens": 254}  # minilm's old manifests
     assert same_chunking(old_style, effective_chunking(256, 32, 254))
     assert same_chunking(old_style, effective_chunking(300, 32, 254))  # same chunks either way
     assert not same_chunking(old_style, effective_chunking(128, 32, 254))
     assert not same_chunking({}, effective_chunking(256, 32, 254))
-    # indexed without the file and headings line: the next run embeds it all again, once
-    before_context = {"chunk_tokens": 256, "overlap": 32, "max_tokens": 254}
-    assert not same_chunking(before_context, effective_chunking(256, 32, 254))
-    assert same_chunking(before_context, effective_chunking(256, 32, 254, context=False))
+    # indexed without the file and headings line: a run with --context embeds it all again
+    assert not same_chunking(old_style, effective_chunking(256, 32, 254, context=True))
+    assert same_chunking(
+        {**old_style, "context": 1}, effective_chunking(256, 32, 254, context=True)
+    )
 
 
 def test_chunks_are_embedded_under_their_file_and_headings(tmp_path, tiny_mlm_dir, capsys):
     """The vector of a chunk is its text's under the line naming its file and headings
     (``indexed_text``: the query made of exactly that text scores 1); BM25 and the stored,
-    shown text are the chunk's own. ``--no-context`` embeds the text alone."""
+    shown text are the chunk's own. Without ``--context`` (the default) the text alone."""
     body = "All listed refs are deleted from the remote repository.\n"
     docs = write_docs(tmp_path / "docs", {"okapi-push.md": f"# Wombat options\n\n{body}"})
-    for name, flags, context in (("ctx", [], True), ("plain", ["--no-context"], False)):
+    for name, flags, context in (("ctx", ["--context"], True), ("plain", [], False)):
         code, _, _ = run(
             [str(docs), "--index", name, "--encoder", str(tiny_mlm_dir), *flags], capsys
         )
@@ -197,13 +198,13 @@ def test_chunks_are_embedded_under_their_file_and_headings(tmp_path, tiny_mlm_di
             assert (abs(hit.score - 1.0) < 1e-4) == exact, (name, query, hit.score)
         assert open_generation(name)[2].chunking["context"] == context
     # the same folder into the plain index with the line: everything again, and the note says why
-    code, out, err = run([str(docs), "--index", "plain", "--json"], capsys)
+    code, out, err = run([str(docs), "--index", "plain", "--context", "--json"], capsys)
     assert code == 0 and out["chunks_embedded"] == 1
     assert [line for line in err if line.startswith("note: re-embedding")] == [
         "note: re-embedding every document: the index was written without the line naming each "
         "chunk's file and headings (--context)"
     ]
-    code, out, err = run([str(docs), "--index", "plain", "--json"], capsys)
+    code, out, err = run([str(docs), "--index", "plain", "--context", "--json"], capsys)
     assert out["chunks_embedded"] == 0 and not any("re-embedding" in line for line in err)
 
 

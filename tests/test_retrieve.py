@@ -84,8 +84,7 @@ def test_reranker_reorders(tiny_encoder):
 def test_index_retriever_matches_corpus_retriever(tmp_path, tiny_mlm_dir, tiny_encoder):
     docs = tmp_path / "docs"
     write_docs(docs, {f"{k}.txt": v for k, v in CORPUS.items()})
-    # the chunks' text alone in both (the index's header line is test_ingest_hardening's)
-    ingest([docs], index="ret", encoder=str(tiny_mlm_dir), progress=False, context=False)
+    ingest([docs], index="ret", encoder=str(tiny_mlm_dir), progress=False)
     r = Retriever.from_settings("ret")
     ids = sorted(r.chunks)
     corpus = CorpusRetriever(

@@ -157,7 +157,7 @@ def check_chunking(chunk_tokens: int | None, overlap: int) -> None:
 
 
 def effective_chunking(
-    chunk_tokens: int, overlap: int, max_tokens: int, context: bool = True
+    chunk_tokens: int, overlap: int, max_tokens: int, context: bool = False
 ) -> dict[str, int]:
     """The chunking a run really applies, as the manifest records it.
 
@@ -181,7 +181,7 @@ def same_chunking(old: dict[str, int], new: dict[str, int]) -> bool:
     """Whether two manifests' chunking makes the same chunks. Manifests written before the
     effective values were stored hold the requested ones (256 with minilm's 254-token limit);
     comparing effective values keeps their chunks instead of re-embedding the whole index.
-    A manifest without ``context`` was indexed without it: the next run re-embeds it all once."""
+    A manifest without ``context`` was indexed without it; a run that changes it re-embeds all."""
     if not old or "chunk_tokens" not in old or "overlap" not in old:
         return False
     if old.get("context", 0) != new.get("context", 0):
@@ -222,8 +222,9 @@ class IngestConfig:
     # limit if smaller); a larger explicit value is capped, and the report says so
     overlap: int = DEFAULT_OVERLAP  # tokens shared by consecutive chunks of a section
     # embed each chunk under a line naming its file and its heading path
-    # (rag.documents.chunking.indexed_text); BM25, the stored, shown and cited text: the chunk alone
-    context: bool = True
+    # (rag.documents.chunking.indexed_text; off by default: better pages, fewer answers with the
+    # key terms on the dev questions, docs/retrieval.md); BM25 and the shown text: the chunk alone
+    context: bool = False
     device: str = "auto"  # auto | cpu | cuda
     # encoder weights (rag.models.precision): auto (the default: bf16 on CUDA and on a CPU where
     # a cached probe measured it faster, docs/scaling.md; else fp32; the manifest records the
