@@ -101,6 +101,8 @@ def test_text_headings_prefer_asciidoc_one_line_titles_then_markdown():
     ]
     assert [h.title for h in text_headings("# Notes\n\nplain text\n")] == ["Notes"]
     assert text_headings("a line\nof text\n\n}\n---\n") == []  # no word, no blank before
+    fenced = "----\n$ git reset --hard\n\nHEAD is now at 427abfa\n----\n"
+    assert text_headings(fenced) == []  # a blank line inside the fence: still code
 
 
 def test_sphinx_rst_txt_is_read_as_rst(tmp_path):

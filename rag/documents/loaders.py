@@ -121,11 +121,11 @@ _SETEXT = re.compile(r"^(=+|-+)\s*$")
 _NOT_SETEXT_TITLE = re.compile(r"^\s*(?:[-*+>|#]|\d+[.)]\s|```|~~~)|^\s{4}")
 
 
-def markdown_headings(text: str) -> list[Heading]:
-    """ATX (``# Title``) headings, and setext ones (a line over ``===``: level 1, or over
-    ``---``: level 2, of three or more; the title alone after a blank line and holding a word,
-    so that YAML front matter's closing ``---`` and a list or table above a rule are no
-    titles), skipping fenced code blocks."""
+def markdown_headings(text: str, setext: bool = True) -> list[Heading]:
+    """ATX (``# Title``) headings, and with ``setext`` setext ones (a line over ``===``: level
+    1, or over ``---``: level 2, of three or more; the title alone after a blank line and
+    holding a word, so that YAML front matter's closing ``---`` and a list or table above a rule
+    are no titles), skipping fenced code blocks."""
     out, offset, fenced = [], 0, False
     lines = text.split("\n")
     for i, line in enumerate(lines):
@@ -134,7 +134,8 @@ def markdown_headings(text: str) -> list[Heading]:
         elif not fenced and (m := _ATX.match(line)):
             out.append(Heading(offset, len(m.group(1)), m.group(2).strip()))
         elif (
-            not fenced
+            setext
+            and not fenced
             and i >= 1
             and len(line.strip()) >= 3
             and (m := _SETEXT.match(line))
@@ -232,7 +233,7 @@ def text_headings(text: str) -> list[Heading]:
             styles.append(style)
         title = _ANCHOR.sub("", h.title).strip() or h.title
         out.append(Heading(h.offset, styles.index(style) + 1, title))
-    return out or markdown_headings(text)
+    return out or markdown_headings(text, setext=False)  # its underlines were weighed above
 
 
 # ---------------------------------------------------------------------------- format loaders
