@@ -35,7 +35,7 @@ HEAD_DEFAULTS = {
     "compose": "decoder",
     "evidence_tokens": 320,
     "evidence_passages": 10,
-    "quotes": 4,  # since 2026-12-06 (docs/answering.md: quotes for how / why questions)
+    "quotes": 5,  # since 2026-12-06 (docs/answering.md: quotes for how / why questions; 5 later that day)
     "factoid": "extract",  # since 2026-12-05 (docs/answering.md: a factoid's short answer)
     "literal_terms": True,  # since 2026-12-05 (docs/answering.md: terms no document holds)
     "answerability_threshold": 0.338,

@@ -45,8 +45,8 @@ class AnswerSettings:
     # the encoder's best sentences quoted word for word under an answer written from its
     # excerpts, each with its citation, when the question asks how, why or what something does
     # (rag.answer.compose.add_quotations; what the answer already says is skipped): up to this
-    # many, two from one excerpt at most; 0 = none
-    quotes: int = 4
+    # many, two from one excerpt at most; 0 = none (5 chosen on 96 dev questions, docs/answering.md)
+    quotes: int = 5
     # how a factoid (a question that does not ask how, why or what something does) is
     # answered from excerpts: extract = the decoder reads the encoder's best sentences and
     # writes the short answer alone, shown with the sentence that holds it, cited (nothing
