@@ -63,7 +63,7 @@ from rag.cli import run_cli
 from rag.cli.flags import dataclass_parser
 from rag.config import RAGConfig, with_overrides
 from rag.defaults import DEFAULT_PROMPT_CACHE_MB, DEFAULT_PROMPT_LOOKUP, MODES
-from rag.generate.load import prepare_serving_process
+from rag.generate.load import ensure_loaded, prepare_serving_process
 from rag.storage.paths import rag_home
 
 PROG = "benchmarks.serve_load"
@@ -202,7 +202,7 @@ class SharedModels:
             _ = self._retriever.encoder  # load the encoder now, not in the first request
         if self._plain is None:  # built now: the pipeline loads its engine lazily
             self._plain = host.generator
-            getattr(self._plain, "ensure_loaded", lambda: None)()
+            ensure_loaded(self._plain)
         self.factoid(False, self.base.generate.max_batch)
         if batched:
             self.generator(True, batched)

@@ -254,16 +254,12 @@ class RAGPipeline:
         and every decoder. A front end's preload, so a bad model fails at start-up and no first
         question pays a load. A decoder shared with other pipelines
         (rag.serve.state.SharedDecoder) is loaded through its ``ensure_loaded``."""
+        from rag.generate.load import ensure_loaded
+
         _ = getattr(self.retriever, "encoder", None)  # an index's encoder loads on first use
         _ = self.reader
-        for model in (
-            self.generator,
-            self.fallback_generator,
-            self.factoid_generator,
-        ):
-            ensure = getattr(model, "ensure_loaded", None)
-            if ensure is not None:
-                ensure()
+        for model in (self.generator, self.fallback_generator, self.factoid_generator):
+            ensure_loaded(model)
 
     def decoder_for(self, prep: Prepared) -> Any:
         """The generator that answers ``prep``: :attr:`generator` for a reader span's prompt,

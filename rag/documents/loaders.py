@@ -195,13 +195,13 @@ def text_headings(text: str) -> list[Heading]:
     An underlined title must also follow a blank line and hold a word. Without this a manual
     page's chunks had no heading path, and ``# a shell comment`` in its examples became one."""
     lines = text.split("\n")
-    starts: dict[int, int] = {}
+    starts: dict[int, int] = {}  # a line's offset -> its index
     fenced: set[int] = set()
     fence = None
-    pos = 0
+    one_line = []
+    offset = 0
     for i, line in enumerate(lines):
-        starts[pos] = i
-        pos += len(line) + 1
+        starts[offset] = i
         stripped = line.strip()
         if fence is not None:
             fenced.add(i)
@@ -214,10 +214,7 @@ def text_headings(text: str) -> list[Heading]:
         ):
             fence = stripped
             fenced.add(i)
-    offset = 0
-    one_line = []
-    for i, line in enumerate(lines):
-        if i not in fenced and (m := _ASCIIDOC_TITLE.match(line)):
+        elif m := _ASCIIDOC_TITLE.match(line):
             one_line.append(Heading(offset, len(m.group(1)), _ANCHOR.sub("", m.group(2)).strip()))
         offset += len(line) + 1
     if one_line:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rag.generate.torch_load import load_generator
 from rag.models import pick_device
 
-__all__ = ["load_decoder", "load_generator", "prepare_serving_process"]
+__all__ = ["ensure_loaded", "load_decoder", "load_generator", "prepare_serving_process"]
 
 if TYPE_CHECKING:
     from rag.generate.settings import GenerationSettings
@@ -28,6 +28,14 @@ def prepare_serving_process() -> bool:
     from rag.generate.allocator import keep_freed_memory
 
     return keep_freed_memory()
+
+
+def ensure_loaded(model: Any) -> Any:
+    """``model`` with what it loads lazily loaded now: its ``ensure_loaded()`` where it has one
+    (an OpenVINO engine loaded with ``lazy``, a server's shared stand-in), else ``model`` as it
+    is (a torch decoder, None). A front end's preload calls it, so a bad model fails there."""
+    ensure = getattr(model, "ensure_loaded", None)
+    return ensure() if ensure is not None else model
 
 
 def load_decoder(

@@ -59,9 +59,9 @@ class SharedDecoder:
     def ensure_loaded(self) -> Any:
         """The decoder this stands in for, loaded now (:meth:`rag.pipeline.RAGPipeline.load_models`:
         a front end's preload), an engine that builds lazily built too."""
-        model = getattr(self._host, self._role)
-        ensure = getattr(model, "ensure_loaded", None)
-        return ensure() if ensure is not None else model
+        from rag.generate.load import ensure_loaded
+
+        return ensure_loaded(getattr(self._host, self._role))
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
