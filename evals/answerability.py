@@ -2,13 +2,16 @@
 
 Questions from the articles left in the index are answerable; questions from the articles taken
 out (``--removed-articles``) are not. For each question the retriever returns the ``k``
-passages the pipeline would give the decoder, and the two signals are recorded: the best
-query-passage cosine and the query's IDF coverage. No decoder runs, so a split costs seconds.
+passages the pipeline would give the decoder, and the signals are recorded: the best
+query-passage cosine, the query's IDF coverage and (``--units``, the default) the best
+sentence's score as the answer path's encoder reads them. No decoder runs, so a split costs
+a minute or two.
 
-- ``--split train --fit``: fit scikit-learn's LogisticRegression (p(unanswerable) from the two
+- ``--split train --fit``: fit scikit-learn's LogisticRegression (p(unanswerable) from the
   signals) and pick the threshold that refuses most unanswerable questions while false
   refusals (answerable questions whose passages hold the answer, refused) stay within
-  ``--max-false-refusal``; the result's ``model`` is what rag.answer.answerability.DEFAULT_MODEL holds.
+  ``--max-false-refusal``; the result's ``model`` is what rag.answer.answerability's
+  SENTENCE_MODEL holds (``--no-units``: DEFAULT_MODEL, the two retrieval signals).
 - ``--split dev`` (the default): measure the shipped model (or ``--model FILE.json``, a fitted
   result) on the held-out articles: refusal rate on unanswerable questions, false-refusal rate,
   ROC AUC of each signal and of the model.
@@ -30,13 +33,19 @@ nothing is decoded.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 from evals.pipeline_flags import Alias, EvalConfig, PipelineFlags, squad_search_excluded
 from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
-from rag.answer.answerability import DEFAULT_MODEL, AnswerabilityModel, best_dense
+from rag.answer.answerability import (
+    DEFAULT_MODEL,
+    SENTENCE_MODEL,
+    AnswerabilityModel,
+    best_dense,
+)
+from rag.answer.evidence import best_unit, read_units
 from rag.cli.flags import run_config_cli
 from rag.cli.progress import track
 from rag.config import RAGConfig, section_fields
@@ -89,13 +98,18 @@ class AnswerabilityEvalConfig(EvalConfig):
     unanswerable_limit: int = 100  # questions asked from the removed articles
     seed: int = 0  # question sample and removed articles (as evals.qa)
     max_false_refusal: float = 0.05  # --fit: the false-refusal limit the threshold keeps
+    # the third signal, the best sentence's score in the k passages as the answer path reads
+    # them (rag.answer.evidence.read_units); off: the two retrieval signals alone, the model
+    # that decides when no excerpts are read
+    units: bool = True
     embedding_cache: bool = True  # paragraph vectors from / into $RAG_HOME/cache/embeddings
     # the retrieval settings (mode, k, encoder, device): EVAL_DEFAULTS, then the flags
     rag: RAGConfig = field(default_factory=PIPELINE.config)
 
 
 def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -> list[dict]:
-    """Per question: answerable, whether its passages hold the answer, dense, coverage."""
+    """Per question: answerable, whether its passages hold the answer, dense, coverage and
+    (``cfg.units``) unit, the best sentence's score."""
     ret = cfg.rag.retrieval
     if ret.mode not in ("dense", "hybrid"):
         raise ValueError(f"--mode (--retriever) must be dense or hybrid, not {ret.mode!r}")
@@ -131,9 +145,20 @@ def signals(cfg: AnswerabilityEvalConfig, encoder=None, progress: bool = True) -
                 ),
                 "dense": best_dense(hits),
                 "coverage": retriever.coverage(q.text, hits),
+                "unit": unit_signal(retriever.encoder, q.text, hits) if cfg.units else None,
             }
         )
     return rows
+
+
+def unit_signal(encoder: Any, question: str, hits: list) -> float | None:
+    """The best sentence's score in ``hits``, read as the answer path reads them."""
+    return best_unit(read_units(encoder, question, [h.chunk.text for h in hits]), len(hits))
+
+
+def probabilities(model: AnswerabilityModel, rows: list[dict]) -> list[float]:
+    """p(unanswerable) of each row's signals."""
+    return [model.probability(r["dense"], r["coverage"], r.get("unit")) for r in rows]
 
 
 def rates(rows: list[dict], probs: list[float], threshold: float) -> dict[str, float]:
@@ -156,27 +181,27 @@ def pick_threshold(rows: list[dict], probs: list[float], max_false: float) -> fl
 
 
 def fit(rows: list[dict], max_false: float, fitted_on: str) -> AnswerabilityModel:
-    """Logistic regression of unanswerable on (dense, coverage), then the threshold."""
+    """Logistic regression of unanswerable on (dense, coverage) and, where the rows have it,
+    unit; then the threshold."""
     from sklearn.linear_model import LogisticRegression
 
-    x = [[r["dense"], r["coverage"]] for r in rows]
+    units = all(r.get("unit") is not None for r in rows)
+    x = [[r["dense"], r["coverage"], *([r["unit"]] if units else [])] for r in rows]
     y = [not r["answerable"] for r in rows]
     if len(set(y)) < 2:
         raise ValueError("--fit needs answerable and unanswerable questions (--removed-articles)")
     lr = LogisticRegression(max_iter=1000).fit(x, y)
-    (wd, wc), b = lr.coef_[0], lr.intercept_[0]
-    model = AnswerabilityModel(round(wd, 3), round(wc, 3), round(b, 3), 1.0, fitted_on)
-    probs = [model.probability(r["dense"], r["coverage"]) for r in rows]
-    t = pick_threshold(rows, probs, max_false)
-    return AnswerabilityModel(
-        model.dense_weight, model.coverage_weight, model.bias, round(t, 3), fitted_on
-    )
+    w, b = [round(float(v), 3) for v in lr.coef_[0]], round(float(lr.intercept_[0]), 3)
+    model = AnswerabilityModel(w[0], w[1], b, 1.0, fitted_on, w[2] if units else 0.0)
+    t = pick_threshold(rows, probabilities(model, rows), max_false)
+    return replace(model, threshold=round(t, 3))
 
 
-def load_model(path: str | None) -> AnswerabilityModel:
-    """The model in a fitted result JSON (``--model``), or the shipped one."""
+def load_model(path: str | None, units: bool = True) -> AnswerabilityModel:
+    """The model in a fitted result JSON (``--model``), or the shipped one (with ``units``,
+    the one of three signals)."""
     if not path:
-        return DEFAULT_MODEL
+        return SENTENCE_MODEL if units else DEFAULT_MODEL
     try:
         return AnswerabilityModel(**json.loads(Path(path).read_text())["model"])
     except (OSError, KeyError, TypeError, ValueError) as e:
@@ -192,11 +217,17 @@ def auc(rows: list[dict], scores: list[float]) -> float:
 
 
 def evaluate_answerability(cfg: AnswerabilityEvalConfig, encoder=None) -> dict:
-    rows = [r for r in signals(cfg, encoder) if r["dense"] is not None]
+    rows = [
+        r
+        for r in signals(cfg, encoder)
+        if r["dense"] is not None and (r["unit"] is not None or not cfg.units)
+    ]
     ret = cfg.rag.retrieval
     where = f"SQuAD {cfg.split} articles, {ret.encoder}, {ret.mode} k={ret.k}"
-    model = fit(rows, cfg.max_false_refusal, where) if cfg.fit else load_model(cfg.model)
-    probs = [model.probability(r["dense"], r["coverage"]) for r in rows]
+    model = fit(rows, cfg.max_false_refusal, where) if cfg.fit else load_model(cfg.model, cfg.units)
+    if model.reads_units and not cfg.units:
+        raise ValueError(f"--model {cfg.model}: a model of three signals needs --units")
+    probs = probabilities(model, rows)
     for r, p in zip(rows, probs):
         r["probability"] = p
     metrics = {
@@ -204,6 +235,7 @@ def evaluate_answerability(cfg: AnswerabilityEvalConfig, encoder=None) -> dict:
         "auc_model": auc(rows, probs),
         "auc_dense": auc(rows, [-r["dense"] for r in rows]),
         "auc_coverage": auc(rows, [-r["coverage"] for r in rows]),
+        "auc_unit": auc(rows, [-r["unit"] for r in rows]) if cfg.units else None,
         "answerable": sum(r["answerable"] for r in rows),
         "unanswerable": sum(not r["answerable"] for r in rows),
     }
@@ -217,8 +249,11 @@ def _summary(cfg: AnswerabilityEvalConfig, result: dict) -> str:
         f"{100 * m['refusal_rate_unanswerable']:.1f}%, false refusals "
         f"{100 * m['false_refusal_rate']:.1f}% ({m['answerable']} + {m['unanswerable']} questions); "
         f"AUC model {m['auc_model']:.3f}, dense {m['auc_dense']:.3f}, coverage "
-        f"{m['auc_coverage']:.3f}; weights dense {mod['dense_weight']:g} coverage "
-        f"{mod['coverage_weight']:g} bias {mod['bias']:g}"
+        f"{m['auc_coverage']:.3f}"
+        + (f", unit {m['auc_unit']:.3f}" if m.get("auc_unit") is not None else "")
+        + f"; weights dense {mod['dense_weight']:g} coverage {mod['coverage_weight']:g}"
+        + (f" unit {mod['unit_weight']:g}" if mod.get("unit_weight") else "")
+        + f" bias {mod['bias']:g}"
     )
 
 

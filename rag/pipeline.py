@@ -53,7 +53,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -366,17 +365,18 @@ class RAGPipeline:
             messages = build_span_messages(query, hit.chunk.text, span.text)
             return Prepared(question, query, ordered, messages, timings, None, reranker, span)
         gen = self.fallback_generator
-        threshold = settings.answerability_threshold
-        # the check reads as many passages as it was fitted on (rag.answer.answerability)
+        budget_new = max_new_tokens or self.config.generate.max_new_tokens
+        excerpts, lead, unit = self.select_evidence(query, hits, gen, timings, budget_new)
+        # the check reads as many passages as it was fitted on, and their best sentence's
+        # score where the encoder read them (rag.answer.answerability)
         answerable = check(
             self.retriever,
             query,
             hits[:FITTED_PASSAGES],
-            threshold,
+            settings.answerability_threshold,
             literal=settings.literal_terms,
+            unit=unit,
         )
-        budget_new = max_new_tokens or self.config.generate.max_new_tokens
-        excerpts, lead = self.select_evidence(query, hits, gen, timings, budget_new)
         if excerpts:
             # one excerpt per hit it came from, [1] first; the other hits follow, uncited
             chosen = [hits[e.passage] for e in excerpts]
@@ -417,16 +417,18 @@ class RAGPipeline:
         gen: Any,
         timings: dict[str, float],
         max_new_tokens: int | None = None,
-    ) -> tuple[list[Any] | None, list[tuple[int, str]]]:
+    ) -> tuple[list[Any] | None, list[tuple[int, str]], float | None]:
         """The encoder's excerpts of ``hits`` (:func:`rag.answer.evidence.select`) within
         ``config.evidence_tokens`` decoder tokens (fewer when the context window has less room
         beside the evidence prompt and ``max_new_tokens``), or None when excerpts are off (0),
         the retriever has no encoder to read with, or the decoder's context has no room for
         the evidence prompt (the k-passage prompt, shorter, is used); and the best units over
         all hits (:func:`rag.answer.evidence.lead_units`: (index in ``hits``, text), best
-        first; empty with no excerpts). ``timings["evidence_s"]`` records the time."""
+        first; empty with no excerpts); and the best unit's score among the passages the
+        answerability check reads (its sentence signal; None with no excerpts).
+        ``timings["evidence_s"]`` records the time."""
         if not self.reads_evidence or not hasattr(gen, "count_tokens"):
-            return None, []
+            return None, [], None
         budget, encoder = self.config.answer.evidence_tokens, self.retriever.encoder
         if hasattr(gen, "prompt_ids") and hasattr(gen, "max_positions"):
             from rag.generate.context_budget import QuestionTooLongError, space_left
@@ -438,34 +440,17 @@ class RAGPipeline:
                 left = 0
             budget = min(budget, left - 8 * len(hits))  # markers and gaps
             if budget < 16:  # no room (a small context): the k-passage path trims or refuses
-                return None, []
+                return None, [], None
 
-        from rag.answer.evidence import (
-            EVIDENCE_BATCH_TOKENS,
-            UNIT_BATCH_TOKENS,
-            asks_how,
-            excerpts_of,
-            lead_units,
-            score_units,
-        )
-        from rag.retrieval.encoder import Encoder
+        from rag.answer.evidence import best_unit, excerpts_of, lead_units, read_units
 
-        def embed(texts: list[str], kind: str) -> Any:
-            if isinstance(encoder, Encoder):  # small batches of similar length pad less
-                return encoder.encode(texts, kind, batch_tokens=UNIT_BATCH_TOKENS)
-            return encoder.encode(texts, kind)
-
-        # a factoid's units read inside their passages where the encoder can (late chunking):
-        # on SQuAD train questions the two best units held the answer more often; on the how-
-        # questions of the Git and Linux dev sets it cited the right page less (docs/answering.md)
-        read = None
-        if isinstance(encoder, Encoder) and encoder.reads_in_context and not asks_how(query):
-            read = partial(encoder.encode_spans, batch_tokens=EVIDENCE_BATCH_TOKENS)
         t0 = time.perf_counter()
-        scored = score_units(query, [h.chunk.text for h in hits], embed, read=read)
+        scored = read_units(encoder, query, [h.chunk.text for h in hits])
         excerpts = excerpts_of(scored, budget, gen.count_tokens)
         timings["evidence_s"] = time.perf_counter() - t0
-        return (excerpts, lead_units(scored)) if excerpts else (None, [])
+        if not excerpts:
+            return None, [], None
+        return excerpts, lead_units(scored), best_unit(scored, FITTED_PASSAGES)
 
     def read(
         self, query: str, hits: list[Hit], timings: dict[str, float]

@@ -274,3 +274,77 @@ def test_tuned_model_folds_its_threshold_without_changing_a_decision():
     ]
     assert len(flips) <= 2  # only points within rounding of the boundary may differ
     assert MODELS["minilm-tuned"] is TUNED_MODEL and TUNED_MODEL.threshold == 0.338
+
+
+def test_the_sentence_signal_lowers_the_probability_and_is_required_where_weighed():
+    from rag.answer.answerability import SENTENCE_MODEL
+
+    m = SENTENCE_MODEL
+    assert m.reads_units and not DEFAULT_MODEL.reads_units
+    # a passage that matches in general, without a sentence that answers, is refused
+    assert m.probability(0.5, 0.6, 0.9) < m.threshold <= m.probability(0.5, 0.6, 0.3)
+    with pytest.raises(ValueError, match="unit"):
+        m.probability(0.5, 0.6)
+    assert (
+        decide(m, 0.5, 0.6, unit=0.3).unit == 0.3 and decide(DEFAULT_MODEL, 0.5, 0.6).unit is None
+    )
+
+
+def test_the_three_signal_model_decides_where_the_encoder_read_the_sentences(monkeypatch):
+    from types import SimpleNamespace
+
+    from rag.answer import answerability as A
+
+    minilm, tuned = (SimpleNamespace(name=n, path=None) for n in ("minilm", "minilm-tuned"))
+    assert A.model_for(minilm, units=True) is A.SENTENCE_MODEL
+    assert A.model_for(minilm) is A.DEFAULT_MODEL
+    # an encoder with a two-signal fit only keeps it; one with neither gets minilm's
+    assert A.model_for(tuned, units=True) is A.TUNED_MODEL
+    assert A.model_for(SimpleNamespace(name="x", path=None), units=True) is A.SENTENCE_MODEL
+    r = CoverageRetriever(0.5)
+    hits = r.search("lists")
+    monkeypatch.setattr(r, "encoder", minilm, raising=False)
+    with_unit, without = check(r, "lists", hits, 0.338, unit=0.2), check(r, "lists", hits, 0.338)
+    assert with_unit.unit == 0.2 and without.unit is None
+    assert with_unit.probability == pytest.approx(
+        A.SENTENCE_MODEL.probability(without.dense, without.coverage, 0.2)
+    )
+    assert without.probability == pytest.approx(
+        A.DEFAULT_MODEL.probability(without.dense, without.coverage)
+    )
+
+
+def test_fit_weighs_the_sentence_signal_when_the_rows_have_it():
+    rows = _rows([(True, 0.5)] * 10 + [(False, 0.5)] * 10)
+    for r in rows:  # retrieval alone cannot tell them apart; the best sentence can
+        r["unit"] = 0.9 if r["answerable"] else 0.2
+    model = fit(rows, 0.05, "synthetic")
+    assert model.reads_units and model.unit_weight < 0
+    probs = [model.probability(r["dense"], r["coverage"], r["unit"]) for r in rows]
+    assert rates(rows, probs, model.threshold)["refusal_rate_unanswerable"] == 1.0
+
+
+def test_best_unit_reads_only_the_passages_the_check_reads():
+    import numpy as np
+
+    from rag.answer.evidence import Scored, Unit, best_unit
+
+    units = [Unit(p, 0, 1, True) for p in (0, 1, 5)]
+    scored = Scored(units, ["a", "b", "c"], np.array([0.2, -np.inf, 0.9]), [False] * 3)
+    assert best_unit(scored, 5) == 0.2 and best_unit(scored, 6) == 0.9
+    assert best_unit(Scored([], [], np.zeros(0), []), 5) is None
+
+
+def test_sentence_model_folds_its_threshold_without_changing_a_decision():
+    from rag.answer.answerability import SENTENCE_MODEL, UNIT_MODELS, AnswerabilityModel
+
+    # evals.answerability's output
+    fitted = AnswerabilityModel(-3.624, -4.848, 6.613, 0.358, unit_weight=-5.129)
+    grid = [(d / 10, c / 10, u / 10) for d in range(0, 11) for c in range(0, 11) for u in range(11)]
+    flips = [
+        g
+        for g in grid
+        if (fitted.probability(*g) >= 0.358) != (SENTENCE_MODEL.probability(*g) >= 0.338)
+    ]
+    assert len(flips) <= 2  # only points within rounding of the boundary may differ
+    assert UNIT_MODELS["minilm"] is SENTENCE_MODEL and SENTENCE_MODEL.threshold == 0.338

@@ -116,6 +116,8 @@ EVALS = {
             "unanswerable_limit": 100,
             "seed": 0,
             "max_false_refusal": 0.05,
+            # since 2026-12-06 the eval reads the best sentence too, as the shipped check does
+            "units": True,
             "embedding_cache": True,
         },
     ),

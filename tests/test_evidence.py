@@ -771,3 +771,29 @@ def test_a_factoids_units_are_read_in_their_passages_and_a_how_questions_alone(t
     assert factoid.evidence and factoid.lead
     pipe.prepare("How do I sort a list by a field?")
     assert len(read) == 1  # a how-question's units were embedded alone
+
+
+def test_the_answerability_check_weighs_the_best_sentence_the_encoder_read():
+    from rag.answer.answerability import DEFAULT_MODEL, SENTENCE_MODEL
+    from rag.answer.evidence import best_unit, read_units
+
+    class Covering(Retriever):  # dense hits (score 0.9) and a fixed coverage
+        def coverage(self, query, hits):
+            return 0.6
+
+    gen = TwoPartDecoder("The Danube river is 2,850 km long [2].", "2,850 km")
+    cfg = RAGConfig.of(evidence_tokens=40, k=3, factoid="explain")
+    hits = [hit(i + 1, p) for i, p in enumerate(PASSAGES)]
+    pipe = RAGPipeline(cfg, retriever=Covering(hits), generator=gen)
+    question = "What is the length of the Danube river?"
+    decision = pipe.prepare(question).answerable
+    want = best_unit(read_units(pipe.retriever.encoder, question, PASSAGES), 5)
+    assert decision.unit == pytest.approx(want) and want is not None
+    assert decision.probability == pytest.approx(SENTENCE_MODEL.probability(0.9, 0.6, want))
+    # no excerpts read (a whole-passage prompt): the two retrieval signals decide
+    cfg = RAGConfig.of(evidence_tokens=0, k=3, factoid="explain")
+    decision = (
+        RAGPipeline(cfg, retriever=Covering(hits), generator=gen).prepare(question).answerable
+    )
+    assert decision.unit is None
+    assert decision.probability == pytest.approx(DEFAULT_MODEL.probability(0.9, 0.6))

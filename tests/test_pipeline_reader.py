@@ -133,7 +133,7 @@ def test_weak_spans_fall_back_to_the_decoder_over_every_passage():
 
 
 def _answerability(refuse: bool):
-    def check(retriever, query, hits, threshold, literal=True):
+    def check(retriever, query, hits, threshold, literal=True, unit=None):
         return AnswerabilityDecision(0.9 if refuse else 0.1, 0.2, 0.1, refuse)
 
     return check

@@ -29,6 +29,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -308,6 +310,34 @@ def unit_vectors(
         for i, v in zip(alone, embed([texts[i] for i in alone], "document")):
             rows[i] = v
     return np.stack([np.asarray(r, dtype=np.float32) for r in rows])
+
+
+def read_units(encoder: Any, question: str, passages: Sequence[str]) -> Scored:
+    """:func:`score_units` with ``encoder`` (a :class:`rag.retrieval.encoder.Encoder`, or
+    anything with ``encode(texts, kind)``), as the answer path reads: units embedded in small
+    batches of similar length (:data:`UNIT_BATCH_TOKENS`: they pad less), and a factoid's units
+    read inside their passages where the encoder can (late chunking: on SQuAD train questions
+    the two best units held the answer more often; on the how-questions of the Git and Linux
+    dev sets it cited the right page less, docs/answering.md)."""
+    from rag.retrieval.encoder import Encoder
+
+    def embed(texts: list[str], kind: str) -> Any:
+        if isinstance(encoder, Encoder):
+            return encoder.encode(texts, kind, batch_tokens=UNIT_BATCH_TOKENS)
+        return encoder.encode(texts, kind)
+
+    read = None
+    if isinstance(encoder, Encoder) and encoder.reads_in_context and not asks_how(question):
+        read = partial(encoder.encode_spans, batch_tokens=EVIDENCE_BATCH_TOKENS)
+    return score_units(question, passages, embed, read=read)
+
+
+def best_unit(scored: Scored, passages: int) -> float | None:
+    """The best unit score among the first ``passages`` passages (the answerability check's
+    sentence signal, rag.answer.answerability), or None when they hold no unit to read."""
+    best = [s for u, s in zip(scored.units, scored.scores) if u.passage < passages]
+    best = [s for s in best if s > -np.inf]
+    return float(max(best)) if best else None
 
 
 def _brings_next(scored: Scored, i: int) -> bool:

@@ -53,7 +53,8 @@ class AnswerSettings:
     # else decoded; rag.answer.compose.evidence_reply) | explain = like any other question
     factoid: str = "extract"
     # answerability check (rag.answer.answerability): refuse without decoding when p(unanswerable),
-    # from the best passage's cosine and the query's IDF coverage, is >= this; none = off
+    # from the best passage's cosine, the query's IDF coverage and the best sentence the encoder
+    # read in them, is >= this; none = off
     answerability_threshold: float | None = DEFAULT_MODEL.threshold
     # the same check also refuses a question naming an option, a name it asks about or a quoted
     # label that no document holds (--smart-split, vm.swap_boost_factor, "the 'X' button"),
