@@ -35,16 +35,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 from evals.pipeline_flags import Alias, EvalConfig, PipelineFlags, squad_search_excluded
 from evals.qa import ParagraphRetriever, holds_answer, removed_articles, select_questions
-from rag.answer.answerability import (
-    DEFAULT_MODEL,
-    SENTENCE_MODEL,
-    AnswerabilityModel,
-    best_dense,
-)
+from rag.answer.answerability import AnswerabilityModel, best_dense, model_for
 from rag.answer.evidence import best_unit, read_units
 from rag.cli.flags import run_config_cli
 from rag.cli.progress import track
@@ -197,11 +193,12 @@ def fit(rows: list[dict], max_false: float, fitted_on: str) -> AnswerabilityMode
     return replace(model, threshold=round(t, 3))
 
 
-def load_model(path: str | None, units: bool = True) -> AnswerabilityModel:
-    """The model in a fitted result JSON (``--model``), or the shipped one (with ``units``,
-    the one of three signals)."""
+def load_model(path: str | None, encoder: str = "minilm", units: bool = True) -> AnswerabilityModel:
+    """The model in a fitted result JSON (``--model``), or the one the product ships for
+    ``encoder`` (:func:`rag.answer.answerability.model_for`; with ``units``, its model of
+    three signals where there is one)."""
     if not path:
-        return SENTENCE_MODEL if units else DEFAULT_MODEL
+        return model_for(SimpleNamespace(name=encoder, path=None), units)
     try:
         return AnswerabilityModel(**json.loads(Path(path).read_text())["model"])
     except (OSError, KeyError, TypeError, ValueError) as e:
@@ -224,7 +221,11 @@ def evaluate_answerability(cfg: AnswerabilityEvalConfig, encoder=None) -> dict:
     ]
     ret = cfg.rag.retrieval
     where = f"SQuAD {cfg.split} articles, {ret.encoder}, {ret.mode} k={ret.k}"
-    model = fit(rows, cfg.max_false_refusal, where) if cfg.fit else load_model(cfg.model, cfg.units)
+    model = (
+        fit(rows, cfg.max_false_refusal, where)
+        if cfg.fit
+        else load_model(cfg.model, cfg.rag.retrieval.encoder or "", cfg.units)
+    )
     if model.reads_units and not cfg.units:
         raise ValueError(f"--model {cfg.model}: a model of three signals needs --units")
     probs = probabilities(model, rows)

@@ -348,3 +348,12 @@ def test_sentence_model_folds_its_threshold_without_changing_a_decision():
     ]
     assert len(flips) <= 2  # only points within rounding of the boundary may differ
     assert UNIT_MODELS["minilm"] is SENTENCE_MODEL and SENTENCE_MODEL.threshold == 0.338
+
+
+def test_the_eval_measures_the_model_the_product_ships_for_its_encoder():
+    from evals.answerability import load_model
+    from rag.answer import answerability as A
+
+    assert load_model(None) is A.SENTENCE_MODEL
+    assert load_model(None, "minilm", units=False) is A.DEFAULT_MODEL
+    assert load_model(None, "artifacts/models/minilm-tuned") is A.TUNED_MODEL  # no 3-signal fit
