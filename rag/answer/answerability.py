@@ -326,7 +326,7 @@ def check(
     cover = retriever.coverage(query, hits) if dense is not None else None
     if cover is None:
         return None
-    decision = decide(model, dense, cover, threshold, unit if model.reads_units else None)
+    decision = decide(model, dense, cover, threshold, unit)
     if literal and hasattr(retriever, "mentions"):
         decision.missing = unmentioned(query, retriever.mentions)
         decision.refuse = decision.refuse or bool(decision.missing)

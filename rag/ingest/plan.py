@@ -162,9 +162,7 @@ def plan_changes(
     them (default: walked now)."""
     plan = Plan()
     unchanged_chunking = old is not None and same_chunking(old.chunking, chunking)
-    if (
-        old is not None and old.sources and not unchanged_chunking
-    ):  # why an unchanged folder re-embeds
+    if old is not None and old.sources and not unchanged_chunking:  # why a folder re-embeds
         report.notes.append(rechunk_reason(old.chunking, chunking))
     sources = old.sources if old else {}
     roots = [Path(os.path.abspath(p)) for p in cfg.paths]
