@@ -303,6 +303,16 @@ def test_quotes_leave_out_headings_rules_and_repeats():
         quotable("Use git reset --soft HEAD~1 to undo it.")
         == "Use git reset --soft HEAD~1 to undo it."
     )
+    # Markdown headings (seen quoted on this project's own docs: "## Install and first run"),
+    # but not a root prompt or a preprocessor line in a listing
+    assert quotable("## Install and first run") is None
+    assert quotable("# Getting started: chat with your own documents") is None
+    for listing in (
+        "# echo never > /sys/kernel/mm/transparent_hugepage/enabled",
+        "# modprobe bonding",
+        "#include <stdio.h>",
+    ):
+        assert quotable(listing) == listing
     same = "See the coding style document for the indentation width."
     excerpts = [
         _excerpt(0, 0.9, "Kernel Coding Style =========="),

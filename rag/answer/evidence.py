@@ -522,11 +522,20 @@ def plain_markup(text: str) -> str:
     return text
 
 
+# a Markdown heading alone ("## Install and first run"): capitalised, one line, indented by at
+# most three spaces; a lower-case line or one with a path, a redirection, a variable or code in
+# it ("# echo never > /sys/...", "# modprobe bonding") is a root prompt in a listing, and a
+# comment that begins a code block has the code after it
+_ATX_HEADING = re.compile(r" {0,3}#{1,6}[ \t]+[A-Z0-9][^\n/<>|=$`]*")
+
+
 def quotable(unit: str) -> str | None:
     """``unit`` as a quote: heading underlines and listing delimiters (``=====``, ``-----``,
     reST and AsciiDoc) taken out, as they mean nothing on one line, and inline markup shown as
     rendered (:func:`plain_markup`); None for a heading alone (one such rule at its end, and no
-    full stop, command prompt or closing colon in it)."""
+    full stop, command prompt or closing colon in it; or a Markdown heading line)."""
+    if _ATX_HEADING.fullmatch(unit.strip("\n")):
+        return None
     rules = _RULE.findall(unit)
     text = " ".join(plain_markup(_RULE.sub(" ", unit)).split())
     heading = len(rules) == 1 and re.search(r"[=\-~^]{3,}\s*$", unit) is not None
