@@ -313,6 +313,11 @@ def test_quotes_leave_out_headings_rules_and_repeats():
         "#include <stdio.h>",
     ):
         assert quotable(listing) == listing
+    # a comment that begins a code block keeps the code after it
+    assert (
+        quotable("# Pickle the data.\npickle.dump(data, f)")
+        == "# Pickle the data. pickle.dump(data, f)"
+    )
     same = "See the coding style document for the indentation width."
     excerpts = [
         _excerpt(0, 0.9, "Kernel Coding Style =========="),
