@@ -67,9 +67,13 @@ def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
     return open_index(cfg, Path(args.index_dir))  # the settings a named index gets
 
 
+CLOSEST_SHOWN = 3  # passages listed under a refusal
+
+
 def format_sources(answer: Answer) -> str:
     """Human-readable source list: ``[n] path › heading (score)``, the path relative to the
-    ingested folder (control characters escaped, :func:`rag.storage.paths.printable`)."""
+    ingested folder (control characters escaped, :func:`rag.storage.paths.printable`); under a
+    refusal, the :data:`CLOSEST_SHOWN` best passages retrieved, unnumbered."""
     lines = []
     for c in answer.citations:
         where = " › ".join(c.heading_path)
@@ -83,6 +87,15 @@ def format_sources(answer: Answer) -> str:
         lines.append(f"(dropped citation(s) naming no given passage: {nums})")
     if not lines and not answer.refused:
         lines.append("(the answer cites no passage)")
+    if answer.refused and answer.passages:
+        # what was found, so a question asked in other words than the documents' can be found
+        # again (the UI shows these passages too); none is cited: none was judged to answer
+        lines.append("(none judged to answer; the closest passages found:)")
+        for hit in answer.passages[:CLOSEST_SHOWN]:
+            where = " › ".join(hit.chunk.heading_path)
+            lines.append(
+                f"- {printable(hit.chunk.display_path)}" + (f" › {where}" if where else "")
+            )
     if answer.reranker and answer.passages:
         lines.append(f"(passages reranked by {answer.reranker})")
     return "\n".join(lines)

@@ -128,3 +128,26 @@ def test_sources_show_the_relative_path(monkeypatch, capsys):
     assert ask.main(["how?", "--json"]) == 0
     cited = json.loads(capsys.readouterr().out)["citations"][0]
     assert cited["path"] == "f2.md" and cited["source"] == "/srv/x/docs/f2.md"
+
+
+def test_a_refusal_lists_the_closest_passages_uncited():
+    """A question the documents seem not to answer (often one asked in other words than
+    theirs) still shows where retrieval looked, at most CLOSEST_SHOWN passages, none numbered
+    as a citation; an answer's sources are unchanged."""
+    from rag.types import Answer, Citation
+
+    hits = [hit(i) for i in range(1, 6)]
+    refused = ask.format_sources(
+        Answer("The documents do not contain the answer.", refused=True, passages=hits)
+    ).splitlines()
+    assert refused[0].startswith("(none judged to answer")
+    assert refused[1:] == [f"- docs/f{i}.md › Guide › Part {i}" for i in (1, 2, 3)]
+    assert not any(line.startswith("[") for line in refused)
+    assert (
+        ask.format_sources(Answer("The documents do not contain the answer.", refused=True)) == ""
+    )
+    c = hits[1].chunk
+    answered = Answer(
+        "Use open().", [Citation(2, c.source, c.heading_path, c.text, 0.5, c.id)], passages=hits
+    )
+    assert ask.format_sources(answered) == "[2] docs/f2.md › Guide › Part 2  (0.500)"
