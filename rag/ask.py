@@ -70,18 +70,19 @@ def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
 CLOSEST_SHOWN = 3  # passages listed under a refusal
 
 
+def _located(path: str, heading_path: Any) -> str:
+    """``path › heading › path``, the path printable (a file name cannot forge a line)."""
+    where = " › ".join(heading_path)
+    return printable(path) + (f" › {where}" if where else "")
+
+
 def format_sources(answer: Answer) -> str:
     """Human-readable source list: ``[n] path › heading (score)``, the path relative to the
     ingested folder (control characters escaped, :func:`rag.storage.paths.printable`); under a
     refusal, the :data:`CLOSEST_SHOWN` best passages retrieved, unnumbered."""
     lines = []
     for c in answer.citations:
-        where = " › ".join(c.heading_path)
-        lines.append(
-            f"[{c.number}] {printable(c.display_path)}"
-            + (f" › {where}" if where else "")
-            + f"  ({c.score:.3f})"
-        )
+        lines.append(f"[{c.number}] {_located(c.display_path, c.heading_path)}  ({c.score:.3f})")
     if answer.invalid_citations:
         nums = ", ".join(str(n) for n in answer.invalid_citations)
         lines.append(f"(dropped citation(s) naming no given passage: {nums})")
@@ -92,10 +93,7 @@ def format_sources(answer: Answer) -> str:
         # again (the UI shows these passages too); none is cited: none was judged to answer
         lines.append("(none judged to answer; the closest passages found:)")
         for hit in answer.passages[:CLOSEST_SHOWN]:
-            where = " › ".join(hit.chunk.heading_path)
-            lines.append(
-                f"- {printable(hit.chunk.display_path)}" + (f" › {where}" if where else "")
-            )
+            lines.append(f"- {_located(hit.chunk.display_path, hit.chunk.heading_path)}")
     if answer.reranker and answer.passages:
         lines.append(f"(passages reranked by {answer.reranker})")
     return "\n".join(lines)
