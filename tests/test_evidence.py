@@ -121,6 +121,33 @@ def test_an_indented_table_is_a_literal_block_left_whole():
     ]
 
 
+def test_an_indented_table_with_a_rule_is_a_table_inside_a_list_item():
+    """A pipe table indented under a list item (or a note) has its |---| rule: each row is a
+    unit. As one literal block, the whole table came with the sentence that introduces it
+    ("Chosen on …:") and filled the excerpts' budget: this project's guide lost the sentence
+    that says what `make setup` does."""
+    text = "- Chosen on dev questions:\n\n  | a | b |\n  |---|---|\n  | 1 | 2 |\n  | 3 | 4 |"
+    units = split_units(text)
+    assert [text[u.start : u.end] for u in units] == [
+        "- Chosen on dev questions:",
+        "| a | b |",
+        "| 1 | 2 |",
+        "| 3 | 4 |",
+    ]
+    assert [u.prose for u in units[1:]] == [False, False, False]
+
+
+@pytest.mark.parametrize("literal", ["`make setup`", "``len()``"])
+def test_a_sentence_may_start_with_an_inline_literal(literal):
+    """Technical prose starts sentences with a command or a name in backquotes, often lower
+    case: it is a new sentence, not the end of the one before."""
+    text = f"Run `make demo` to try it. {literal} installs everything. e.g. not here."
+    assert [text[u.start : u.end] for u in split_units(text)] == [
+        "Run `make demo` to try it.",
+        f"{literal} installs everything. e.g. not here.",
+    ]
+
+
 def test_a_long_sentence_is_cut_into_bounded_pieces():
     text = " ".join(f"w{i}" for i in range(150)) + "."
     units = split_units(text)

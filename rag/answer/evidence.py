@@ -50,7 +50,10 @@ MAX_UNIT_WORDS = 60  # longer prose is cut into pieces of about this many words
 KIND_WEIGHT = 0.1  # added to a unit holding what a number or date question asks for (dev sets)
 
 _BLANK = re.compile(r"\n\s*\n")
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9])")
+# a sentence ends at . ! ? before one that starts with a capital or a digit (quoted, bracketed
+# or bold), or with an inline literal (`make setup` creates …; ``len()`` returns …), which
+# technical prose often starts with in lower case
+_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9]|`{1,2}[^`\s])")
 _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
 _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mark (quoted or not)
@@ -121,18 +124,23 @@ def _line_spans(text: str, start: int, end: int) -> list[tuple[int, int]]:
 
 
 def _table_units(text: str, start: int, end: int, passage: int) -> list[Unit] | None:
-    """A block holding a markdown pipe table (two or more unindented lines that start and end
-    with ``|`` and hold two cells or more, in a block with no ``+---+`` border of a grid
-    table): each row one unit (a ``|---|`` rule none), the lines around it as prose; None
-    without one. A chunk may start or end inside a table, without its header or rule, so
+    """A block holding a markdown pipe table (two or more lines that start and end with ``|``
+    and hold two cells or more, unindented unless the block has a ``|---|`` rule, in a block
+    with no ``+---+`` border of a grid table): each row one unit (a ``|---|`` rule none), the
+    lines around it as prose; None without one. A chunk may start or end inside a table, without its header or rule, so
     neither is required.
 
     Why: a row is one fact (a setting, its default, what it does); as prose the rows run
     together into one "sentence" cut every MAX_UNIT_WORDS words, so a row's answer came with
     the ends of its neighbours, and scored with their words."""
     lines = _line_spans(text, start, end)
-    # a row starts its line: an indented one is in a literal block (a diagram, a listing)
-    rows = [bool(_TABLE_ROW.match(text[a:b])) and (a == 0 or text[a - 1] == "\n") for a, b in lines]
+    # a row starts its line: an indented one is in a literal block (a diagram, a listing),
+    # unless the block has a |---| rule: then it is a table inside a list item or a note
+    ruled = any(_TABLE_RULE.match(text[a:b]) and "|" in text[a:b] for a, b in lines)
+    rows = [
+        bool(_TABLE_ROW.match(text[a:b])) and (ruled or a == 0 or text[a - 1] == "\n")
+        for a, b in lines
+    ]
     if any(_GRID_BORDER.match(text[a:b]) for a, b in lines):
         return None
     first = next((j for j in range(len(lines) - 1) if rows[j] and rows[j + 1]), None)
