@@ -360,8 +360,16 @@ def test_quotes_leave_out_headings_rules_and_repeats():
     [  # seen in quotes of the Git manual (AsciiDoc) and the kernel docs (reST)
         (
             "[[def_detached_HEAD]]detached HEAD:: Normally the <<def_HEAD,HEAD>> stores a <<def_branch,branch>>.",
-            "detached HEAD:: Normally the HEAD stores a branch.",
+            "detached HEAD: Normally the HEAD stores a branch.",
         ),
+        # a literal block's marker (reST) and a definition list's terms (AsciiDoc) show as a
+        # colon; C++'s scope operator stays
+        (
+            "To free pagecache:: echo 1 > /proc/sys/vm/drop_caches",
+            "To free pagecache: echo 1 > /proc/sys/vm/drop_caches",
+        ),
+        ("-v:: --verbose:: Report the names.", "-v: --verbose: Report the names."),
+        ("Use std::vector here.", None),
         (
             "See linkgit:git-reset[1] and <<merge-strategies>>.",
             "See git-reset(1) and merge-strategies.",
@@ -381,6 +389,34 @@ def test_quotes_leave_out_headings_rules_and_repeats():
 def test_quotes_show_inline_markup_as_rendered(raw, shown):
     assert plain_markup(raw) == (shown or raw)
     assert quotable(raw) == (shown or raw)
+
+
+@pytest.mark.parametrize(
+    ("unit", "shown"),
+    [  # seen quoted under answers over the Python and kernel docs (reST)
+        (
+            ".. versionchanged:: 3.5\n   The output is now in the same order as the input.",
+            "Changed in version 3.5: The output is now in the same order as the input.",
+        ),
+        (".. versionadded:: 3.11", "Added in version 3.11:"),
+        (".. note:: Use ``run()`` instead.", "Note: Use `run()` instead."),
+        (".. seealso:: Module :mod:`os`.", "See also: Module `os`."),
+        (
+            ".. function:: accumulate(iterable[, func, *, initial=None])",
+            "accumulate(iterable[, func, *, initial=None])",
+        ),
+        (
+            ".. module:: __main__\n   :synopsis: The environment where top-level code is run.",
+            "__main__: The environment where top-level code is run.",
+        ),
+        # directives that render no prose: no quote
+        (".. kernel-doc:: fs/debugfs/file.c\n   :export:", None),
+        (".. index:: single: formatted string literal", None),
+        (".. code-block:: c", None),
+    ],
+)
+def test_a_quote_shows_a_rest_directive_as_rendered(unit, shown):
+    assert quotable(unit) == shown
 
 
 def test_an_excerpt_gives_its_next_unit_when_the_answer_says_its_best():

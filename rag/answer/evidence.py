@@ -508,7 +508,49 @@ _MARKUP = (
         lambda m: _role(*m.groups()),
     ),
     (re.compile(r"``([^`]+)``"), r"`\1`"),
+    # a literal block's marker ("To free pagecache:: echo 1 > …", reST) or a definition list's
+    # term ("--cached:: Use this option …", AsciiDoc) is shown as a colon
+    (re.compile(r"(?<=\S)::(?=\s|$)"), ":"),
 )
+
+# a reST directive at the start of a quote, as Sphinx shows it: one that renders no prose (an
+# index entry, an image, a kernel-doc include, a code block's head) is no quote at all; a version
+# note is shown as its sentence; an admonition as its title; any other (a function's, a class's
+# signature) as its argument
+_DIRECTIVE = re.compile(r"\.\.\s+((?:[\w-]+:)?[\w-]+)::\s*")
+_NO_PROSE = {
+    *("index", "toctree", "include", "literalinclude", "only", "contents", "raw", "highlight"),
+    *("figure", "image", "code-block", "code", "sourcecode", "tabularcolumns", "c:namespace"),
+    *("doctest", "testcode", "testsetup", "testoutput", "currentmodule"),
+    *("moduleauthor", "sectionauthor"),
+    *("kernel-doc", "kernel-figure", "kernel-include", "kernel-abi", "kernel-feat"),
+}
+_VERSION_NOTE = {
+    "versionadded": "Added in version {}:",
+    "versionchanged": "Changed in version {}:",
+    "deprecated": "Deprecated since version {}:",
+}
+_ADMONITION = {
+    *("note", "warning", "tip", "important", "caution", "hint", "attention", "danger", "error"),
+    "seealso",
+}
+
+
+def _directive(text: str) -> str | None:
+    """``text`` with the reST directive it starts with shown as rendered (:data:`_DIRECTIVE`),
+    None for one that renders no prose."""
+    m = _DIRECTIVE.match(text)
+    if m is None:
+        return text
+    name, rest = m.group(1), text[m.end() :]
+    if name in _NO_PROSE:
+        return None
+    if name in _VERSION_NOTE:
+        version, _, after = rest.partition(" ")
+        return f"{_VERSION_NOTE[name].format(version)} {after}".strip()
+    if name in _ADMONITION:
+        return f"{'See also' if name == 'seealso' else name.capitalize()}: {rest}"
+    return re.sub(r"\s+:[\w-]+:(?=\s|$)", ":", rest) or None  # its fields (":synopsis: …")
 
 
 def _role(role: str, target: str) -> str:
@@ -539,17 +581,22 @@ _ATX_HEADING = re.compile(r" {0,3}#{1,6}[ \t]+[A-Z0-9][^\n/<>|=$`]*")
 
 def quotable(unit: str) -> str | None:
     """``unit`` as a quote: heading underlines and listing delimiters (``=====``, ``-----``,
-    reST and AsciiDoc) taken out, as they mean nothing on one line, and inline markup shown as
-    rendered (:func:`plain_markup`); None for a heading alone (one such rule at its end, and no
-    full stop, command prompt or closing colon in it; or a Markdown heading line)."""
+    reST and AsciiDoc) taken out, as they mean nothing on one line, a reST directive it starts
+    with and inline markup shown as rendered (:func:`_directive`, :func:`plain_markup`); None
+    for a heading alone (one such rule at its end, and no full stop, command prompt or closing
+    colon in it; or a Markdown heading line) or a directive that renders no prose (an index
+    entry, an image, a kernel-doc include)."""
     if _ATX_HEADING.fullmatch(unit.strip("\n")):
         return None
     rules = _RULE.findall(unit)
-    text = " ".join(plain_markup(_RULE.sub(" ", unit)).split())
+    text = _directive(" ".join(_RULE.sub(" ", unit).split()))
+    if not text:
+        return None
+    text = plain_markup(text)
     heading = len(rules) == 1 and re.search(r"[=\-~^]{3,}\s*$", unit) is not None
     if heading and not re.search(r"[.;$]|:$", text):
         return None
-    return text or None
+    return text
 
 
 # a question that asks how to do something, why, what something does or means, or about the
