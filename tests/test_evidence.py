@@ -332,6 +332,7 @@ def test_quotes_leave_out_headings_rules_and_repeats():
     )
     # Markdown headings (seen quoted on this project's own docs: "## Install and first run"),
     # but not a root prompt or a preprocessor line in a listing
+    assert quotable("[[def_HEAD]]") is None  # an AsciiDoc anchor alone: nothing shown
     assert quotable("## Install and first run") is None
     assert quotable("# Getting started: chat with your own documents") is None
     for listing in (

@@ -127,8 +127,8 @@ def _table_units(text: str, start: int, end: int, passage: int) -> list[Unit] | 
     """A block holding a markdown pipe table (two or more lines that start and end with ``|``
     and hold two cells or more, unindented unless the block has a ``|---|`` rule, in a block
     with no ``+---+`` border of a grid table): each row one unit (a ``|---|`` rule none), the
-    lines around it as prose; None without one. A chunk may start or end inside a table, without its header or rule, so
-    neither is required.
+    lines around it as prose; None without one. A chunk may start or end inside a table,
+    without its header or rule, so neither is required.
 
     Why: a row is one fact (a setting, its default, what it does); as prose the rows run
     together into one "sentence" cut every MAX_UNIT_WORDS words, so a row's answer came with
@@ -596,7 +596,7 @@ def quotable(unit: str) -> str | None:
     heading = len(rules) == 1 and re.search(r"[=\-~^]{3,}\s*$", unit) is not None
     if heading and not re.search(r"[.;$]|:$", text):
         return None
-    return text
+    return text or None
 
 
 # a question that asks how to do something, why, what something does or means, or about the
