@@ -381,7 +381,9 @@ class RAGPipeline:
             # one excerpt per hit it came from, [1] first; the other hits follow, uncited
             chosen = [hits[e.passage] for e in excerpts]
             ordered = [*chosen, *(h for h in hits if not any(h is c for c in chosen))]
-            messages = build_evidence_messages(query, [e.text for e in excerpts])
+            from rag.answer.evidence import plain_markup
+
+            messages = build_evidence_messages(query, [plain_markup(e.text) for e in excerpts])
             number = {id(h): n for n, h in enumerate(ordered, start=1)}
             return Prepared(
                 question,

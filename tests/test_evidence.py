@@ -812,6 +812,28 @@ def test_a_how_question_gets_the_encoders_sentences_quoted_word_for_word_and_cit
     assert off.answer(question).quotes == []
 
 
+def test_the_decoder_reads_the_excerpts_markup_as_rendered():
+    """The decoder copied what it read: "are:: ramdisk_start=N", "See linkgit:git-reset[1]".
+    It reads the excerpts as a reader sees them rendered (rag.answer.evidence.plain_markup);
+    the passages, their citations and the check of the short answer keep the raw text."""
+    passages = [
+        "To free the page cache without a reboot, run as root:: echo 1 > /proc/sys/vm/drop_caches",
+        "To undo a commit and keep its changes, see linkgit:git-reset[1] and ``--soft``.",
+    ]
+    gen = TwoPartDecoder("Write 1 to drop_caches [1].", "echo 1 > /proc/sys/vm/drop_caches")
+    cfg = RAGConfig.of(evidence_tokens=80, answerability_threshold=None, k=2, quotes=0)
+    hits = [hit(i + 1, p) for i, p in enumerate(passages)]
+    answer = RAGPipeline(cfg, retriever=Retriever(hits), generator=gen).answer(
+        "How do I free the page cache without rebooting?"
+    )
+    prompt = gen.calls[0]["messages"][-1]["content"]
+    assert "run as root: echo 1 > /proc/sys/vm/drop_caches" in prompt
+    assert "::" not in prompt and "linkgit:" not in prompt
+    assert "see git-reset(1) and `--soft`" in prompt
+    assert answer.passages[0].chunk.text == passages[0]  # the passage keeps its text
+    assert answer.answer_span.text == "echo 1 > /proc/sys/vm/drop_caches"
+
+
 def test_a_refusal_gets_no_quotes():
     pipe, _ = evidence_pipeline(REFUSAL, "unused")
     answer = pipe.answer("How do I sort a list of records by a field?")
