@@ -371,6 +371,8 @@ def test_quotes_leave_out_headings_rules_and_repeats():
         ),
         ("-v:: --verbose:: Report the names.", "-v: --verbose: Report the names."),
         ("Use std::vector here.", None),
+        # a Markdown code fence is not a reST literal: left as it is
+        ("Run: ```bash python -m rag.docs list ```", None),
         (
             "See linkgit:git-reset[1] and <<merge-strategies>>.",
             "See git-reset(1) and merge-strategies.",

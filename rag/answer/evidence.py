@@ -507,7 +507,7 @@ _MARKUP = (
         re.compile(r"(?<![\w:`]):((?:[\w-]+:)+)`([^`<]+?)\s*(?:<[^`>]*>)?`"),
         lambda m: _role(*m.groups()),
     ),
-    (re.compile(r"``([^`]+)``"), r"`\1`"),
+    (re.compile(r"(?<!`)``([^`]+)``(?!`)"), r"`\1`"),  # not a Markdown ``` fence
     # a literal block's marker ("To free pagecache:: echo 1 > …", reST) or a definition list's
     # term ("--cached:: Use this option …", AsciiDoc) is shown as a colon
     (re.compile(r"(?<=\S)::(?=\s|$)"), ":"),
