@@ -141,10 +141,10 @@ def test_an_indented_table_with_a_rule_is_a_table_inside_a_list_item():
 def test_a_sentence_may_start_with_an_inline_literal(literal):
     """Technical prose starts sentences with a command or a name in backquotes, often lower
     case: it is a new sentence, not the end of the one before."""
-    text = f"Run `make demo` to try it. {literal} installs everything. e.g. not here."
+    text = f"Run `make demo` to try it. {literal} installs everything, e.g. `venv`, i.e. All."
     assert [text[u.start : u.end] for u in split_units(text)] == [
         "Run `make demo` to try it.",
-        f"{literal} installs everything. e.g. not here.",
+        f"{literal} installs everything, e.g. `venv`, i.e. All.",
     ]
 
 

@@ -52,8 +52,11 @@ KIND_WEIGHT = 0.1  # added to a unit holding what a number or date question asks
 _BLANK = re.compile(r"\n\s*\n")
 # a sentence ends at . ! ? before one that starts with a capital or a digit (quoted, bracketed
 # or bold), or with an inline literal (`make setup` creates …; ``len()`` returns …), which
-# technical prose often starts with in lower case
-_SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[\"'(`*]?[A-Z0-9]|`{1,2}[^`\s])")
+# technical prose often starts with in lower case; not after e.g., i.e., cf. or vs.
+_SENTENCE = re.compile(
+    r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bcf\.)(?<!\bvs\.)\s+"
+    r"(?=[\"'(`*]?[A-Z0-9]|`{1,2}[^`\s])"
+)
 _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
 _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mark (quoted or not)
