@@ -139,7 +139,7 @@ def _table_units(text: str, start: int, end: int, passage: int) -> list[Unit] | 
     lines = _line_spans(text, start, end)
     # a row starts its line: an indented one is in a literal block (a diagram, a listing),
     # unless the block has a |---| rule: then it is a table inside a list item or a note
-    ruled = any(_TABLE_RULE.match(text[a:b]) and "|" in text[a:b] for a, b in lines)
+    ruled = any(_TABLE_RULE.match(text[a:b]) for a, b in lines)  # a rule holds a "|"
     rows = [
         bool(_TABLE_ROW.match(text[a:b])) and (ruled or a == 0 or text[a - 1] == "\n")
         for a, b in lines
