@@ -137,6 +137,61 @@ def test_an_indented_table_with_a_rule_is_a_table_inside_a_list_item():
     assert [u.prose for u in units[1:]] == [False, False, False]
 
 
+def test_a_definitions_term_joins_the_first_unit_of_its_description():
+    """An AsciiDoc definition is indented under its term, a reST function's description under
+    its directive: apart, the description never named what it describes ("This form is to
+    view the changes you staged …") and a quote of it lacked the option the user asked for."""
+    text = (
+        "--cached [<commit>]::\n\n"
+        "\tThis form is to view the changes you staged for the next\n"
+        "\tcommit relative to the named <commit>.\n+\n"
+        "If --merge-base is given, use the merge base. It is HEAD's.\n\n"
+        "-p::\n--patch::\nInteractively choose hunks. This gives a chance to review.\n"
+    )
+    units = [text[u.start : u.end] for u in split_units(text)]
+    assert units == [
+        "--cached [<commit>]::\n\n\tThis form is to view the changes you staged for the next"
+        "\n\tcommit relative to the named <commit>.",
+        "If --merge-base is given, use the merge base.",  # after the "+": a paragraph
+        "It is HEAD's.",
+        "-p::\n--patch::\nInteractively choose hunks.",
+        "This gives a chance to review.",
+    ]
+    assert quotable(units[0]) == (
+        "--cached [<commit>]: This form is to view the changes you staged for the next commit"
+        " relative to the named <commit>."
+    )
+
+
+def test_a_directives_signature_joins_its_indented_description():
+    text = (
+        ".. function:: addressof(obj)\n\n   Returns the address of the buffer.\n\n"
+        ".. index:: single: buffer\n\nAn index entry renders nothing: never joined.\n\n"
+        ".. Note::\n\nA paragraph after an empty note is not its content.\n"
+    )
+    shown = [quotable(text[u.start : u.end]) for u in split_units(text)]
+    assert shown == [
+        "addressof(obj) Returns the address of the buffer.",
+        None,  # the index entry
+        "An index entry renders nothing: never joined.",
+        "Note:",
+        "A paragraph after an empty note is not its content.",
+    ]
+
+
+@pytest.mark.parametrize(
+    "intro", ["The Makefiles have five parts::", "Example::", "Run it::", "The output::"]
+)
+def test_a_paragraph_introducing_a_literal_block_is_no_term(intro):
+    """reST's "...::" paragraph introduces a listing: it brings it when it scores (it ends
+    in a colon), but the listing is not its description."""
+    text = f"{intro}\n\n    make -C arch/x86 all.\n    make modules_install."
+    assert [text[u.start : u.end] for u in split_units(text)] == [
+        intro,
+        "make -C arch/x86 all.\n    make modules_install.",
+    ]
+
+
 @pytest.mark.parametrize("literal", ["`make setup`", "``len()``"])
 def test_a_sentence_may_start_with_an_inline_literal(literal):
     """Technical prose starts sentences with a command or a name in backquotes, often lower

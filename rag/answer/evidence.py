@@ -49,12 +49,15 @@ EVIDENCE_BATCH_TOKENS = 4096
 MAX_UNIT_WORDS = 60  # longer prose is cut into pieces of about this many words
 KIND_WEIGHT = 0.1  # added to a unit holding what a number or date question asks for (dev sets)
 
-_BLANK = re.compile(r"\n\s*\n")
+# blocks are separated by blank lines, and by an AsciiDoc list continuation (a "+" alone on
+# its line: what follows is another paragraph of the same list item or definition)
+_BLANK = re.compile(r"\n(?:[ \t\r\f\v]*\+?[ \t\r\f\v]*\n)+")
 # a sentence ends at . ! ? before one that starts with a capital or a digit (quoted, bracketed
 # or bold), or with an inline literal (`make setup` creates …; ``len()`` returns …), which
-# technical prose often starts with in lower case; not after e.g., i.e., cf. or vs.
+# technical prose often starts with in lower case; not after e.g., i.e., cf. or vs., nor after
+# the ".." of a reST directive (".. Note::")
 _SENTENCE = re.compile(
-    r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bcf\.)(?<!\bvs\.)\s+"
+    r"(?<=[.!?])(?<!\be\.g\.)(?<!\bi\.e\.)(?<!\bcf\.)(?<!\bvs\.)(?<!^\.\.)(?<!\s\.\.)\s+"
     r"(?=[\"'(`*]?[A-Z0-9]|`{1,2}[^`\s])"
 )
 _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
@@ -63,6 +66,10 @@ _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mar
 _TABLE_ROW = re.compile(r"^\|.*\|.*\|\s*$")  # a markdown (pipe) table's line: two cells or more
 _GRID_BORDER = re.compile(r"^\s*\+[-=+:]+\+\s*$")  # a reST grid table's border line
 _TABLE_RULE = re.compile(r"^\s*\|?(?:\s*:?-+:?\s*\|)+(?:\s*:?-+:?\s*)?\s*$")  # |---|:--:|
+# an AsciiDoc definition list's term, alone on its line ("--cached [<commit>]::", "patch::",
+# "GIT_DIR::"), not a reST paragraph that introduces a literal block ("Example::", "The
+# Makefiles have five parts::"), whose indented block is a listing however it reads
+_TERM = re.compile(r"(?![A-Z][a-z])\S.*::")
 
 
 @dataclass(frozen=True)
@@ -170,12 +177,28 @@ def _table_units(text: str, start: int, end: int, passage: int) -> list[Unit] | 
     return units
 
 
+def _is_term(block: str) -> bool:
+    """Whether ``block`` names what the block after it describes: AsciiDoc definition terms
+    (each line ends in ``::``: "-p::", "--patch::"), or a reST directive that renders prose
+    (".. function:: addressof(obj)", ".. note::"), whose description is the indented block
+    after it."""
+    lines = block.strip().splitlines()
+    if m := _DIRECTIVE.match(lines[0]):
+        return m.group(1).lower() not in _NO_PROSE
+    return len(lines) <= 4 and all(_TERM.fullmatch(ln.strip()) for ln in lines)
+
+
 def split_units(text: str, passage: int = 0) -> list[Unit]:
     """A passage's units: blocks are split at blank lines; a block whose lines look like code
     (indented, ``>>>``, ``$``) stays whole, as does each list item's line and each row of a
-    markdown table; prose is split into sentences. Offsets index ``text``."""
+    markdown table; prose is split into sentences. A definition's term (AsciiDoc's
+    "--cached::", a reST directive's signature) is one unit with the first unit of the
+    description after it, which rarely names what it describes ("This form is to view the
+    changes you staged …"; manuals indent a description, so it is often a code-like block,
+    kept whole). Offsets index ``text``."""
     units: list[Unit] = []
     pos = 0
+    term: tuple[int, int, bool] | None = None  # a term block's first unit, its start, directive?
     for m in [*_BLANK.finditer(text), None]:
         stop = m.start() if m else len(text)
         block = text[pos:stop]
@@ -183,6 +206,7 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
             lines = [ln for ln in block.splitlines() if ln.strip()]
             lead = pos + (len(block) - len(block.lstrip()))
             tail = pos + len(block.rstrip())
+            first = len(units)
             table = _table_units(text, lead, tail, passage) if len(lines) > 1 else None
             if table is not None:
                 units.extend(table)
@@ -199,6 +223,18 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
                     off += len(ln)
             else:
                 units.extend(Unit(passage, s, e) for s, e in _pieces(text, lead, tail))
+            # a definition: its term joins the first unit of the block after it (a directive's
+            # only when indented under it, as its content is)
+            if (
+                term is not None
+                and term[0] == first - 1  # the term block is one unit
+                and len(units) > first
+                and (not term[2] or lines[0][:1].isspace())
+            ):
+                units[term[0] : first + 1] = [
+                    Unit(passage, term[1], units[first].end, units[first].prose)
+                ]
+            term = (first, lead, block.lstrip().startswith("..")) if _is_term(block) else None
         pos = m.end() if m else len(text)
     return units
 
@@ -520,7 +556,7 @@ _MARKUP = (
 # index entry, an image, a kernel-doc include, a code block's head) is no quote at all; a version
 # note is shown as its sentence; an admonition as its title; any other (a function's, a class's
 # signature) as its argument
-_DIRECTIVE = re.compile(r"\.\.\s+((?:[\w-]+:)?[\w-]+)::\s*")
+_DIRECTIVE = re.compile(r"\.\.\s+((?:[\w-]+:)?[\w-]+) ?::\s*")
 _NO_PROSE = {
     *("index", "toctree", "include", "literalinclude", "only", "contents", "raw", "highlight"),
     *("figure", "image", "code-block", "code", "sourcecode", "tabularcolumns", "c:namespace"),
@@ -545,14 +581,14 @@ def _directive(text: str) -> str | None:
     m = _DIRECTIVE.match(text)
     if m is None:
         return text
-    name, rest = m.group(1), text[m.end() :]
+    name, rest = m.group(1).lower(), text[m.end() :]
     if name in _NO_PROSE:
         return None
     if name in _VERSION_NOTE:
         version, _, after = rest.partition(" ")
         return f"{_VERSION_NOTE[name].format(version)} {after}".strip()
     if name in _ADMONITION:
-        return f"{'See also' if name == 'seealso' else name.capitalize()}: {rest}"
+        return f"{'See also' if name == 'seealso' else name.capitalize()}: {rest}".strip()
     return re.sub(r"\s+:[\w-]+:(?=\s|$)", ":", rest) or None  # its fields (":synopsis: …")
 
 
