@@ -545,6 +545,10 @@ def test_questions_that_ask_how_why_or_what_something_does_get_quotes(question):
         "How many tokens does BERT mask?",
         "How long is the Danube river?",
         "How was the efficiency of a steam engine typically evaluated?",
+        # a capital I that is a numeral, not the asker
+        "When did Philip I convene an assembly?",
+        "Who was the MVP of Super Bowl I and II?",
+        "How many sports does Harvard compete in NCAA division I",
         "What is the clarity of liquid oxygen?",
         "What is a main tributary to the Rhine that goes through Northeastern France?",
         "In what state is oxygen shipped in bulk?",
@@ -854,7 +858,10 @@ def test_a_how_question_gets_the_encoders_sentences_quoted_word_for_word_and_cit
     text = "".join(streamed[:-1])
     assert answer.quotes, "a how-to question gets quotes"
     assert answer.raw_text.startswith(reply) and "From the documents:" not in answer.raw_text
-    assert text.startswith(f"{reply}\nShort answer: key\n\nFrom the documents:\n- ")
+    # no short answer: the explanation and the quotes answer a how-question, and one
+    # continuation call fewer is decoded
+    assert text.startswith(f"{reply}\n\nFrom the documents:\n- ")
+    assert answer.answer_span is None and len(gen.calls) == 1
     cited = {c.number: c for c in answer.citations}
     for n, quote in answer.quotes:
         assert f'- "{quote}" [{n}]' in text and f'- "{quote}"' in answer.text
@@ -878,10 +885,12 @@ def test_the_decoder_reads_the_excerpts_markup_as_rendered():
         "To undo a commit and keep its changes, see linkgit:git-reset[1] and ``--soft``.",
     ]
     gen = TwoPartDecoder("Write 1 to drop_caches [1].", "echo 1 > /proc/sys/vm/drop_caches")
-    cfg = RAGConfig.of(evidence_tokens=80, answerability_threshold=None, k=2, quotes=0)
+    cfg = RAGConfig.of(
+        evidence_tokens=80, answerability_threshold=None, k=2, quotes=0, factoid="explain"
+    )
     hits = [hit(i + 1, p) for i, p in enumerate(passages)]
     answer = RAGPipeline(cfg, retriever=Retriever(hits), generator=gen).answer(
-        "How do I free the page cache without rebooting?"
+        "Which command frees the page cache without a reboot?"
     )
     prompt = gen.calls[0]["messages"][-1]["content"]
     assert "run as root: echo 1 > /proc/sys/vm/drop_caches" in prompt

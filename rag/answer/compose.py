@@ -239,8 +239,9 @@ def evidence_reply(
     ``Short answer: ...``. Nothing else is decoded. When no such sentence holds what it
     wrote, the reply is written as for any other question:
 
-    the explanation, then a last line ``Short answer: ...`` (:data:`rag.answer.prompt.SHORT_ANSWER`)
-    when a given passage holds that answer word for word (an answer the documents do not hold
+    the explanation, then (not for a how-question: :func:`explained_reply`) a last line
+    ``Short answer: ...`` (:data:`rag.answer.prompt.SHORT_ANSWER`) when a given passage holds
+    that answer word for word (an answer the documents do not hold
     is not shown as theirs). The explanation is decoded up to that line; the short answer is
     always decoded as a continuation of the explanation (``continuation``: prompt + explanation
     + the line's label, whose keys and values the engine's prefix cache already holds: a few
@@ -266,7 +267,13 @@ def evidence_reply(
 def explained_reply(
     gen: Any, prep: Prepared, args: dict[str, Any], stats: dict[str, Any]
 ) -> Iterator[str]:
-    """The explanation and its short answer line (:func:`evidence_reply`)."""
+    """The explanation and its short answer line (:func:`evidence_reply`). A question that
+    asks how, why or what something does (:func:`rag.answer.evidence.asks_how`) gets no short
+    answer: the explanation and the quotes under it answer it; a few words in bold on top said
+    less than the sentences under them, and named a command for another task for about half
+    of the dev questions about Git and the Linux kernel (docs/answering.md)."""
+    from rag.answer.evidence import asks_how
+
     first: dict[str, Any] = {}
     parts: list[str] = []
     stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER)
@@ -278,6 +285,8 @@ def explained_reply(
     left = min(SHORT_ANSWER_TOKENS, args["max_new_tokens"] - first.get("new_tokens", 0))
     if not explanation or is_refusal(explanation) or first.get("finish_reason") == "length":
         return  # nothing to read it off, or the answer's token limit already reached
+    if asks_how(prep.question):
+        return
     if left < 1:  # no token left of the limit for it
         return
     more: dict[str, Any] = {}

@@ -651,12 +651,26 @@ _ASKS_HOW = re.compile(
 )
 
 
+# a capital "I" that is a name's numeral ("Philip I", "World War I", "NCAA division I"), not
+# the asker: after a capitalised word that does not begin the question or a sentence, or
+# ending a clause ("... division I?", "Super Bowl I and II")
+_NUMERAL_BEFORE = re.compile(r"[^\s.?!:;\"'(]\s+[A-Z][\w-]*\s+$")
+_NUMERAL_AFTER = re.compile(r"\s*(?:[?.,;)]|$|\s(?:and|or)\b)")
+
+
 def asks_how(question: str) -> bool:
     """Whether ``question`` asks how to do something, why, what something does or means, or
     about the asker's own case ("How do I ...", "Why ...", "What does ... do", "What is a ...",
-    "My build fails ..."), not for one fact ("Who", "When", "How many", "What is the ... of"):
-    the questions whose written answer gets quotes (:func:`quotations`)."""
-    return bool(_ASKS_HOW.search(question))
+    "My build fails ..."), not for one fact ("Who", "When", "How many", "What is the ... of",
+    "When did Philip I …"): the questions whose written answer gets quotes
+    (:func:`quotations`)."""
+    return any(
+        m.group(0) != "I"
+        or not (
+            _NUMERAL_BEFORE.search(question[: m.start()]) or _NUMERAL_AFTER.match(question, m.end())
+        )
+        for m in _ASKS_HOW.finditer(question)
+    )
 
 
 MAX_QUOTE_WORDS = 80  # a longer quote is cut (an example after its "::" line may be long)
