@@ -19,7 +19,9 @@ from rag.answer.answerability import (
     coverage,
     decide,
     literal_terms,
+    named_places,
     refusal_text,
+    unmentioned,
 )
 from rag.answer.prompt import REFUSAL
 from rag.config import ConfigError, RAGConfig
@@ -148,6 +150,33 @@ def test_literal_terms_are_options_identifiers_and_short_quotes(question, terms)
     assert literal_terms(question) == terms
 
 
+@pytest.mark.parametrize(
+    ("question", "names"),
+    [
+        ("How do I decline a pull request in Bitbucket?", ["Bitbucket"]),
+        ("How do I protect a branch in GitLab's project settings?", ["GitLab"]),
+        ("How do I sync my index with Google Drive?", ["Google Drive"]),
+        ("What is a generator in Python 3.12?", ["Python"]),
+        # a capitalised name the question does not set its task in: the user's own code
+        ("How do I make MyClass iterable?", []),
+        ("Why does Git refuse to push?", []),
+        # the platform a task runs on: the manual answers it without naming it
+        ("How do I check my swap on Ubuntu?", []),
+    ],
+)
+def test_named_places_are_what_a_question_sets_its_task_in(question, names):
+    assert named_places(question) == names
+
+
+def test_a_place_no_document_names_is_missing_a_misspelling_or_reordering_is_not():
+    corpus = CorpusText(lambda: ["Tesla taught in Gospić.", "The Seven Years' War ended."])
+    ask = lambda q: unmentioned(q, corpus.mentions)  # noqa: E731
+    assert ask("How do I run it in Bitbucket?") == ["Bitbucket"]
+    assert ask("Where did Tesla teach in Gospic?") == []  # accents aside
+    assert ask("How long did the fighting last in Seven Years War?") == []  # each word held
+    assert ask("How do I use --deep-freeze in Bitbucket?") == ["--deep-freeze", "Bitbucket"]
+
+
 def test_corpus_text_mentions_a_phrase_case_and_spacing_aside_never_across_chunks():
     calls = []
 
@@ -180,6 +209,12 @@ def test_a_term_no_document_holds_is_refused_and_named_without_decoding():
     assert not held.refused and gen.calls
     off, gen = _ask("Are Python lists mutable with --deep-freeze?", dense=0.7, literal_terms=False)
     assert not off.refused and gen.calls
+    # a product no document names: another product's question, refused and named
+    other, gen = _ask("Are Python lists mutable in MongoDB?", dense=0.7)
+    assert other.refused and not gen.calls
+    assert other.text == f"{REFUSAL} No document mentions `MongoDB`."
+    same, gen = _ask("Are lists mutable in Python?", dense=0.7)
+    assert not same.refused and gen.calls
 
 
 def test_an_index_mentions_what_its_published_generation_holds(tmp_path, tiny_mlm_dir):

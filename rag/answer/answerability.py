@@ -26,7 +26,8 @@ the sigmoid, so ``rag`` carries no scikit-learn) and ship as :data:`DEFAULT_MODE
 A third, exact signal needs no model: the **literal terms** a question names
 (:func:`literal_terms`: an option such as ``--smart-split``, a parameter or a call, a name the
 question asks about such as ``vm.swap_boost_factor``, a quoted label such as "the 'Squash and
-merge' button") must occur somewhere in the index (the retriever's ``mentions``). One that no
+merge' button"), and the product or place it sets its task in ("in GitLab's settings",
+:func:`named_places`), must occur somewhere in the index (the retriever's ``mentions``). One that no
 document holds is the clearest sign the manual cannot answer, and the two signals above miss
 it: the question's other words ("git", "push", "rebase", "branch") are everywhere, and BM25's
 tokens split ``--auto-rebase-remote`` into words the corpus has. The refusal then names the
@@ -251,6 +252,27 @@ NAMED = re.compile(
 )
 
 
+# What the question sets its task in, another product or place ("in GitLab's settings", "with
+# NetworkManager", "from Flathub", "into Google Drive"): a preposition, then capitalised words.
+# Another product's manual is not this one: when no document names it, the question is about
+# something these documents are not. Not "on" or "under": they name the platform a task runs on
+# ("… swap on Ubuntu", "under Windows"), which a manual answers without naming it; nor a
+# capitalised name elsewhere ("How do I make MyClass iterable?" names the user's own code).
+PLACED = re.compile(
+    r"\b(?:in|with|using|via|into|from|to|for|inside)\s+"
+    r"([A-Z][\w+#-]*[A-Za-z0-9+#](?:\s+[A-Z][\w+#-]*[A-Za-z0-9+#])*)"
+)
+
+
+def named_places(question: str) -> list[str]:
+    """The products and places ``question`` sets its task in (:data:`PLACED`), in order and
+    once each: "How do I decline a pull request in Bitbucket?" → ["Bitbucket"]. Unlike a
+    literal term, a name is the user's way of saying it, so it counts as held when the
+    documents hold each of its words (:func:`unmentioned`)."""
+    found = [m.group(1) for m in PLACED.finditer(question)]
+    return [t for i, t in enumerate(found) if t not in found[:i]]
+
+
 def literal_terms(question: str) -> list[str]:
     """The terms ``question`` names literally, in order and once each, that the manual must
     hold for the question to be about it:
@@ -288,10 +310,19 @@ def literal_terms(question: str) -> list[str]:
 
 def unmentioned(question: str, mentions: Callable[[Sequence[str]], list[bool]]) -> list[str]:
     """The literal terms of ``question`` (:func:`literal_terms`) that ``mentions`` (the
-    retriever's: does any document hold this text, case and spacing aside) says no document
-    holds."""
+    retriever's: does any document hold this text, case, spacing and accents aside) says no
+    document holds, and the products or places it names (:func:`named_places`) that no
+    document holds, neither as written nor word by word ("Seven Years War" for "Seven Years'
+    War" is held)."""
     terms = literal_terms(question)
-    return [t for t, seen in zip(terms, mentions(terms)) if not seen] if terms else []
+    names = [n for n in named_places(question) if n not in terms]
+    words = [w for n in names for w in n.split()]
+    if not terms and not names:
+        return []
+    seen = dict(zip([*terms, *names, *words], mentions([*terms, *names, *words])))
+    missing = [t for t in terms if not seen[t]]
+    missing += [n for n in names if not seen[n] and not all(seen[w] for w in n.split())]
+    return missing
 
 
 def refusal_text(decision: AnswerabilityDecision | None, refusal: str) -> str:

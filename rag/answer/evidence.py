@@ -68,7 +68,7 @@ _GRID_BORDER = re.compile(r"^\s*\+[-=+:]+\+\s*$")  # a reST grid table's border 
 _TABLE_RULE = re.compile(r"^\s*\|?(?:\s*:?-+:?\s*\|)+(?:\s*:?-+:?\s*)?\s*$")  # |---|:--:|
 # an AsciiDoc definition list's term, alone on its line ("--cached [<commit>]::", "patch::",
 # "GIT_DIR::"), not a reST paragraph that introduces a literal block ("Example::", "The
-# Makefiles have five parts::"), whose indented block is a listing however it reads
+# Makefiles have five parts::"), whose indented block is a listing, not a description
 _TERM = re.compile(r"(?![A-Z][a-z])\S.*::")
 
 
