@@ -370,6 +370,17 @@ def test_quotes_are_the_best_units_the_answer_does_not_say_best_first():
     assert cut.endswith(" …") and len(cut.split()) == 81
 
 
+def test_a_unit_the_answer_copies_is_still_quoted_when_it_names_an_option_the_answer_does_not():
+    """Seen on a Git dev question: the 0.5B copied the description of `--cached` and named
+    another command; the quote that names the option was left out as "already said"."""
+    unit = "--cached: This form is to view the changes you staged for the next commit."
+    excerpts = [_excerpt(0, 0.9, unit)]
+    wrong = "Use `git status` to view the changes you staged for the next commit."
+    assert quotations(excerpts, wrong, 3) == [(1, unit)]
+    right = "Use `git diff --cached` to view the changes you staged for the next commit."
+    assert quotations(excerpts, right, 3) == []
+
+
 def test_quotes_leave_out_headings_rules_and_repeats():
     """Seen on the dev questions' answers: a reST heading quoted with its ===== line, the same
     sentence quoted twice from a page that two chunks (or two files) hold."""

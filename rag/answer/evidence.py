@@ -491,13 +491,19 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
 QUOTES_PER_EXCERPT = 2  # quotes drawn from one excerpt at most (chosen on the dev questions)
 
 
+# what a quote names that an answer must name too to say it: an option, an inline literal
+_QUOTED_TERMS = re.compile(r"(?<![\w-])--?[A-Za-z][\w-]*|`[^`\n]+`")
+
+
 def quotations(
     excerpts: Sequence[Excerpt], answer: str, n: int, per_excerpt: int = QUOTES_PER_EXCERPT
 ) -> list[tuple[int, str]]:
     """Up to ``n`` of the encoder's best units to quote under the written answer, as (excerpt
     number from 1, the unit's text), best first over all excerpts' kept units
     (``Excerpt.ranked``), at most ``per_excerpt`` from one excerpt; a unit the answer already
-    says (half or more of its content words are in it) or with fewer than
+    says (half or more of its content words are in it, and every option or inline literal it
+    names: an answer that copies a definition but names another command does not say
+    "--cached: This form is to view the changes you staged …") or with fewer than
     :data:`MIN_QUOTE_WORDS` content words (a heading) is skipped, and the excerpt's next unit
     may take its place. A floor on the score below the best excerpt's was tried and not kept
     (docs/answering.md).
@@ -511,6 +517,7 @@ def quotations(
     if n <= 0 or not excerpts:
         return []
     said = content_words(answer)
+    lowered = answer.lower()
     candidates = sorted(
         ((score, i, text) for i, e in enumerate(excerpts) for score, text in e.ranked),
         key=lambda c: -c[0],
@@ -521,8 +528,11 @@ def quotations(
     for _, i, unit in candidates:
         text = quotable(unit)
         words = content_words(text or "")
-        if not text or len(words) < MIN_QUOTE_WORDS or len(words & said) * 2 >= len(words):
+        if not text or len(words) < MIN_QUOTE_WORDS:
             continue
+        terms = (t.strip("`").lower() for t in _QUOTED_TERMS.findall(text))
+        if len(words & said) * 2 >= len(words) and all(t in lowered for t in terms):
+            continue  # the answer says it, and names every option and literal it names
         if text.lower() in seen or taken[i] == per_excerpt:  # seen: a page ingested twice
             continue
         seen.add(text.lower())
