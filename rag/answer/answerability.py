@@ -317,9 +317,10 @@ def unmentioned(question: str, mentions: Callable[[Sequence[str]], list[bool]]) 
     terms = literal_terms(question)
     names = [n for n in named_places(question) if n not in terms]
     words = [w for n in names for w in n.split()]
-    if not terms and not names:
+    asked = [*terms, *names, *words]
+    if not asked:
         return []
-    seen = dict(zip([*terms, *names, *words], mentions([*terms, *names, *words])))
+    seen = dict(zip(asked, mentions(asked)))
     missing = [t for t in terms if not seen[t]]
     missing += [n for n in names if not seen[n] and not all(seen[w] for w in n.split())]
     return missing

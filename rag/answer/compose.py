@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rag.answer.answerability import AnswerabilityDecision
+from rag.answer.evidence import asks_how, quotations
 from rag.answer.prompt import (
     DEFAULT_STOP,
     REFUSAL,
@@ -247,8 +248,6 @@ def evidence_reply(
     + the line's label, whose keys and values the engine's prefix cache already holds: a few
     tokens of prefill), because small decoders often end their turn without it. ``stats`` gets
     the first call's time to first token and every call's tokens and time."""
-    from rag.answer.evidence import asks_how
-
     spent: dict[str, Any] = {}
     if factoid == "extract" and prep.lead and not asks_how(prep.question):
         found = extract_short_answer(extractor() if extractor else gen, prep, args, spent)
@@ -272,8 +271,6 @@ def explained_reply(
     answer: the explanation and the quotes under it answer it; a few words in bold on top said
     less than the sentences under them, and named a command for another task for about half
     of the dev questions about Git and the Linux kernel (docs/answering.md)."""
-    from rag.answer.evidence import asks_how
-
     first: dict[str, Any] = {}
     parts: list[str] = []
     stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER)
@@ -286,7 +283,7 @@ def explained_reply(
     if not explanation or is_refusal(explanation) or first.get("finish_reason") == "length":
         return  # nothing to read it off, or the answer's token limit already reached
     if asks_how(prep.question):
-        return
+        return  # its answer is the explanation (above)
     if left < 1:  # no token left of the limit for it
         return
     more: dict[str, Any] = {}
@@ -374,8 +371,6 @@ def add_quotations(answer: Answer, prep: Prepared, n: int) -> str:
     ``answer.quotes``, ``answer.text`` and ``answer.citations`` (a quoted passage not cited yet
     is added) take them; returns the text to stream after the reply, markers included ("" when
     nothing is quoted: a refusal, no excerpts, nothing new)."""
-    from rag.answer.evidence import asks_how, quotations
-
     if n <= 0 or answer.refused or not prep.evidence or not asks_how(prep.question):
         return ""
     found = quotations(prep.evidence, answer.text, n)
