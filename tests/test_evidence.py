@@ -23,11 +23,17 @@ from rag.answer.evidence import (
     select,
     split_units,
 )
-from rag.answer.prompt import EXTRACT_SYSTEM_PROMPT, REFUSAL, split_short_answer
+from rag.answer.prompt import (
+    EXTRACT_SYSTEM_PROMPT,
+    REFUSAL,
+    quote_source,
+    quotes_block,
+    split_short_answer,
+)
 from rag.answer.verify import attribute, locate
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
-from rag.types import Answer, Chunk, Hit
+from rag.types import Answer, Chunk, Citation, Hit
 
 VOCAB = [
     "tar", "extract", "folder", "archive", "danube", "river", "length", "km", "compress",
@@ -248,6 +254,24 @@ def test_a_unit_ending_with_a_colon_brings_what_it_introduces():
     assert "run:" in excerpt.text and "tar -xf a.tar -C folder" in excerpt.text
 
 
+def test_a_sentence_cut_off_by_a_code_block_brings_it():
+    """Git's user manual: "… you can always return to the pre-merge state with", then the
+    command in an AsciiDoc listing. A prose unit that stops mid-sentence before a code block or
+    list is read and quoted with it; an ended sentence before a block, or a cut-off one before
+    more prose, is not."""
+    passage = (
+        "If you get stuck, you can always extract the archive into a folder with\n\n"
+        "-------------------------------------------------\n$ tar -xf a.tar -C folder\n"
+        "-------------------------------------------------\n\n"
+        "Archives are handy.\n\n    tar -tf a.tar\n\nLists are kept as they are"
+    )
+    units = split_units(passage)
+    assert [u.prose for u in units] == [True, False, True, False, True]  # the listing is code
+    (excerpt,) = select("extract archive folder", [passage], embed, 60, words)
+    assert excerpt.ranked[0][1].startswith("If you get stuck") and "$ tar -xf" in excerpt.best
+    assert all(not t.startswith("Archives are handy. ") for _, t in excerpt.ranked)
+
+
 def test_a_question_is_no_answer_it_takes_its_answers_score_and_brings_it():
     """A unit that asks a question answers nothing: on the demo's own docs the excerpt that
     scored best for "What fraction of tokens does BERT mask?" was a quotation of that very
@@ -368,6 +392,28 @@ def test_quotes_are_the_best_units_the_answer_does_not_say_best_first():
     long = _excerpt(0, 0.5, " ".join(f"word{i}" for i in range(200)))
     ((_, cut),) = quotations([long], "", 1)
     assert cut.endswith(" …") and len(cut.split()) == 81
+
+
+def test_a_quote_inside_another_is_shown_once_as_the_longer():
+    """Overlapping chunks of Git's manual gave two quotes: "… with either the -a or -s flag to
+    git tag:" and the same sentence with its example. A quote that another taken one holds is
+    skipped, and a taken one that a later quote holds is replaced by it, in its place."""
+    intro = "You create these annotated tags with either the -a or -s flag to git tag:"
+    whole = f"{intro} $ git tag -s <tagname>"
+    other = "Lightweight tags are created without the annotate option."
+    first = [_excerpt(0, 0.9, intro), Excerpt(1, "", (), ((0.8, whole), (0.7, other)))]
+    assert quotations(first, "", 3) == [(2, whole), (2, other)]
+    second = [_excerpt(0, 0.9, whole), Excerpt(1, "", (), ((0.8, intro), (0.7, other)))]
+    assert quotations(second, "", 3) == [(1, whole), (2, other)]
+
+
+def test_the_decoder_reads_no_listing_delimiters():
+    """An AsciiDoc listing's "-----" lines, joined into the excerpt's text, were copied into
+    an answer ("use the -s flag: ---------------- $ git tag -s <tagname> ---------------")."""
+    text = "use the -s flag: ---------------- $ git tag -s <tagname> ----------------"
+    assert plain_markup(text) == "use the -s flag: $ git tag -s <tagname>"
+    kept = "| a | b | |---|---| x--y and ... stay"
+    assert plain_markup(kept) == kept
 
 
 def test_a_unit_the_answer_copies_is_still_quoted_when_it_names_an_option_the_answer_does_not():
@@ -514,6 +560,43 @@ def test_two_quotes_of_one_excerpt_add_one_citation():
     shown = add_quotations(answer, prep, 4)
     assert answer.quotes == [(1, means), (1, look)] and shown.count("[1]") == 2
     assert [c.number for c in answer.citations] == [1]
+
+
+@pytest.mark.parametrize(
+    ("heading_path", "path", "label"),
+    [
+        (
+            ("Netconsole", "Introduction:"),
+            "networking/netconsole.rst.txt",
+            "Netconsole › Introduction",
+        ),
+        (("Linux Serial Console",), "admin-guide/serial-console.rst.txt", "Linux Serial Console"),
+        (("A", "B", "C"), "x.md", "A › C"),  # the page and the section, not every level
+        (("[NOTE]", "Tagging a version"), "user-manual.txt", "Tagging a version"),
+        ((), "/data/pg/sql-explain.txt", "sql-explain.txt"),  # no headings: the file's name
+        ((":mod:`re` --- Regular expressions",), "re.rst.txt", "`re` --- Regular expressions"),
+        (("x" * 200,), "x.md", "x" * 89 + "…"),
+    ],
+)
+def test_a_quote_names_its_page_and_section(heading_path, path, label):
+    assert quote_source(heading_path, path) == label
+
+
+def test_quotes_block_labels_each_quote_by_its_citation():
+    """The quote's subject is often only in the heading above it ("This module logs kernel
+    printk messages over UDP" under "Netconsole"): each quote line names its passage's page and
+    section, from the answer's citations; a quote whose number none names has no label."""
+    cit = Citation(3, "/d/netconsole.rst", ("Netconsole", "Introduction:"), "", 0.5, "c3")
+    quotes = [(3, "This module logs kernel printk messages over UDP."), (4, "Other.")]
+    block = quotes_block(quotes, citations=[cit])
+    assert block.splitlines()[-2:] == [
+        '- "This module logs kernel printk messages over UDP." (Netconsole › Introduction) [3]',
+        '- "Other." [4]',
+    ]
+    assert quotes_block(quotes, markers=False, citations=[cit]).endswith(
+        '(Netconsole › Introduction)\n- "Other."'
+    )
+    assert "(" not in quotes_block(quotes)  # no citations given: quotes and markers only
 
 
 def test_an_excerpt_ranks_its_units_with_what_they_introduce():
@@ -875,7 +958,10 @@ def test_a_how_question_gets_the_encoders_sentences_quoted_word_for_word_and_cit
     assert answer.answer_span is None and len(gen.calls) == 1
     cited = {c.number: c for c in answer.citations}
     for n, quote in answer.quotes:
-        assert f'- "{quote}" [{n}]' in text and f'- "{quote}"' in answer.text
+        # where it is from (the hit's heading path: "Guide") between the quote and its marker
+        assert (
+            f'- "{quote}" (Guide) [{n}]' in text and f'- "{quote}" (Guide)\n' in answer.text + "\n"
+        )
         assert f"[{n}]" not in answer.text
         assert quote in " ".join(answer.passages[n - 1].chunk.text.split())
         assert n in cited and cited[n].chunk_id == answer.passages[n - 1].chunk.id

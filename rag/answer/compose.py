@@ -377,12 +377,12 @@ def add_quotations(answer: Answer, prep: Prepared, n: int) -> str:
     if not found:
         return ""
     answer.quotes = found
-    answer.text += quotes_block(found, markers=False)
     cited = {c.number for c in answer.citations}
     for k in dict.fromkeys(k for k, _ in found):  # two quotes of one excerpt: one citation
         if k not in cited:
             answer.citations.append(citation_for(k, prep.hits))
-    return quotes_block(found)
+    answer.text += quotes_block(found, markers=False, citations=answer.citations)
+    return quotes_block(found, citations=answer.citations)
 
 
 # Tokens the decoder may spend on the short answer line of an evidence reply.

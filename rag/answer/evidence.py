@@ -61,6 +61,8 @@ _SENTENCE = re.compile(
     r"(?=[\"'(`*]?[A-Z0-9]|`{1,2}[^`\s])"
 )
 _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
+# an AsciiDoc listing or literal block's delimiter line ("-----", "....."): what lies between is code
+_LISTING = re.compile(r"^\s*(?:-{4,}|\.{4,})\s*$")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
 _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mark (quoted or not)
 _TABLE_ROW = re.compile(r"^\|.*\|.*\|\s*$")  # a markdown (pipe) table's line: two cells or more
@@ -190,7 +192,7 @@ def _is_term(block: str) -> bool:
 
 def split_units(text: str, passage: int = 0) -> list[Unit]:
     """A passage's units: blocks are split at blank lines; a block whose lines look like code
-    (indented, ``>>>``, ``$``) stays whole, as does each list item's line and each row of a
+    (indented, ``>>>``, ``$``, or between AsciiDoc listing delimiters ``----``) stays whole, as does each list item's line and each row of a
     markdown table; prose is split into sentences. A definition's term (AsciiDoc's
     "--cached::", a reST directive's signature) is one unit with the first unit of the
     description after it, which rarely names what it describes ("This form is to view the
@@ -210,8 +212,13 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
             table = _table_units(text, lead, tail, passage) if len(lines) > 1 else None
             if table is not None:
                 units.extend(table)
-            elif all(_CODE_LINE.match(ln) for ln in lines) or (
-                len(lines) > 1 and sum(bool(_CODE_LINE.match(ln)) for ln in lines) > len(lines) / 2
+            elif (
+                all(_CODE_LINE.match(ln) for ln in lines)
+                or (
+                    len(lines) > 1
+                    and sum(bool(_CODE_LINE.match(ln)) for ln in lines) > len(lines) / 2
+                )
+                or (len(lines) > 2 and _LISTING.match(lines[0]) and _LISTING.match(lines[-1]))
             ):
                 units.append(Unit(passage, lead, tail, prose=False))
             elif all(_LIST_ITEM.match(ln) for ln in lines) and len(lines) > 1:
@@ -387,15 +394,23 @@ def best_unit(scored: Scored, passages: int) -> float | None:
     return float(max(best)) if best else None
 
 
+# a sentence's end: a full stop, "!", "?", an ellipsis, or ":" and ";", a closing quote or bracket
+_ENDED = re.compile(r"[.!?…:;][\"'`*_)\]]*$")
+
+
 def _brings_next(scored: Scored, i: int) -> bool:
     """Whether unit ``i`` comes with the unit after it in its passage: it ends in ``:`` (it
-    introduces an example, a list) or asks a question (the next unit answers it)."""
+    introduces an example, a list), asks a question (the next unit answers it), or is prose
+    that stops mid-sentence before a code block or list ("… you can always return to the
+    pre-merge state with" above "$ git merge --abort"): the block ends its sentence."""
     nxt = i + 1
-    return (
-        (scored.texts[i].endswith(":") or scored.asks[i])
-        and nxt < len(scored.units)
-        and scored.units[nxt].passage == scored.units[i].passage
-    )
+    if nxt >= len(scored.units) or scored.units[nxt].passage != scored.units[i].passage:
+        return False
+    text = scored.texts[i]
+    if text.endswith(":") or scored.asks[i]:
+        return True
+    unit = scored.units[i]
+    return unit.prose and not scored.units[nxt].prose and not _ENDED.search(text)
 
 
 LEAD_UNITS = 2  # the best units a factoid's short answer is read from (chosen on dev questions)
@@ -523,7 +538,7 @@ def quotations(
         key=lambda c: -c[0],
     )
     out: list[tuple[int, str]] = []
-    seen: set[str] = set()
+    seen: list[str] = []  # the quotes taken, lower-cased, whole
     taken = [0] * len(excerpts)
     for _, i, unit in candidates:
         text = quotable(unit)
@@ -533,9 +548,15 @@ def quotations(
         terms = (t.strip("`").lower() for t in _QUOTED_TERMS.findall(text))
         if len(words & said) * 2 >= len(words) and all(t in lowered for t in terms):
             continue  # the answer says it, and names every option and literal it names
-        if text.lower() in seen or taken[i] == per_excerpt:  # seen: a page ingested twice
-            continue
-        seen.add(text.lower())
+        low = text.lower()
+        if any(low in t for t in seen) or taken[i] == per_excerpt:
+            continue  # already quoted whole (overlapping chunks, a page ingested twice)
+        longer = next((j for j, t in enumerate(seen) if t in low), None)
+        if longer is not None:  # a quote taken is part of this one ("… flag:" and its example)
+            seen[longer] = low
+            out[longer] = (i + 1, _cut_words(text, MAX_QUOTE_WORDS))
+            continue  # its number may change; the count per excerpt stays a bound
+        seen.append(low)
         taken[i] += 1
         out.append((i + 1, _cut_words(text, MAX_QUOTE_WORDS)))
         if len(out) == n:
@@ -560,6 +581,9 @@ _MARKUP = (
     # a literal block's marker ("To free pagecache:: echo 1 > …", reST) or a definition list's
     # term ("--cached:: Use this option …", AsciiDoc) is shown as a colon
     (re.compile(r"(?<=\S)::(?=\s|$)"), ":"),
+    # a listing's or a heading's delimiter line, on its own between words once the lines are
+    # joined ("… with ----- $ git merge --abort -----"): a rendered page shows a box, no dashes
+    (re.compile(r"\s*(?<!\S)(?:-{4,}|\.{4,}|={4,}|~{4,})(?!\S)"), ""),
 )
 
 # a reST directive at the start of a quote, as Sphinx shows it: one that renders no prose (an

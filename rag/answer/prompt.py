@@ -21,6 +21,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
+from typing import TYPE_CHECKING
+
+from rag.answer.evidence import plain_markup
+
+if TYPE_CHECKING:
+    from rag.types import Citation
 
 REFUSAL = "The documents do not contain the answer."
 DEFAULT_STOP = ("<|im_end|>",)  # decoding stops at the end of the assistant's turn (ChatML)
@@ -320,10 +327,37 @@ def split_short_answer(reply: str) -> ShortAnswer:
 QUOTES_HEADER = "From the documents:"  # the line above the quotes of an evidence reply
 
 
-def quotes_block(quotes: list[tuple[int, str]], markers: bool = True) -> str:
+MAX_SOURCE_CHARS = 90  # a quote's source label longer than this is cut
+# an AsciiDoc block attribute line ("[NOTE]", "[source,c]") a chunker took for a heading
+_BLOCK_ATTRIBUTE = re.compile(r"\[[^\]]*\]")
+
+
+def quote_source(heading_path: Sequence[str], path: str) -> str:
+    """Where a quote is from, as a reader finds it: the page's title and the section's
+    heading (the first and the last of ``heading_path``, markup shown plain), else the file's
+    name. Why: a manual's sentence often names its subject only in the heading above it ("This
+    module logs kernel printk messages over UDP" under "Netconsole"), so a quote without it
+    does not say what to use."""
+    heads = [" ".join(plain_markup(h).split()).rstrip(":") for h in heading_path]
+    heads = [h for h in heads if h and not _BLOCK_ATTRIBUTE.fullmatch(h)]
+    if heads:
+        label = heads[0] if len(heads) == 1 else f"{heads[0]} › {heads[-1]}"
+    else:
+        label = PurePath(path).name
+    return label if len(label) <= MAX_SOURCE_CHARS else label[: MAX_SOURCE_CHARS - 1] + "…"
+
+
+def quotes_block(
+    quotes: list[tuple[int, str]], markers: bool = True, citations: Sequence[Citation] = ()
+) -> str:
     """The text that follows a reply for ``quotes``: a blank line, :data:`QUOTES_HEADER`, then
-    one line per quote, its citation marker after it (``markers``)."""
+    one line per quote, with where it is from (:func:`quote_source`, for a quote whose passage
+    is among ``citations``) and its citation marker (``markers``) after it."""
     if not quotes:
         return ""
-    lines = [f'- "{text}"' + (f" [{n}]" if markers else "") for n, text in quotes]
+    where = {c.number: quote_source(c.heading_path, c.display_path) for c in citations}
+    lines = [
+        f'- "{text}"' + (f" ({where[n]})" if n in where else "") + (f" [{n}]" if markers else "")
+        for n, text in quotes
+    ]
     return "\n\n" + "\n".join([QUOTES_HEADER, *lines])
