@@ -405,6 +405,10 @@ def test_a_quote_inside_another_is_shown_once_as_the_longer():
     assert quotations(first, "", 3) == [(2, whole), (2, other)]
     second = [_excerpt(0, 0.9, whole), Excerpt(1, "", (), ((0.8, intro), (0.7, other)))]
     assert quotations(second, "", 3) == [(1, whole), (2, other)]
+    # the count per excerpt follows the quote to its new excerpt
+    also = "Annotated tags are meant for release while lightweight tags are private."
+    third = [Excerpt(0, "", (), ((0.9, intro), (0.6, also))), first[1]]
+    assert quotations(third, "", 3, per_excerpt=1) == [(2, whole), (1, also)]
 
 
 def test_the_decoder_reads_no_listing_delimiters():

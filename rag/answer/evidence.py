@@ -192,12 +192,12 @@ def _is_term(block: str) -> bool:
 
 def split_units(text: str, passage: int = 0) -> list[Unit]:
     """A passage's units: blocks are split at blank lines; a block whose lines look like code
-    (indented, ``>>>``, ``$``, or between AsciiDoc listing delimiters ``----``) stays whole, as does each list item's line and each row of a
-    markdown table; prose is split into sentences. A definition's term (AsciiDoc's
-    "--cached::", a reST directive's signature) is one unit with the first unit of the
-    description after it, which rarely names what it describes ("This form is to view the
-    changes you staged …"; manuals indent a description, so it is often a code-like block,
-    kept whole). Offsets index ``text``."""
+    (indented, ``>>>``, ``$``, or between AsciiDoc listing delimiters ``----``) stays whole, as
+    does each list item's line and each row of a markdown table; prose is split into
+    sentences. A definition's term (AsciiDoc's "--cached::", a reST directive's signature) is
+    one unit with the first unit of the description after it, which rarely names what it
+    describes ("This form is to view the changes you staged …"; manuals indent a
+    description, so it is often a code-like block, kept whole). Offsets index ``text``."""
     units: list[Unit] = []
     pos = 0
     term: tuple[int, int, bool] | None = None  # a term block's first unit, its start, directive?
@@ -553,9 +553,11 @@ def quotations(
             continue  # already quoted whole (overlapping chunks, a page ingested twice)
         longer = next((j for j, t in enumerate(seen) if t in low), None)
         if longer is not None:  # a quote taken is part of this one ("… flag:" and its example)
+            taken[out[longer][0] - 1] -= 1
+            taken[i] += 1
             seen[longer] = low
             out[longer] = (i + 1, _cut_words(text, MAX_QUOTE_WORDS))
-            continue  # its number may change; the count per excerpt stays a bound
+            continue
         seen.append(low)
         taken[i] += 1
         out.append((i + 1, _cut_words(text, MAX_QUOTE_WORDS)))
