@@ -436,9 +436,24 @@ def test_quotes_leave_out_headings_rules_and_repeats():
     sentence quoted twice from a page that two chunks (or two files) hold."""
     assert quotable("Transparent Hugepage Support ==========================") is None
     assert quotable("PEP 343: The 'with' statement ===============") is None
+    # a section heading the unit starts with is left out: the quote's label names the section
     assert quotable("DESCRIPTION ----------- Manage reflog information.") == (
-        "DESCRIPTION Manage reflog information."
+        "Manage reflog information."
     )
+    assert quotable("NAME\n----\ngit-ls-files - Show information about files") == (
+        "git-ls-files - Show information about files"
+    )
+    assert quotable("Undoing a merge\n===============\nIf you get stuck, go back.") == (
+        "If you get stuck, go back."
+    )
+    # an underline shorter than its heading, or a reST title's " --- " dash, is no heading
+    assert quotable("See the table ---- below for the options.") == (
+        "See the table below for the options."
+    )
+    assert quotable("Some prose here. More text --------- and the rest.") == (
+        "Some prose here. More text and the rest."
+    )
+    assert quotable(":mod:`re` --- Regular expression operations.").startswith("`re` Regular")
     assert quotable("------------ $ git bisect skip # cannot test ------------") == (
         "$ git bisect skip # cannot test"
     )

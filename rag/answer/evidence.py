@@ -654,15 +654,25 @@ def plain_markup(text: str) -> str:
 _ATX_HEADING = re.compile(r" {0,3}#{1,6}[ \t]+[A-Z0-9][^\n/<>|=$`]*")
 
 
+# a section heading a unit starts with, underlined (man pages' "DESCRIPTION" over "-----------"),
+# then the section's text; an underline at least as long as its heading (give or take two, as
+# AsciiDoc allows) and four or more long, so a reST title's " --- " dash is no underline
+_SETEXT_LEAD = re.compile(r"\s*(?P<head>\S[^\n]{0,79}?)\s+(?P<rule>=+|-+|~+|\^+)\s+(?=\S)")
+
+
 def quotable(unit: str) -> str | None:
-    """``unit`` as a quote: heading underlines and listing delimiters (``=====``, ``-----``,
-    reST and AsciiDoc) taken out, as they mean nothing on one line, a reST directive it starts
+    """``unit`` as a quote: a section heading it starts with left out (its label names the
+    section, :func:`rag.answer.prompt.quote_source`), heading underlines and listing delimiters
+    (``=====``, ``-----``, reST and AsciiDoc) taken out, as they mean nothing on one line, a reST directive it starts
     with and inline markup shown as rendered (:func:`_directive`, :func:`plain_markup`); None
     for a heading alone (one such rule at its end, and no full stop, command prompt or closing
     colon in it; or a Markdown heading line) or a directive that renders no prose (an index
     entry, an image, a kernel-doc include)."""
     if _ATX_HEADING.fullmatch(unit.strip("\n")):
         return None
+    lead = _SETEXT_LEAD.match(unit)
+    if lead and len(lead["rule"]) >= max(4, len(lead["head"]) - 2):
+        unit = unit[lead.end() :]  # the section's name: the quote's label gives it
     rules = _RULE.findall(unit)
     text = _directive(" ".join(_RULE.sub(" ", unit).split()))
     if not text:
