@@ -344,7 +344,10 @@ def quote_source(heading_path: Sequence[str], path: str) -> str:
         label = heads[0] if len(heads) == 1 else f"{heads[0]} › {heads[-1]}"
     else:
         label = PurePath(path).name
-    return label if len(label) <= MAX_SOURCE_CHARS else label[: MAX_SOURCE_CHARS - 1] + "…"
+    if len(label) <= MAX_SOURCE_CHARS:
+        return label
+    cut = label[: MAX_SOURCE_CHARS - 1]
+    return cut + ("`…" if cut.count("`") % 2 else "…")  # a code span cut is closed
 
 
 def quotes_block(
