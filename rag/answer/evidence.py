@@ -663,8 +663,8 @@ _SETEXT_LEAD = re.compile(r"\s*(?P<head>\S[^\n]{0,79}?)\s+(?P<rule>=+|-+|~+|\^+)
 def quotable(unit: str) -> str | None:
     """``unit`` as a quote: a section heading it starts with left out (its label names the
     section, :func:`rag.answer.prompt.quote_source`), heading underlines and listing delimiters
-    (``=====``, ``-----``, reST and AsciiDoc) taken out, as they mean nothing on one line, a reST directive it starts
-    with and inline markup shown as rendered (:func:`_directive`, :func:`plain_markup`); None
+    (``=====``, ``-----``, reST and AsciiDoc) taken out, as they mean nothing on one line, a
+    reST directive it starts with and inline markup shown as rendered (:func:`_directive`, :func:`plain_markup`); None
     for a heading alone (one such rule at its end, and no full stop, command prompt or closing
     colon in it; or a Markdown heading line) or a directive that renders no prose (an index
     entry, an image, a kernel-doc include)."""
