@@ -368,6 +368,9 @@ def test_best_unit_reads_only_the_passages_the_check_reads():
     scored = Scored(units, ["a", "b", "c"], np.array([0.2, -np.inf, 0.9]), [False] * 3)
     assert best_unit(scored, 5) == 0.2 and best_unit(scored, 6) == 0.9
     assert best_unit(Scored([], [], np.zeros(0), []), 5) is None
+    # a factoid's units are ranked with rarity-weighted words; the check weighs the plain share
+    ranked = Scored(units, ["a", "b", "c"], np.array([0.9, 0.1, 0.1]), [False] * 3, scored.scores)
+    assert best_unit(ranked, 5) == 0.2
 
 
 def test_sentence_model_folds_its_threshold_without_changing_a_decision():

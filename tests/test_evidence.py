@@ -12,13 +12,17 @@ import pytest
 from rag.answer.compose import Prepared, add_quotations, around, extract_short_answer
 from rag.answer.evidence import (
     KIND_WEIGHT,
+    LEXICAL_WEIGHT,
+    RARE_WORDS_WEIGHT,
     Excerpt,
     answer_kind,
     asks_how,
     lead_units,
+    lexical_shares,
     plain_markup,
     quotable,
     quotations,
+    read_units,
     score_units,
     select,
     split_units,
@@ -30,6 +34,7 @@ from rag.answer.prompt import (
     quotes_block,
     split_short_answer,
 )
+from rag.answer.support import content_words
 from rag.answer.verify import attribute, locate
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
@@ -334,6 +339,44 @@ def test_a_number_or_date_question_asks_for_a_unit_holding_one(question, holds, 
 )
 def test_other_questions_have_no_answer_kind(question):
     assert answer_kind(question) is None
+
+
+def test_a_question_word_few_units_hold_weighs_more_than_one_they_all_hold():
+    question = content_words("Which leader did the Huguenots follow?")  # {follow, huguenot, leader}
+    texts = [
+        "The Huguenots had their own militia.",
+        "Huguenot refugees settled in Berlin.",
+        "Huguenots fled to the Dutch Republic.",
+        "They would follow a leader: William of Orange.",
+    ]
+    assert np.allclose(lexical_shares(question, texts), [1 / 3, 1 / 3, 1 / 3, 2 / 3])  # plain
+    shares = lexical_shares(question, texts, rarity=True)
+    assert shares[3] > 0.6 > shares[0] == shares[1] == shares[2] > 0.0  # two rare words > one
+    # "leader" (one unit) weighs more than "huguenot" (three): it is what tells them apart
+    alone = lexical_shares(question, [*texts[:3], "The leader."], rarity=True)
+    assert alone[3] > alone[0]
+    assert lexical_shares(question, [*texts[:3], "Huguenots follow a leader."], rarity=True)[3] == 1
+    assert np.allclose(lexical_shares(set(), texts, rarity=True), 0.0)
+    assert lexical_shares(question, [], rarity=True).shape == (0,)
+
+
+def test_a_factoids_question_words_are_weighted_by_rarity_and_a_how_questions_are_not():
+    passages = ["The Huguenots had a militia. The Huguenots fled. They had a leader, William."]
+    for question, rare in [
+        ("Who was the Huguenots' leader?", True),
+        ("How do I follow the Huguenots' leader?", False),
+    ]:
+        weight = RARE_WORDS_WEIGHT if rare else LEXICAL_WEIGHT
+        q = content_words(question)
+        texts = score_units(question, passages, embed).texts
+        expected = score_units(question, passages, embed, lexical_weight=0.0).scores
+        expected = expected + weight * lexical_shares(q, texts, rarity=rare)
+        scored = read_units(Encoder(), question, passages)
+        assert np.allclose(scored.scores, expected, atol=1e-6)
+        # the answerability check's score keeps the plain share it was fitted on
+        plain = score_units(question, passages, embed).scores
+        assert np.allclose(scored.scores if scored.plain is None else scored.plain, plain)
+        assert (scored.plain is None) is not rare
 
 
 def test_a_unit_holding_the_asked_kind_scores_more_and_no_other(monkeypatch):

@@ -39,6 +39,9 @@ from rag.answer.support import content_words
 # (passages, each passage's unit spans) -> one vector (or None) per span: reading in context
 ReadSpans = Callable[[list[str], list[list[tuple[int, int]]]], list[list[np.ndarray | None]]]
 LEXICAL_WEIGHT = 0.3  # weight of the question-word share beside the cosine (chosen on dev sets)
+# a factoid's: the share with each word weighted by its rarity among the units read
+# (:func:`lexical_shares`; chosen on SQuAD train questions)
+RARE_WORDS_WEIGHT = 0.8
 # padded tokens per encoder batch: units differ in length (a 5-word sentence, a long code block),
 # and a batch is padded to its longest unit, so small batches of similar lengths waste far less
 # than the 8k-token batches that suit chunks of equal size (docs/answering.md measures it)
@@ -282,11 +285,25 @@ def answer_kind(question: str) -> re.Pattern[str] | None:
     return None
 
 
-def lexical_share(question_words: set[str], text: str) -> float:
-    """The share of the question's content words that ``text`` holds."""
-    if not question_words:
-        return 0.0
-    return len(question_words & content_words(text)) / len(question_words)
+def lexical_shares(
+    question_words: set[str], texts: Sequence[str], rarity: bool = False
+) -> np.ndarray:
+    """Per text, the share of the question's content words it holds; with ``rarity``, each
+    word weighted by its inverse document frequency among ``texts`` (BM25's idf, the units
+    read as the documents). The passages retrieved for a question all share its topic:
+    "Huguenots" is in most units read for "Under which leader did the Huguenots fight?",
+    "leader" in few, and the sentence that answers is the one holding the rare word. It ranks
+    a factoid's answering sentence higher; a how-question's quotes and excerpts it made worse
+    (docs/answering.md)."""
+    if not question_words or not texts:
+        return np.zeros(len(texts))
+    held = [question_words & content_words(t) for t in texts]
+    if not rarity:
+        return np.array([len(h) / len(question_words) for h in held])
+    n = len(texts)
+    idf = {w: np.log((n + 1) / (sum(w in h for h in held) + 0.5)) for w in question_words}
+    total = sum(idf.values())
+    return np.array([sum(idf[w] for w in h) / total for h in held])
 
 
 @dataclass(frozen=True)
@@ -297,6 +314,10 @@ class Scored:
     texts: list[str]  # each unit's text, whitespace collapsed
     scores: np.ndarray  # -inf: a question with no answer after it in its passage
     asks: list[bool]  # the unit ends in a question mark
+    # the same with the plain question-word share where ``scores`` weigh words by rarity: what
+    # the answerability check weighs (:func:`best_unit`). Rarity is counted among the units
+    # read, so it ranks them against each other but says less of whether any one answers.
+    plain: np.ndarray | None = None
 
 
 def score_units(
@@ -305,9 +326,11 @@ def score_units(
     embed: Callable[[list[str], str], np.ndarray],
     lexical_weight: float = LEXICAL_WEIGHT,
     read: ReadSpans | None = None,
+    rarity: bool = False,
 ) -> Scored:
     """Every unit of ``passages`` scored against ``question``: cosine plus ``lexical_weight`` x
-    the share of the question's content words it holds, plus :data:`KIND_WEIGHT` when the
+    the share of the question's content words it holds (with ``rarity``, each weighted by its
+    rarity among the units: :func:`lexical_shares`), plus :data:`KIND_WEIGHT` when the
     question asks for a number or a date and the unit holds one (:func:`answer_kind`); a unit
     ending in ``?`` takes the score of the unit after it in its passage (-inf without one).
     ``embed(texts, kind)`` returns L2-normalised rows (``kind`` "query" or "document":
@@ -322,15 +345,18 @@ def score_units(
     q = embed([question], "query")[0]
     vecs = unit_vectors(passages, units, texts, embed, read)
     qwords = content_words(question)
-    scores = vecs @ q + lexical_weight * np.array([lexical_share(qwords, t) for t in texts])
+    base = vecs @ q
     if (kind := answer_kind(question)) is not None:
-        scores += KIND_WEIGHT * np.array([kind.search(t) is not None for t in texts])
+        base += KIND_WEIGHT * np.array([kind.search(t) is not None for t in texts])
+    scores = base + lexical_weight * lexical_shares(qwords, texts, rarity)
+    plain = base + LEXICAL_WEIGHT * lexical_shares(qwords, texts) if rarity else None
     asks = [bool(_ASKS.search(t)) for t in texts]
     for i in range(len(units) - 1, -1, -1):  # from the end: a run of questions takes its answer's
         if asks[i]:
             same = i + 1 < len(units) and units[i + 1].passage == units[i].passage
-            scores[i] = scores[i + 1] if same else -np.inf
-    return Scored(units, texts, scores, asks)
+            for row in (scores, plain) if plain is not None else (scores,):
+                row[i] = row[i + 1] if same else -np.inf
+    return Scored(units, texts, scores, asks, plain)
 
 
 def unit_vectors(
@@ -369,10 +395,11 @@ def unit_vectors(
 def read_units(encoder: Any, question: str, passages: Sequence[str]) -> Scored:
     """:func:`score_units` with ``encoder`` (a :class:`rag.retrieval.encoder.Encoder`, or
     anything with ``encode(texts, kind)``), as the answer path reads: units embedded in small
-    batches of similar length (:data:`UNIT_BATCH_TOKENS`: they pad less), and a factoid's units
-    read inside their passages where the encoder can (late chunking: on SQuAD train questions
-    the two best units held the answer more often; on the how-questions of the Git and Linux
-    dev sets it cited the right page less, docs/answering.md)."""
+    batches of similar length (:data:`UNIT_BATCH_TOKENS`: they pad less). A factoid's units
+    are read inside their passages where the encoder can (late chunking) and its words weighted
+    by their rarity (:data:`RARE_WORDS_WEIGHT`): on SQuAD train questions the two best units
+    held the answer more often with each; on the how-questions of the Git and Linux dev sets
+    either cited the right page less or quoted fewer of the expected terms (docs/answering.md)."""
     from rag.retrieval.encoder import Encoder
 
     def embed(texts: list[str], kind: str) -> Any:
@@ -380,16 +407,20 @@ def read_units(encoder: Any, question: str, passages: Sequence[str]) -> Scored:
             return encoder.encode(texts, kind, batch_tokens=UNIT_BATCH_TOKENS)
         return encoder.encode(texts, kind)
 
+    if asks_how(question):
+        return score_units(question, passages, embed)
     read = None
-    if isinstance(encoder, Encoder) and encoder.reads_in_context and not asks_how(question):
+    if isinstance(encoder, Encoder) and encoder.reads_in_context:
         read = partial(encoder.encode_spans, batch_tokens=EVIDENCE_BATCH_TOKENS)
-    return score_units(question, passages, embed, read=read)
+    return score_units(question, passages, embed, RARE_WORDS_WEIGHT, read, rarity=True)
 
 
 def best_unit(scored: Scored, passages: int) -> float | None:
     """The best unit score among the first ``passages`` passages (the answerability check's
-    sentence signal, rag.answer.answerability), or None when they hold no unit to read."""
-    best = [s for u, s in zip(scored.units, scored.scores) if u.passage < passages]
+    sentence signal, rag.answer.answerability: with the plain question-word share it was
+    fitted on, :attr:`Scored.plain`), or None when they hold no unit to read."""
+    scores = scored.scores if scored.plain is None else scored.plain
+    best = [s for u, s in zip(scored.units, scores) if u.passage < passages]
     best = [s for s in best if s > -np.inf]
     return float(max(best)) if best else None
 
