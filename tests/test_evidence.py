@@ -26,6 +26,7 @@ from rag.answer.evidence import (
     score_units,
     select,
     split_units,
+    topic_words,
 )
 from rag.answer.prompt import (
     EXTRACT_SYSTEM_PROMPT,
@@ -377,6 +378,17 @@ def test_a_factoids_question_words_are_weighted_by_rarity_and_a_how_questions_ar
         plain = score_units(question, passages, embed).scores
         assert np.allclose(scored.scores if scored.plain is None else scored.plain, plain)
         assert (scored.plain is None) is not rare
+
+
+def test_a_factoids_words_that_ask_for_the_answers_kind_earn_a_unit_nothing():
+    question = "How many passages does the encoder read?"
+    assert topic_words(question) == content_words("passages encoder read")
+    assert topic_words("What year did the library open?") == content_words("library open")
+    passages = ["Many have asked. The encoder reads ten passages."]
+    scored = read_units(Encoder(), question, passages)
+    bare = score_units(question, passages, embed, lexical_weight=0.0)
+    assert scored.scores[0] == pytest.approx(bare.scores[0])  # "Many" is no word of its topic
+    assert scored.scores[1] > bare.scores[1]
 
 
 def test_a_unit_holding_the_asked_kind_scores_more_and_no_other(monkeypatch):

@@ -285,6 +285,15 @@ def answer_kind(question: str) -> re.Pattern[str] | None:
     return None
 
 
+def topic_words(question: str) -> set[str]:
+    """The question's content words less those that ask for the answer's kind ("many" of "How
+    many", "year" of "What year": :func:`answer_kind`'s phrases). The sentence that answers
+    says "ten" or "1850", not "many"; weighted by rarity, such a word had raised the sentences
+    that happen to hold it (over this project's docs, quoted "How many …" questions above the
+    settings row that answers)."""
+    return content_words(_ASKS_DATE.sub(" ", _ASKS_NUMBER.sub(" ", question)))
+
+
 def lexical_shares(
     question_words: set[str], texts: Sequence[str], rarity: bool = False
 ) -> np.ndarray:
@@ -330,7 +339,8 @@ def score_units(
 ) -> Scored:
     """Every unit of ``passages`` scored against ``question``: cosine plus ``lexical_weight`` x
     the share of the question's content words it holds (with ``rarity``, each weighted by its
-    rarity among the units: :func:`lexical_shares`), plus :data:`KIND_WEIGHT` when the
+    rarity among the units, :func:`lexical_shares`, and the words asking for the answer's kind
+    left out, :func:`topic_words`), plus :data:`KIND_WEIGHT` when the
     question asks for a number or a date and the unit holds one (:func:`answer_kind`); a unit
     ending in ``?`` takes the score of the unit after it in its passage (-inf without one).
     ``embed(texts, kind)`` returns L2-normalised rows (``kind`` "query" or "document":
@@ -348,7 +358,8 @@ def score_units(
     base = vecs @ q
     if (kind := answer_kind(question)) is not None:
         base += KIND_WEIGHT * np.array([kind.search(t) is not None for t in texts])
-    scores = base + lexical_weight * lexical_shares(qwords, texts, rarity)
+    words = topic_words(question) if rarity else qwords
+    scores = base + lexical_weight * lexical_shares(words, texts, rarity)
     plain = base + LEXICAL_WEIGHT * lexical_shares(qwords, texts) if rarity else None
     asks = [bool(_ASKS.search(t)) for t in texts]
     for i in range(len(units) - 1, -1, -1):  # from the end: a run of questions takes its answer's
@@ -395,11 +406,12 @@ def unit_vectors(
 def read_units(encoder: Any, question: str, passages: Sequence[str]) -> Scored:
     """:func:`score_units` with ``encoder`` (a :class:`rag.retrieval.encoder.Encoder`, or
     anything with ``encode(texts, kind)``), as the answer path reads: units embedded in small
-    batches of similar length (:data:`UNIT_BATCH_TOKENS`: they pad less). A factoid's units
-    are read inside their passages where the encoder can (late chunking) and its words weighted
-    by their rarity (:data:`RARE_WORDS_WEIGHT`): on SQuAD train questions the two best units
-    held the answer more often with each; on the how-questions of the Git and Linux dev sets
-    either cited the right page less or quoted fewer of the expected terms (docs/answering.md)."""
+    batches of similar length (:data:`UNIT_BATCH_TOKENS`: they pad less). For a factoid, the
+    units are read inside their passages where the encoder can (late chunking) and the
+    question's words weighted by their rarity among them (:data:`RARE_WORDS_WEIGHT`): on SQuAD
+    train questions the two best units held the answer more often with each; on the
+    how-questions of the Git and Linux dev sets either cited the right page less or quoted
+    fewer of the expected terms (docs/answering.md)."""
     from rag.retrieval.encoder import Encoder
 
     def embed(texts: list[str], kind: str) -> Any:
