@@ -368,7 +368,7 @@ def test_a_factoids_question_words_are_weighted_by_rarity_and_a_how_questions_ar
         ("How do I follow the Huguenots' leader?", False),
     ]:
         weight = RARE_WORDS_WEIGHT if rare else LEXICAL_WEIGHT
-        q = content_words(question)
+        q = topic_words(question) if rare else content_words(question)
         texts = score_units(question, passages, embed).texts
         expected = score_units(question, passages, embed, lexical_weight=0.0).scores
         expected = expected + weight * lexical_shares(q, texts, rarity=rare)
