@@ -707,10 +707,10 @@ def quotable(unit: str) -> str | None:
     """``unit`` as a quote: a section heading it starts with left out (its label names the
     section, :func:`rag.answer.prompt.quote_source`), heading underlines and listing delimiters
     (``=====``, ``-----``, reST and AsciiDoc) taken out, as they mean nothing on one line, a
-    reST directive it starts with and inline markup shown as rendered (:func:`_directive`, :func:`plain_markup`); None
-    for a heading alone (one such rule at its end, and no full stop, command prompt or closing
-    colon in it; or a Markdown heading line) or a directive that renders no prose (an index
-    entry, an image, a kernel-doc include)."""
+    reST directive it starts with and inline markup shown as rendered (:func:`_directive`,
+    :func:`plain_markup`); None for a heading alone (one such rule at its end, and no full
+    stop, command prompt or closing colon in it; or a Markdown heading line) or a directive
+    that renders no prose (an index entry, an image, a kernel-doc include)."""
     if _ATX_HEADING.fullmatch(unit.strip("\n")):
         return None
     lead = _SETEXT_LEAD.match(unit)
