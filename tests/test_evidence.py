@@ -36,7 +36,7 @@ from rag.answer.prompt import (
     split_short_answer,
 )
 from rag.answer.support import content_words
-from rag.answer.verify import attribute, locate
+from rag.answer.verify import attribute, locate, locate_near
 from rag.config import RAGConfig
 from rag.pipeline import RAGPipeline
 from rag.types import Answer, Chunk, Citation, Hit
@@ -770,6 +770,18 @@ def test_locate_finds_the_phrase_across_case_and_whitespace_only_word_for_word()
     assert locate("11 13th", dated) is None and locate("Europes", dated) is None
 
 
+def test_locate_near_finds_the_documents_own_spelling_of_a_short_answer_and_nothing_far():
+    text = "The Rhine is 1,232 kilometres (766 miles) long; Fermat numbers take the form 22n + 1."
+    assert text[slice(*locate_near("1,232 kilometers", text))] == "1,232 kilometres"
+    assert text[slice(*locate_near("2n + 1", text))] == "22n + 1"  # its end's full stop left
+    assert text[slice(*locate_near("766 mile", text))] == "766 miles"  # the bracket left out
+    assert locate_near("unknown", "It is known.") is None  # a word's negation is not near it
+    assert locate_near("1,320 kilometres", text) is None  # another number is never near
+    assert locate_near("1,232 kilometre", text) is not None  # near, as spelling goes ...
+    assert locate_near("1,232 kilometre", text, min_ratio=0.99) is None  # ... the bar sets it
+    assert locate_near("", text) is None and locate_near("Danube", text) is None
+
+
 def test_attribute_names_the_passage_that_supports_the_answer_best():
     passages = ["Boats carry coal.", "The Danube is 2,850 km long.", "Danube facts."]
     assert attribute("The Danube is 2,850 km long.", passages, "How long is the Danube?") == 2
@@ -909,6 +921,14 @@ def test_the_short_answer_call_leaves_a_refusal_gates_cache_and_ban_to_the_other
     near = Prepared("q?", "q?", [], [], {}, lead=[(1, " ".join(["w"] * 100) + " 2,850 km")])
     _, _, shown = extract_short_answer(gen, near, args, {})
     assert shown.startswith("…") and shown.endswith("2,850 km") and len(shown.split()) <= 62
+    # spelt its own way: the sentence's words are the short answer; never the question's own
+    said = "It is 2,850 kilometres long."
+    spelt = Prepared("How long?", "How long?", [], [], {}, lead=[(1, said)])
+    gen.extracted = "2,850 kilometers"
+    assert extract_short_answer(gen, spelt, args, {}) == ("2,850 kilometres", 1, said)
+    asked = Prepared("Which kilometres?", "Which kilometres?", [], [], {}, lead=spelt.lead)
+    gen.extracted = "kilometers"
+    assert extract_short_answer(gen, asked, args, {}) is None
 
 
 def test_a_factoid_decoder_copies_the_short_answer_and_only_for_factoids():

@@ -28,7 +28,7 @@ from rag.answer.prompt import (
     split_short_answer,
 )
 from rag.answer.support import content_words
-from rag.answer.verify import citation_for, locate
+from rag.answer.verify import citation_for, locate, locate_near
 from rag.types import Answer, AnswerSpan, Hit
 
 
@@ -308,7 +308,9 @@ def extract_short_answer(
     encoder's best sentences (``prep.lead``, :func:`rag.answer.prompt.build_extract_messages`);
     None when it wrote nothing usable (:func:`rag.answer.prompt.clean_short_answer`), a refusal,
     only the question's own words (:func:`repeats_question`) or only function words, or words
-    none of those sentences holds."""
+    none of those sentences holds, not even spelt another way (:func:`rag.answer.verify.
+    locate_near`: "1,232 kilometers" for the sentence's "1,232 kilometres", whose words are
+    then the short answer)."""
     # a long unit (a code block, a list item) is read up to LEAD_WORDS words: a bounded prompt
     read = [" ".join(text.split()[:LEAD_WORDS]) for _, text in prep.lead]
     messages = build_extract_messages(prep.query, read)
@@ -325,6 +327,12 @@ def extract_short_answer(
         found = locate(short, sentence)
         if found is not None:
             return short, number, around(sentence, *found)
+    for (number, _), sentence in zip(prep.lead, read):  # spelt its own way: the text's words
+        found = locate_near(short, sentence)
+        if found is not None:
+            near = sentence[slice(*found)]
+            if not repeats_question(near, prep.question):
+                return near, number, around(sentence, *found)
     return None
 
 
