@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     sources = format_sources(answer)
     if sources:
         print("Sources:\n" + sources)
+    if answer.query and answer.query != args.question.strip():  # typos corrected, a follow-up
+        print(f"(searched for: {printable(answer.query)})")
     return 0
 
 

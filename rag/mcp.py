@@ -7,7 +7,9 @@ Built on the official ``mcp`` SDK's :class:`mcp.server.mcpserver.MCPServer`:
 
 - tool ``search(query, k=5, where=[])``: passages with their path (relative to the ingested
   folder), heading path, score and text, from the same :class:`~rag.retrieval.retriever.Retriever`
-  as ``rag.search`` (``where``: a document filter, :mod:`rag.retrieval.filters`);
+  as ``rag.search`` (``where``: a document filter, :mod:`rag.retrieval.filters`), and the
+  ``query`` searched (its typos corrected as ``ask`` corrects a question's:
+  :mod:`rag.retrieval.spelling`);
 - tool ``ask(question, where=[])``: the grounded answer of :class:`rag.pipeline.RAGPipeline`
   with its cited sources and the reader's answer span, as ``rag.serve`` returns them;
 - the index's documents as resources ``rag://documents/<path>``: their text as the index holds
@@ -229,9 +231,13 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
 
         def run() -> dict[str, Any]:
             retriever = pipeline().retriever
-            hits = retriever.search(query, k=k, where=list(where) or None)  # none: --where
+            searched = query  # its typos corrected, as `ask` corrects a question's
+            if config.retrieval.correct_typos and hasattr(retriever, "correct_typos"):
+                searched = retriever.correct_typos(query).text
+            hits = retriever.search(searched, k=k, where=list(where) or None)  # none: --where
             return {
                 "index": index,
+                "query": searched,
                 "generation": getattr(retriever, "generation", ""),
                 "passages": [passage(h) for h in hits],
             }

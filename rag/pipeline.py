@@ -256,6 +256,8 @@ class RAGPipeline:
         from rag.generate.load import ensure_loaded
 
         _ = getattr(self.retriever, "encoder", None)  # an index's encoder loads on first use
+        if self.config.retrieval.correct_typos and hasattr(self.retriever, "correct_typos"):
+            self.retriever.correct_typos("")  # the words it corrects against, read once
         _ = self.reader
         for model in (self.generator, self.fallback_generator, self.factoid_generator):
             ensure_loaded(model)
@@ -319,11 +321,16 @@ class RAGPipeline:
         )
 
     def standalone_query(self, question: str, history: Any = None) -> str:
-        """The retrieval query: ``rewrite_query(question, history)`` when there is history."""
+        """The retrieval query: ``rewrite_query(question, history)`` when there is history, its
+        typos corrected against the index's words when the retrieval settings say so
+        (``correct_typos``, :mod:`rag.retrieval.spelling`)."""
         turns = normalise_history(history)
-        if self.rewrite_query is None or not turns:
-            return question.strip()
-        return (self.rewrite_query(question, turns) or question).strip()
+        query = question.strip()
+        if self.rewrite_query is not None and turns:
+            query = (self.rewrite_query(question, turns) or question).strip()
+        if self.config.retrieval.correct_typos and hasattr(self.retriever, "correct_typos"):
+            query = self.retriever.correct_typos(query).text
+        return query
 
     def prepare(
         self,

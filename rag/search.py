@@ -5,7 +5,10 @@
 [--rerank-depth N] [--verify] [--json]``
 
 Prints ranked chunks (path relative to the ingested folder, heading path, score, text preview;
-control characters escaped, :func:`rag.storage.paths.printable`); a query without a word (empty,
+control characters escaped, :func:`rag.storage.paths.printable`); a query's typos are corrected
+against the index's words first, as ``rag.ask`` corrects a question's (``--no-correct-typos``:
+as typed; :mod:`rag.retrieval.spelling`), and the query searched is said on stderr (``query``
+and ``typed`` in ``--json``); a query without a word (empty,
 punctuation only) is refused, one line and exit status 2, as ``rag.ask`` refuses one;
 ``--json`` prints the hits as JSON on stdout (logs stay on stderr). Any failure is one line on
 stderr; exit status 2 for a bad flag, name or path (see :mod:`rag.cli`) and for a damaged index:
@@ -113,12 +116,16 @@ def run(args: argparse.Namespace) -> int:
         _, gen, n = verify_generation(index)
         print(f"verified {n} files of {str(index)!r} ({gen.name})", file=sys.stderr)
     retriever = Retriever.from_settings(index, settings)
-    hits = retriever.search(args.query)
+    query = args.query
+    if settings.correct_typos:  # as rag.ask searches a question (rag.retrieval.spelling)
+        query = retriever.correct_typos(query).text
+    hits = retriever.search(query)
     seconds = time.perf_counter() - t0
     reranker = getattr(retriever.reranker, "name", None)
     if args.json:
         out = {
-            "query": args.query,
+            "query": query,
+            "typed": args.query,
             "index": str(index),
             "mode": settings.mode,
             "k": settings.k,
@@ -132,6 +139,8 @@ def run(args: argparse.Namespace) -> int:
         for hit in hits:
             print(format_hit(hit))
         how = settings.mode + (f", reranked by {reranker}" if reranker else "")
+        if query != args.query:
+            print(f"searched for: {printable(query)}", file=sys.stderr)
         print(f"{len(hits)} hits from {str(index)!r} ({how}) in {seconds:.2f}s", file=sys.stderr)
     return 0
 

@@ -151,3 +151,24 @@ def test_a_refusal_lists_the_closest_passages_uncited():
         "Use open().", [Citation(2, c.source, c.heading_path, c.text, 0.5, c.id)], passages=hits
     )
     assert ask.format_sources(answered) == "[2] docs/f2.md › Guide › Part 2  (0.500)"
+
+
+def test_the_query_searched_is_said_when_typos_were_corrected(monkeypatch, capsys):
+    class Correcting(FakeRetriever):
+        def correct_typos(self, query):
+            from rag.retrieval.spelling import Corrected
+
+            return Corrected(query.replace("opne", "open"), [("opne", "open")])
+
+    real = rag.pipeline.RAGPipeline
+
+    def factory(cfg, **kw):
+        return real(cfg, retriever=Correcting([hit(1)]), generator=FakeGenerator("Use it [1]."))
+
+    monkeypatch.setattr(rag.pipeline, "RAGPipeline", factory)
+    assert ask.main(["how do I opne it?"]) == 0
+    assert "(searched for: how do I open it?)" in capsys.readouterr().out
+    assert ask.main(["how do I open it?"]) == 0  # nothing corrected: nothing said
+    assert "searched for" not in capsys.readouterr().out
+    assert ask.main(["how do I opne it?", "--no-correct-typos"]) == 0
+    assert "searched for" not in capsys.readouterr().out

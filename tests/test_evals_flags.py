@@ -29,6 +29,7 @@ HEAD_DEFAULTS = {
     "encoder": None,
     "encoder_backend": "torch",
     "where": (),
+    "correct_typos": True,  # since 2026-12-07 (docs/retrieval.md: typos)
     "min_score": None,
     "reader": "auto",
     "reader_threshold": None,

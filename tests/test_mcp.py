@@ -64,6 +64,9 @@ async def round_trip(session: ClientSession, docs: Path) -> None:
 
     found = structured(await session.call_tool("search", {"query": "zebra stripes", "k": 2}))
     assert len(found["passages"]) == 2 and found["generation"] == "gen-000001"
+    assert found["query"] == "zebra stripes"
+    typo = structured(await session.call_tool("search", {"query": "read a fiel", "k": 1}))
+    assert typo["query"] == "read a file"  # searched as `ask` would (rag.retrieval.spelling)
     for p in found["passages"]:
         assert set(p) == {"rank", "path", "heading", "score", "chunk_id", "text"}
         assert not p["path"].startswith("/") and str(docs) not in p["text"]

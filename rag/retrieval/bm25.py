@@ -91,19 +91,25 @@ class BM25Index:
             self._pos = {i: n for n, i in enumerate(self.ids)}
         return self._pos
 
-    def idf(self, words: Iterable[str]) -> dict[str, float]:
-        """Lucene IDF, log(1 + (N - df + 0.5) / (df + 0.5)), of each term (from :func:`terms`)
-        in this corpus. A term no document holds gets the largest IDF: a query about something
-        the corpus never mentions is exactly what the answerability check must notice."""
-        n = len(self.ids)
+    def doc_freq(self, words: Iterable[str]) -> dict[str, int]:
+        """The number of documents that hold each term (from :func:`terms`: a stem); 0 for a
+        term none holds."""
         vocab = getattr(self._model, "vocab_dict", None) or {}
         indptr = self._model.scores["indptr"] if self._indexed else None
         out = {}
         for w in words:
             i = vocab.get(w)
-            df = int(indptr[i + 1] - indptr[i]) if i is not None and indptr is not None else 0
-            out[w] = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            out[w] = int(indptr[i + 1] - indptr[i]) if i is not None and indptr is not None else 0
         return out
+
+    def idf(self, words: Iterable[str]) -> dict[str, float]:
+        """Lucene IDF, log(1 + (N - df + 0.5) / (df + 0.5)), of each term (from :func:`terms`)
+        in this corpus. A term no document holds gets the largest IDF: a query about something
+        the corpus never mentions is exactly what the answerability check must notice."""
+        n = len(self.ids)
+        return {
+            w: math.log(1 + (n - df + 0.5) / (df + 0.5)) for w, df in self.doc_freq(words).items()
+        }
 
     def save(self, folder: str | Path) -> None:
         folder = Path(folder)

@@ -24,6 +24,7 @@ from rag.retrieval.encoder import Encoder
 from rag.retrieval.fusion import fuse, rerank_head
 from rag.retrieval.rerank import Reranker
 from rag.retrieval.settings import DEFAULTS, RetrievalSettings
+from rag.retrieval.spelling import Corrected, Speller, decoder_words, tokenizer_words
 
 
 @dataclass
@@ -70,6 +71,7 @@ class SearchEngine:
         self._encoder = encoder
         self.vectors, self.bm25, self.text_of = vectors, bm25, text_of
         self.reranker, self.settings, self.keep = reranker, settings, keep
+        self._speller: Speller | None = None  # built at the first correction
         self.timings = {
             "query_encode_s": 0.0,
             "dense_search_s": 0.0,
@@ -95,6 +97,18 @@ class SearchEngine:
         # corpus that never says "how" they would carry most of the query's IDF weight.
         words = terms([query], COVERAGE_STOPWORDS)[0]
         return coverage(words, terms(list(texts)), self.bm25.idf(set(words)))
+
+    def correct_typos(self, query: str) -> Corrected:
+        """``query`` with its typos corrected against this corpus's BM25 terms, the encoder's and
+        the default decoder's whole words being no typos (:mod:`rag.retrieval.spelling`);
+        unchanged without a BM25 index."""
+        if self.bm25 is None:
+            return Corrected(query)
+        if self._speller is None:
+            tokenizer = getattr(self.encoder, "tokenizer", None) if self._encoder else None
+            known = tokenizer_words(tokenizer) | decoder_words()
+            self._speller = Speller(self.bm25.doc_freq, known, COVERAGE_STOPWORDS)
+        return self._speller.correct(query)
 
     def _dense(
         self, queries: list[str], n: int, allowed: frozenset[str] | None = None

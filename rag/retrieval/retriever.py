@@ -31,6 +31,7 @@ from rag.retrieval.mentions import CorpusText
 from rag.retrieval.query import check_query
 from rag.retrieval.rerank import Reranker, load_reranker
 from rag.retrieval.settings import DEFAULTS, RetrievalSettings
+from rag.retrieval.spelling import Corrected
 from rag.storage.manifest import (
     IndexIntegrityError,
     Manifest,
@@ -148,6 +149,10 @@ class CorpusRetriever:
     def coverage(self, query: str, ids: Sequence[str]) -> float | None:
         """Share of the query's IDF weight the best of ``ids`` holds (rag.answer.answerability)."""
         return self.engine.coverage(query, [self._text[i] for i in ids])
+
+    def correct_typos(self, query: str) -> Corrected:
+        """``query`` with its typos corrected against this corpus (rag.retrieval.spelling)."""
+        return self.engine.correct_typos(query)
 
     def mentions(self, phrases: Sequence[str]) -> list[bool]:
         """Whether any text holds each phrase (rag.retrieval.mentions)."""
@@ -471,6 +476,11 @@ class Retriever:
         """Share of the query's IDF weight the best of ``hits`` holds (rag.answer.answerability); the
         hits' own texts, so a generation swapped in since the search cannot lose them."""
         return self.engine.coverage(query, [h.chunk.text for h in hits])
+
+    def correct_typos(self, query: str) -> Corrected:
+        """``query`` with its typos corrected against the published generation's words
+        (rag.retrieval.spelling): what a question is searched, checked and answered with."""
+        return self._current().engine.correct_typos(query)
 
     def mentions(self, phrases: Sequence[str]) -> list[bool]:
         """Whether any chunk of the published generation holds each phrase, case and spacing

@@ -53,6 +53,9 @@ class RetrievalSettings:
     # document filter of every search that names none (rag.retrieval.filters): KEY=VALUE
     # clauses, ANDed: path=GLOB (relative path), type=pdf,md (values ORed)
     where: tuple[str, ...] = ()
+    # correct a question's typos before it is searched, checked and answered: a lower-case word
+    # no chunk holds becomes the index word one edit away (rag.retrieval.spelling)
+    correct_typos: bool = True
 
     # The value sets of the fields that have one: checked here, argparse choices on every CLI.
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
