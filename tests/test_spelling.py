@@ -155,7 +155,9 @@ def test_an_index_corrects_against_its_published_generation(tmp_path, tiny_mlm_d
     assert r.correct_typos("the atnelope runs").text == "the atnelope runs"
     write_docs(docs, {"c.md": "A gnu is an antelope.\n", "d.md": "The antelope grazes.\n"})
     ingest([docs], index="typos", encoder=str(tiny_mlm_dir), progress=False)
-    assert r.correct_typos("the atnelope runs").text == "the antelope runs"  # the new generation's words
+    assert (
+        r.correct_typos("the atnelope runs").text == "the antelope runs"
+    )  # the new generation's words
     # rag.search searches the corrected query, says so, and can search as typed
     assert search_main(["where does the zebar run", "--index", "typos", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
