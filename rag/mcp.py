@@ -144,6 +144,8 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError
     from mcp.types import Resource
 
+    from rag.retrieval.spelling import searched
+
     if pipeline_factory is None:
         from rag.pipeline import RAGPipeline
 
@@ -231,13 +233,12 @@ def create_server(config: RAGConfig, pipeline_factory: PipelineFactory | None = 
 
         def run() -> dict[str, Any]:
             retriever = pipeline().retriever
-            searched = query  # its typos corrected, as `ask` corrects a question's
-            if config.retrieval.correct_typos and hasattr(retriever, "correct_typos"):
-                searched = retriever.correct_typos(query).text
-            hits = retriever.search(searched, k=k, where=list(where) or None)  # none: --where
+            # its typos corrected, as `ask` corrects a question's
+            typed = searched(retriever, query, config.retrieval.correct_typos)
+            hits = retriever.search(typed, k=k, where=list(where) or None)  # none: --where
             return {
                 "index": index,
-                "query": searched,
+                "query": typed,
                 "generation": getattr(retriever, "generation", ""),
                 "passages": [passage(h) for h in hits],
             }

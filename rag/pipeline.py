@@ -88,6 +88,7 @@ from rag.answer.rewrite import rewrite_query
 from rag.answer.verify import verify_answer
 from rag.config import RAGConfig
 from rag.retrieval.query import check_query
+from rag.retrieval.spelling import searched
 from rag.types import Answer, AnswerSpan, Hit
 
 if TYPE_CHECKING:
@@ -328,9 +329,7 @@ class RAGPipeline:
         query = question.strip()
         if self.rewrite_query is not None and turns:
             query = (self.rewrite_query(question, turns) or question).strip()
-        if self.config.retrieval.correct_typos and hasattr(self.retriever, "correct_typos"):
-            query = self.retriever.correct_typos(query).text
-        return query
+        return searched(self.retriever, query, self.config.retrieval.correct_typos)
 
     def prepare(
         self,

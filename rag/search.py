@@ -106,6 +106,7 @@ def search_settings(args: argparse.Namespace) -> tuple[str | Path, RetrievalSett
 
 def run(args: argparse.Namespace) -> int:
     from rag.retrieval.retriever import Retriever
+    from rag.retrieval.spelling import searched
 
     check_query(args.query)  # before anything loads: no word, no meaningful hits
     t0 = time.perf_counter()
@@ -116,9 +117,7 @@ def run(args: argparse.Namespace) -> int:
         _, gen, n = verify_generation(index)
         print(f"verified {n} files of {str(index)!r} ({gen.name})", file=sys.stderr)
     retriever = Retriever.from_settings(index, settings)
-    query = args.query
-    if settings.correct_typos:  # as rag.ask searches a question (rag.retrieval.spelling)
-        query = retriever.correct_typos(query).text
+    query = searched(retriever, args.query, settings.correct_typos)  # as rag.ask searches
     hits = retriever.search(query)
     seconds = time.perf_counter() - t0
     reranker = getattr(retriever.reranker, "name", None)

@@ -19,6 +19,7 @@ from rag.retrieval.spelling import (
     Speller,
     decoder_words,
     edits,
+    searched,
     tokenizer_words,
     vocabulary_words,
 )
@@ -123,6 +124,16 @@ def test_the_decoders_words_are_known_once_its_engine_folder_is_built(tmp_path):
     vocab = {"Ġsystemd": 0, "Ġnginx": 1, "ing": 2}
     (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": vocab}}))
     assert decoder_words() == {"systemd", "nginx"}
+
+
+def test_searched_corrects_only_when_asked_and_the_retriever_can():
+    class Fixing:
+        def correct_typos(self, query):
+            return speller().correct(query)
+
+    assert searched(Fixing(), "opne a fiel", True) == "open a file"
+    assert searched(Fixing(), "opne a fiel", False) == "opne a fiel"
+    assert searched(object(), "opne a fiel", True) == "opne a fiel"  # a fake that cannot
 
 
 class TypoRetriever(CoverageRetriever):

@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import Stemmer
 
@@ -139,6 +140,17 @@ class Speller:
         stems = _STEMMER.stemWords(words)
         freq = self.doc_freq(set(stems))
         return {w: freq.get(s, 0) for w, s in zip(words, stems)}
+
+
+def searched(retriever: Any, query: str, correct: bool) -> str:
+    """``query`` as it is searched: its typos corrected when ``correct`` (the ``correct_typos``
+    retrieval setting) and ``retriever`` can (``correct_typos``: an index's or a corpus's
+    retriever; a test's fake may not), else as typed. What ``rag.ask`` (through
+    :meth:`rag.pipeline.RAGPipeline.standalone_query`), ``rag.search`` and MCP's ``search``
+    search."""
+    if correct and hasattr(retriever, "correct_typos"):
+        return retriever.correct_typos(query).text
+    return query
 
 
 def tokenizer_words(tokenizer: object) -> frozenset[str]:
