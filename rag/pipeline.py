@@ -257,11 +257,11 @@ class RAGPipeline:
         from rag.generate.load import ensure_loaded
 
         _ = getattr(self.retriever, "encoder", None)  # an index's encoder loads on first use
-        if self.config.retrieval.correct_typos and hasattr(self.retriever, "correct_typos"):
-            self.retriever.correct_typos("")  # the words it corrects against, read once
         _ = self.reader
         for model in (self.generator, self.fallback_generator, self.factoid_generator):
             ensure_loaded(model)
+        # the words typos are corrected against, read once (after the decoder: its vocabulary)
+        searched(self.retriever, "", self.config.retrieval.correct_typos)
 
     def decoder_for(self, prep: Prepared) -> Any:
         """The generator that answers ``prep``: :attr:`generator` for a reader span's prompt,

@@ -14,7 +14,8 @@ from rag.ingest import ingest
 from rag.models.registry import DEFAULT_DECODER
 from rag.pipeline import RAGPipeline
 from rag.retrieval.bm25 import BM25Index
-from rag.retrieval.retriever import Retriever
+from rag.retrieval.retriever import CorpusRetriever, Retriever
+from rag.retrieval.settings import RetrievalSettings
 from rag.retrieval.spelling import (
     Speller,
     decoder_words,
@@ -117,7 +118,8 @@ def test_tokenizer_words_are_its_whole_words_lower_cased():
     assert vocabulary_words(["Ġsystemd", "ilst", "ĠFile", "Ġ2x"]) == {"systemd", "file"}
 
 
-def test_the_decoders_words_are_known_once_its_engine_folder_is_built(tmp_path):
+def test_the_decoders_words_are_known_once_its_engine_folder_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_HOME", str(tmp_path))  # its own: the folder must not outlive it
     folder = models_dir() / f"{DEFAULT_DECODER}-gguf"
     assert decoder_words() == frozenset()  # not built: nothing known from it
     folder.mkdir(parents=True)
@@ -134,6 +136,17 @@ def test_searched_corrects_only_when_asked_and_the_retriever_can():
     assert searched(Fixing(), "opne a fiel", True) == "open a file"
     assert searched(Fixing(), "opne a fiel", False) == "opne a fiel"
     assert searched(object(), "opne a fiel", True) == "opne a fiel"  # a fake that cannot
+
+
+def test_a_retriever_learns_the_decoders_words_once_its_folder_is_built(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAG_HOME", str(tmp_path))  # its own: the folder must not outlive it
+    texts = ["The trial runs.", "A trial ends."]
+    corpus = CorpusRetriever(["a", "b"], texts, None, RetrievalSettings(mode="bm25"))
+    assert corpus.correct_typos("a trail").text == "a trial"  # a swap; no decoder built yet
+    folder = models_dir() / f"{DEFAULT_DECODER}-gguf"
+    folder.mkdir(parents=True)
+    (folder / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"Ġtrail": 0}}}))
+    assert corpus.correct_typos("a trail").text == "a trail"  # a word, not a typo, now
 
 
 class TypoRetriever(CoverageRetriever):

@@ -72,6 +72,7 @@ class SearchEngine:
         self.vectors, self.bm25, self.text_of = vectors, bm25, text_of
         self.reranker, self.settings, self.keep = reranker, settings, keep
         self._speller: Speller | None = None  # built at the first correction
+        self._speller_decoder = False  # whether it knows the default decoder's words
         self.timings = {
             "query_encode_s": 0.0,
             "dense_search_s": 0.0,
@@ -104,10 +105,12 @@ class SearchEngine:
         unchanged without a BM25 index."""
         if self.bm25 is None:
             return Corrected(query)
-        if self._speller is None:
+        decoder = decoder_words()  # empty until the decoder's engine folder is built: then re-read
+        if self._speller is None or (decoder and not self._speller_decoder):
             tokenizer = getattr(self.encoder, "tokenizer", None) if self._encoder else None
-            known = tokenizer_words(tokenizer) | decoder_words()
+            known = tokenizer_words(tokenizer) | decoder
             self._speller = Speller(self.bm25.doc_freq, known, COVERAGE_STOPWORDS)
+            self._speller_decoder = bool(decoder)
         return self._speller.correct(query)
 
     def _dense(
