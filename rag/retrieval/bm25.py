@@ -23,6 +23,12 @@ def tokenize(texts: Sequence[str]) -> bm25s.tokenization.Tokenized:
     return bm25s.tokenize(list(texts), stopwords="en", stemmer=_STEMMER, show_progress=False)
 
 
+def stem_words(words: Sequence[str]) -> list[str]:
+    """Each lower-case word's stem, as BM25 indexes it (rag.retrieval.spelling looks words up by
+    it)."""
+    return _STEMMER.stemWords(list(words))
+
+
 def terms(texts: Sequence[str], stopwords: str | Sequence[str] = "en") -> list[list[str]]:
     """The index terms of each text (lower-cased, stop words out, stemmed), as BM25 sees them;
     ``stopwords`` may be a longer list (rag.answer.answerability drops question words too)."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import Stemmer
+from rag.retrieval.bm25 import stem_words
 
 MIN_LETTERS = 4  # shorter words ("fid", "dik") have too many neighbours to guess from
 MIN_DOCS = 2  # a correction must be a word at least this many chunks hold
@@ -53,7 +53,6 @@ _KEPT = re.compile(
     r"|(?<!\S)-\S+|\S*\w[./@:=\\]\w\S*"
 )
 _WORD = re.compile(r"\b[A-Za-z]+\b")  # a plain word: not part of "opne2" or "opne_file"
-_STEMMER = Stemmer.Stemmer("english")  # BM25's stemmer (rag.retrieval.bm25)
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Speller:
 
     def _docs(self, words: list[str]) -> dict[str, int]:
         """Each word's number of chunks, looked up by its stem."""
-        stems = _STEMMER.stemWords(words)
+        stems = stem_words(words)  # BM25's own stemmer
         freq = self.doc_freq(set(stems))
         return {w: freq.get(s, 0) for w, s in zip(words, stems)}
 
