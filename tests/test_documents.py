@@ -215,3 +215,34 @@ def test_markdown_setext_is_not_needed_but_atx_trailing_hashes_are_stripped():
 
 def test_document_without_headings_has_empty_path():
     assert Document(path="x", text="abc").heading_path_at(1) == ()
+
+
+def test_markdown_html_comments_are_not_indexed_but_code_keeps_them(tmp_path):
+    """A reader of the rendered page never sees a comment: it was indexed, then quoted as an
+    answer's evidence ("<!-- ui-load:start -->"). Code shows it, so code keeps it."""
+    text = (
+        "# Setup\n\n<!-- table:start -->\nRun it. <!-- TODO: more --> Then wait.\n"
+        "<!-- a note\nover two lines -->\n\n## Code\n\n```html\n<!-- kept in a block -->\n```\n"
+        "Write `<!-- inline -->` to hide a line. An unclosed <!-- stays"
+    )
+    doc = load_document(write(tmp_path / "a.md", text))
+    assert "table:start" not in doc.text and "TODO" not in doc.text and "a note" not in doc.text
+    assert "Run it.  Then wait." in doc.text
+    assert "<!-- kept in a block -->" in doc.text and "`<!-- inline -->`" in doc.text
+    assert doc.text.endswith("An unclosed <!-- stays")
+    assert [h.title for h in doc.headings] == ["Setup", "Code"]
+    assert doc.heading_path_at(doc.text.index("kept")) == ("Setup", "Code")
+    # plain text and reST have no such comments: read as written
+    assert "<!-- x -->" in load_document(write(tmp_path / "b.txt", "a <!-- x --> b")).text
+    # a tilde fence closes only on tildes, at least as many
+    fenced = "~~~~\n<!-- in -->\n```\n<!-- still in -->\n~~~~\n<!-- out -->\nafter"
+    assert load_document(write(tmp_path / "c.md", fenced)).text == (
+        "~~~~\n<!-- in -->\n```\n<!-- still in -->\n~~~~\n\nafter"
+    )
+
+
+def test_many_unclosed_comments_and_backticks_load_in_linear_time(tmp_path):
+    """What a document holds never drives a regex into backtracking: 200,000 unclosed comment
+    openers and lone backticks load like any text of that size."""
+    doc = load_document(write(tmp_path / "a.md", "<!-- ` " * 200_000 + "end"))
+    assert doc.text.endswith("end") and doc.text.count("<!--") == 200_000

@@ -39,6 +39,7 @@ from rag.documents.limits import (
 )
 from rag.documents.walk import (
     HTML_SUFFIXES,
+    MARKDOWN_SUFFIXES,
     SUPPORTED_SUFFIXES,
     TEXT_SUFFIXES,
     _suffix_of,
@@ -109,6 +110,72 @@ def clean_text(text: str) -> str:
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     text = re.sub(r"\n{3,}", "\n\n", text)
     return text.strip()
+
+
+# ---------------------------------------------------------------------------- markdown comments
+
+# a fence (``` or ~~~, indented up to three spaces) opening or closing a Markdown code block
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
+# what decides whether "<!--" starts a comment: a backtick run (an inline code span opens or
+# closes), the comment's start and end, and a line end (a span left open ends there)
+_COMMENT_TOKEN = re.compile(r"`+|<!--|-->|\n")
+
+
+def drop_html_comments(text: str) -> str:
+    """Markdown ``text`` without its HTML comments (``<!-- … -->``), which a reader of the
+    rendered page never sees: a document's markers ("<!-- table:start -->"), notes and
+    licence headers had been indexed as sentences and quoted as answers' evidence. A comment in
+    a fenced code block or an inline code span is the page's content and stays; an unclosed
+    ``<!--`` stays as written. One pass over the text (no regex backtracking on what a document
+    holds)."""
+    if "<!--" not in text:
+        return text
+    out: list[str] = []
+    prose: list[str] = []
+    fence: str | None = None
+    for line in text.split("\n"):
+        m = _FENCE.match(line)
+        if fence is None and m is None:
+            prose.append(line)
+            continue
+        if fence is None:  # a code block opens: what came before is prose
+            if prose:
+                out.append(_drop_prose_comments("\n".join(prose)))
+            prose, fence = [], m.group(1)
+        elif m and _closes(line.strip(), fence):
+            fence = None
+        out.append(line)
+    if prose:
+        out.append(_drop_prose_comments("\n".join(prose)))
+    return "\n".join(out)
+
+
+def _closes(line: str, fence: str) -> bool:
+    """Whether a stripped ``line`` closes the code block ``fence`` opened: a run of its
+    character alone, at least as long."""
+    return line == fence[0] * len(line) and len(line) >= len(fence)
+
+
+def _drop_prose_comments(prose: str) -> str:
+    """:func:`drop_html_comments` on text outside code blocks: inline code spans kept."""
+    keep: list[str] = []
+    at = 0  # the text up to here is decided
+    code = 0  # the length of the backtick run that opened the code span we are in (0: none)
+    start = -1  # where the open comment began (-1: none)
+    for m in _COMMENT_TOKEN.finditer(prose):
+        token = m.group()
+        if start >= 0:
+            if token == "-->":
+                keep.append(prose[at:start])
+                at, start = m.end(), -1
+        elif token == "\n":
+            code = 0
+        elif token[0] == "`":
+            code = 0 if code == len(token) else (code or len(token))
+        elif token == "<!--" and not code:
+            start = m.start()
+    keep.append(prose[at:])
+    return "".join(keep)
 
 
 # ---------------------------------------------------------------------------- headings
@@ -361,7 +428,10 @@ def load_document(
             if suffix in HTML_SUFFIXES:
                 text, headings = _load_html(path, data, deadline)
             elif suffix in TEXT_SUFFIXES:
-                text = clean_text(_decode(path, data))
+                text = _decode(path, data)
+                if suffix in MARKDOWN_SUFFIXES:
+                    text = drop_html_comments(text)
+                text = clean_text(text)
                 headings = (
                     rst_headings(text)
                     if suffix == ".rst"

@@ -16,7 +16,8 @@ from pathlib import Path
 from rag.documents.limits import DocumentError, UnreadableFolderError
 from rag.storage.paths import printable
 
-TEXT_SUFFIXES = (".md", ".markdown", ".txt", ".rst")
+MARKDOWN_SUFFIXES = (".md", ".markdown")
+TEXT_SUFFIXES = (*MARKDOWN_SUFFIXES, ".txt", ".rst")
 HTML_SUFFIXES = (".html", ".htm")
 ZIP_SUFFIXES = (".docx",)  # formats that are zip archives (checked by check_zip before parsing)
 SUPPORTED_SUFFIXES = TEXT_SUFFIXES + HTML_SUFFIXES + (".pdf",) + ZIP_SUFFIXES
