@@ -127,7 +127,9 @@ def drop_html_comments(text: str) -> str:
     licence headers had been indexed as sentences and quoted as answers' evidence. A comment in
     a fenced code block or an inline code span is the page's content and stays; an unclosed
     ``<!--`` stays as written. One pass over the text (no regex backtracking on what a document
-    holds)."""
+    holds). Not a Markdown parser (markdown-it-py): it would turn the page into a token tree to
+    drop one kind of node, and the loader keeps the source text as written, its offsets and
+    headings, not a rendering of it."""
     if "<!--" not in text:
         return text
     out: list[str] = []
