@@ -129,7 +129,10 @@ def drop_html_comments(text: str) -> str:
     ``<!--`` stays as written. One pass over the text (no regex backtracking on what a document
     holds). Not a Markdown parser (markdown-it-py): it would turn the page into a token tree to
     drop one kind of node, and the loader keeps the source text as written, its offsets and
-    headings, not a rendering of it."""
+    headings, not a rendering of it. Nor :func:`rag.answer.markup.split_code`, which splits an
+    answer into code and prose the same way: loading is below answering (ingest never imports
+    ``rag.answer``), and it rewrites a code span holding only citation markers, which in a
+    document is the document's own text."""
     if "<!--" not in text:
         return text
     out: list[str] = []
