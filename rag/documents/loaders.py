@@ -16,8 +16,6 @@ needs, and the HTML text extraction (:mod:`rag.documents.html`).
 
 from __future__ import annotations
 
-import itertools
-import logging
 import re
 import unicodedata
 from bisect import bisect_right
@@ -29,7 +27,6 @@ from typing import Any
 from rag.documents.html import _html_text
 from rag.documents.limits import (
     DEFAULT_MAX_BYTES,
-    PDF_CHECK_EVERY,
     Deadline,
     DocumentError,
     Limits,
@@ -37,6 +34,7 @@ from rag.documents.limits import (
     check_zip,
     failure_reason,
 )
+from rag.documents.pdf import pdf_text, read_pdf
 from rag.documents.walk import (
     HTML_SUFFIXES,
     MARKDOWN_SUFFIXES,
@@ -326,50 +324,12 @@ def _load_html(path: Path, data: bytes, deadline: Deadline) -> tuple[str, list[H
 
 
 def _load_pdf(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
-    """The text of a PDF, page by page, within ``limits``: at most ``max_pages`` pages, each
-    page's decompressed content at most ``max_bytes`` (so no page's extraction parses more than
-    that), and the deadline checked every :data:`PDF_CHECK_EVERY` operators inside a page's
-    extraction (a one-page PDF of 900,000 ``Tj`` operators took 471 s in one call). Whatever
-    pypdf raises (``LimitReachedError`` for a page tree deeper than 100 or a stream that
-    decompresses beyond its cap, ``RecursionError``, ...) is this file's failure."""
-    # pypdf logs its repairs of damaged files ("Ignoring wrong pointing object ...") as
-    # warnings; without a handler Python prints them on stderr between ingest's own one-line
-    # failure reports. A file it cannot read still raises and is reported once, by us.
-    logging.getLogger("pypdf").setLevel(logging.ERROR)
-    from pypdf import PdfReader
-
-    ops = itertools.count(1)
-
-    def every_operator(*_: Any) -> None:  # pypdf's visitor, called before each operator
-        if next(ops) % PDF_CHECK_EVERY == 0:
-            deadline.check()
-
-    try:
-        reader = PdfReader(str(path))
-        if (n := len(reader.pages)) > limits.max_pages:
-            raise DocumentError(
-                path, f"too many pages ({n:,} > limit {limits.max_pages:,}; --max-pages)"
-            )
-        pages, chars = [], 0
-        for number, page in enumerate(reader.pages, start=1):
-            deadline.check()
-            contents = page.get_contents()
-            size = len(contents.get_data()) if contents is not None else 0
-            if size > limits.max_bytes:
-                raise DocumentError(
-                    path,
-                    f"page {number} content expands to {size:,} bytes "
-                    f"(> limit {limits.max_bytes:,}; --max-bytes)",
-                )
-            pages.append(page.extract_text(visitor_operand_before=every_operator) or "")
-            chars += len(pages[-1])
-            if chars > limits.max_text_chars:
-                _too_long(path, limits)
-    except DocumentError:
-        raise
-    except Exception as e:  # noqa: BLE001 - pypdf raises many types on hostile files
-        raise DocumentError(path, f"unreadable PDF ({failure_reason(e)})") from None
-    return clean_text("\n\n".join(pages)), []
+    """A PDF's pages read within ``limits``, cleaned, with running lines, line-end hyphens and
+    dot leaders mended and the outline's headings (:mod:`rag.documents.pdf`)."""
+    pages, entries = read_pdf(path, limits, deadline)
+    text, headings = pdf_text([clean_text(page) for page in pages], entries)
+    deadline.check()
+    return text, [Heading(*h) for h in headings]
 
 
 def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
