@@ -20,6 +20,7 @@ from indexes import VectorIndex
 from rag.answer.answerability import COVERAGE_STOPWORDS, coverage
 from rag.defaults import MODES
 from rag.retrieval.bm25 import BM25Index, terms
+from rag.retrieval.duplicates import distinct
 from rag.retrieval.encoder import Encoder
 from rag.retrieval.fusion import fuse, rerank_head
 from rag.retrieval.rerank import Reranker
@@ -203,6 +204,8 @@ class SearchEngine:
         n = max(k, s.depth) if mode == "hybrid" else k
         if reranking:
             n = max(n, s.rerank_depth)
+        if s.dedup is not None:  # room for the near-copies left out below
+            n = max(n, 2 * k)
         dense = self._dense(queries, n, only) if mode in ("dense", "hybrid") else None
         sparse = self._bm25(queries, n, only) if mode in ("bm25", "hybrid") else None
         out = []
@@ -213,7 +216,11 @@ class SearchEngine:
                 fused = fuse(dense[qi], sparse[qi], s.fusion, s.alpha, s.norm)
             else:
                 fused = dense[qi] if mode == "dense" else sparse[qi]
-            out.append([Scored(i, s, mode, d.get(i), b.get(i)) for i, s in fused])
+            row = [Scored(i, score, mode, d.get(i), b.get(i)) for i, score in fused]
+            if s.dedup is not None:
+                need = max(k, s.rerank_depth) if reranking else k
+                row = distinct(row, lambda r: self.text_of(r.id), s.dedup, need)
+            out.append(row)
         return out
 
     def rerank_scores(

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 
 from rag.defaults import DEVICES, MODES
 from rag.models.precision import check_precision
+from rag.retrieval.duplicates import DEFAULT_DEDUP, check_dedup
 from rag.retrieval.encoder import ENCODER_BACKENDS
 from rag.retrieval.filters import Where
 from rag.retrieval.fusion import FUSIONS, NORMS, check_fusion, check_rerank_weight
@@ -56,6 +57,10 @@ class RetrievalSettings:
     # correct a question's typos before it is searched, checked and answered: a lower-case word
     # no chunk holds becomes the index word one edit away (rag.retrieval.spelling)
     correct_typos: bool = True
+    # leave out a hit whose text is a near-copy of a better hit's (the same page as .html and
+    # .md, a PDF and its .docx): the share of the shorter's word trigrams the other holds at
+    # or above which it is one (rag.retrieval.duplicates); none = keep every hit
+    dedup: float | None = DEFAULT_DEDUP
 
     # The value sets of the fields that have one: checked here, argparse choices on every CLI.
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
@@ -73,6 +78,7 @@ class RetrievalSettings:
             raise ValueError(f"--mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         check_fusion(self.fusion, self.alpha, self.norm)
         check_rerank_weight(self.rerank_weight)
+        check_dedup(self.dedup)
         check_precision(self.rerank_precision, "--rerank-precision")
         for name in ("k", "depth", "rerank_depth"):
             if int(getattr(self, name)) < 1:
