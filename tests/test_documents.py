@@ -246,3 +246,43 @@ def test_many_unclosed_comments_and_backticks_load_in_linear_time(tmp_path):
     openers and lone backticks load like any text of that size."""
     doc = load_document(write(tmp_path / "a.md", "<!-- ` " * 200_000 + "end"))
     assert doc.text.endswith("end") and doc.text.count("<!--") == 200_000
+
+
+def test_html_navigation_is_left_out_but_content_links_and_code_stay(tmp_path):
+    """Menus, sidebars and contents lists name every page and answer nothing: a block of three
+    links or more that is mostly link text, or a run of three link-only blocks, is left out.
+    A paragraph citing links, a list whose items say what they link to, and code (an enum
+    written with <a name> anchors, a <pre> of linked types) stay."""
+    html = (
+        "<html><head><title>Types (libffi manual)</title></head><body>"
+        '<div class="header"><p>Next: <a href="m.html">Multiple ABIs</a>, Previous: '
+        '<a href="s.html">Simple Example</a>, Up: <a href="u.html">Using libffi</a> '
+        '&nbsp; [<a href="i.html">Index</a>]</p></div>'
+        '<ul class="sidebar"><li><a href="a.html">Assertion testing</a></li>'
+        '<li><a href="b.html">Buffer</a></li><li><a href="c.html">Child processes</a></li>'
+        '<li><a href="d.html">DNS</a></li></ul>'
+        "<h1>2.3 Types</h1>"
+        '<p>Use <a href="t.html">ffi_type</a> to describe a struct to libffi.</p>'
+        '<ul><li><a href="p.html">Primitive Types</a>: the built-in scalar types.</li>'
+        '<li><a href="s.html">Structures</a>: how to lay out a struct.</li>'
+        '<li><a href="z.html">Size and Alignment</a>: what libffi computes for you.</li></ul>'
+        '<pre>Enum ffi_status {\n  <a name="FFI_OK">FFI_OK</a> = 0\n'
+        '  <a name="FFI_BAD_ABI">FFI_BAD_ABI</a> = 2\n}</pre>'
+        '<pre><a href="#T">ffi_type</a> *<a href="#E">elements</a></pre>'
+        "<p>See also:</p><p><a href='x.html'>Closures</a></p></body></html>"
+    )
+    doc = load_document(write(tmp_path / "types.html", html))
+    text = doc.text
+    for nav in ("Multiple ABIs", "Using libffi", "[Index]", "Assertion testing", "Buffer", "DNS"):
+        assert nav not in text, nav
+    for kept in (
+        "Types (libffi manual)",
+        "Use ffi_type to describe a struct to libffi.",
+        "Primitive Types: the built-in scalar types.",
+        "Size and Alignment: what libffi computes for you.",
+        "FFI_BAD_ABI = 2",
+        "ffi_type *elements",
+        "Closures",
+    ):
+        assert kept in text, kept
+    assert [h.title for h in doc.headings] == ["2.3 Types"]

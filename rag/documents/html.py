@@ -3,10 +3,11 @@
 :func:`_html_events` is linear in the text whatever the markup: building BeautifulSoup's tree
 costs time quadratic in the nesting depth (``'<div>' * 100000`` ran past 300 s), and the standard
 library's ``html.parser`` backtracks on malformed tags (``'<a ' * 4000``: 3 s, growing faster
-than the square) in one call no deadline can interrupt. Only text, tag names and where tags end
-matter here, so the scanner keeps a counter of dropped elements and the current heading, not a
-tree (:func:`_html_text`); the file's :class:`~rag.documents.limits.Deadline` is checked every
-:data:`HTML_CHECK_EVERY` tags.
+than the square) in one call no deadline can interrupt. Only text, tag names, where tags end
+and whether a link has an ``href`` matter here, so the scanner keeps a counter of dropped
+elements, the current heading and the text's blocks with their link text, not a tree
+(:func:`_html_text`; the page's navigation is told by its links, :func:`_navigation`); the
+file's :class:`~rag.documents.limits.Deadline` is checked every :data:`HTML_CHECK_EVERY` tags.
 """
 
 from __future__ import annotations
@@ -14,16 +15,21 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from rag.documents.limits import Deadline
 
 _HTML_DROPPED = frozenset({"script", "style", "noscript", "template", "svg"})
+_HREF = re.compile(r"\bhref\s*=", re.IGNORECASE)  # a link's attribute (an anchor has none)
 _HTML_RAW = ("script", "style")  # raw text: no tag inside counts until the element's end tag
 _HTML_BREAK_AFTER = frozenset({"p", "div", "li", "pre", "tr", "br", "section", "article"})
 _HTML_HEADINGS = {f"h{n}": n for n in range(1, 7)}
 _HTML_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9:_-]*)")
 _HTML_RAW_END = {t: re.compile(rf"</{t}[\s/>]", re.IGNORECASE) for t in _HTML_RAW}
 HTML_CHECK_EVERY = 4096  # tags between two deadline checks
+NAV_MIN_LINKS = 3  # links in a menu block, or link-only blocks in a run, that make navigation
+NAV_LINK_SHARE = 0.6  # share of a block's text in links at which a block of NAV_MIN_LINKS is one
+NAV_LINK_ONLY = 0.9  # share at which a block is all link, a sidebar's or contents list's item
 
 
 class _Next:
@@ -57,19 +63,20 @@ def _tag_end(text: str, start: int, find: _Next) -> int:
         pos = close + 1
 
 
-def _html_events(text: str, deadline: Deadline) -> Iterator[tuple[str, str, bool]]:
-    """(kind, value, self-closing) events of an HTML text: ``data`` (entities unescaped),
-    ``start`` and ``end`` (lower-case tag names); comments, declarations and processing
+def _html_events(text: str, deadline: Deadline) -> Iterator[tuple[str, str, str]]:
+    """(kind, value, attributes) events of an HTML text: ``data`` (entities unescaped),
+    ``start`` and ``end`` (lower-case tag names, with the tag's attribute text as written, a
+    self-closing tag's ending in ``/``); comments, declarations and processing
     instructions are skipped, as are the contents of ``<script>`` and ``<style>``. Linear in
     the text by construction (module docstring: why not html.parser or BeautifulSoup)."""
     find, pos, n, count = _Next(text), 0, len(text), 0
     while pos < n:
         lt = find("<", pos)
         if lt == -1:
-            yield "data", html.unescape(text[pos:]), False
+            yield "data", html.unescape(text[pos:]), ""
             return
         if lt > pos:
-            yield "data", html.unescape(text[pos:lt]), False
+            yield "data", html.unescape(text[pos:lt]), ""
         count += 1
         if count % HTML_CHECK_EVERY == 0:
             deadline.check()
@@ -83,30 +90,103 @@ def _html_events(text: str, deadline: Deadline) -> Iterator[tuple[str, str, bool
                 gt = find(">", lt)
                 pos = n if gt == -1 else gt + 1
             else:  # a '<' that opens no tag is text
-                yield "data", "<", False
+                yield "data", "<", ""
                 pos = lt + 1
             continue
         gt = _tag_end(text, m.end(), find)
         if gt == -1:  # a tag that never ends: the rest is not text
             return
         tag, closing = m.group(2).lower(), bool(m.group(1))
-        yield ("end" if closing else "start"), tag, text[gt - 1] == "/"
+        yield ("end" if closing else "start"), tag, text[m.end() : gt]
         pos = gt + 1
         if not closing and tag in _HTML_RAW and text[gt - 1] != "/":
             end = _HTML_RAW_END[tag].search(text, pos)
             pos = n if end is None else end.start()
 
 
+def _visible(text: str) -> int:
+    """Characters of ``text`` other than white space."""
+    return len("".join(text.split()))
+
+
+@dataclass
+class _Block:
+    """Text between two block boundaries, with what of it is link text (the reader's
+    navigation: menus, sidebars, contents lists, "Next / Up / Home")."""
+
+    parts: list[str] = field(default_factory=list)
+    link_chars: int = 0  # non-space characters inside <a> elements
+    links: int = 0  # <a> elements opened in it
+    heading: bool = False
+    code: bool = False  # holds text of a <pre> element
+
+    @property
+    def chars(self) -> int:
+        return sum(_visible(p) for p in self.parts)
+
+
+def _navigation(blocks: list[_Block]) -> set[int]:
+    """Indices of the blocks that are navigation, told by their links as readers of a page tell
+    it (link density, as boilerplate removers such as jusText and trafilatura measure it):
+
+    - a block of :data:`NAV_MIN_LINKS` links or more whose text is mostly
+      (:data:`NAV_LINK_SHARE`) link text: a menu line ("Next: Types, Previous: Simple Example,
+      Up: Using libffi [Index]"), a contents list written without list items;
+    - a run of :data:`NAV_MIN_LINKS` blocks or more that are each nearly all
+      (:data:`NAV_LINK_ONLY`) link text: a sidebar or a contents list, one link per item.
+      Blocks without text do not break a run; a heading, a block of prose or of code does.
+
+    Code (a ``<pre>`` element) is never navigation, whatever it links. A paragraph that cites a few links, or a list whose items describe what they link to,
+    stays."""
+    dropped: set[int] = set()
+    run: list[int] = []
+
+    def close_run() -> None:
+        if len(run) >= NAV_MIN_LINKS:
+            dropped.update(run)
+        run.clear()
+
+    for i, block in enumerate(blocks):
+        chars = block.chars
+        if block.heading or block.code:
+            close_run()
+            continue
+        if not chars:
+            continue
+        share = block.link_chars / chars
+        if block.links >= NAV_MIN_LINKS and share >= NAV_LINK_SHARE:
+            dropped.add(i)
+        if block.links and share >= NAV_LINK_ONLY:
+            run.append(i)
+        else:
+            close_run()
+    close_run()
+    return dropped
+
+
 def _html_text(text: str, deadline: Deadline) -> str:
     """The text of an HTML document: dropped elements' content skipped (a depth counter, not
-    a tree), a newline after block elements, ``<h1>``–``<h6>`` as ``#`` lines."""
-    parts: list[str] = []
+    a tree), a newline after block elements, ``<h1>``–``<h6>`` as ``#`` lines, and the page's
+    navigation left out (:func:`_navigation`: menus, sidebars and contents lists, which name
+    every page and answer nothing; indexed, they filled chunks of their own)."""
+    blocks: list[_Block] = [_Block()]
     dropped = 0  # open elements whose content is dropped
+    in_link = False
     heading: tuple[int, list[str]] | None = None  # (level, its text so far)
-    for kind, value, self_closing in _html_events(text, deadline):
+    in_pre = 0  # open <pre> elements: code, never navigation
+    for kind, value, attributes in _html_events(text, deadline):
+        self_closing = attributes.endswith("/")
+        if value == "pre" and kind != "data" and not self_closing and not dropped:
+            in_pre = in_pre + 1 if kind == "start" else max(0, in_pre - 1)
         if kind == "data":
             if not dropped:
-                (heading[1] if heading is not None else parts).append(value)
+                if heading is not None:
+                    heading[1].append(value)
+                else:
+                    blocks[-1].parts.append(value)
+                    blocks[-1].code = blocks[-1].code or in_pre > 0
+                    if in_link:
+                        blocks[-1].link_chars += _visible(value)
         elif value in _HTML_DROPPED:
             if kind == "end":
                 dropped = max(0, dropped - 1)
@@ -114,15 +194,31 @@ def _html_text(text: str, deadline: Deadline) -> str:
                 dropped += 1
         elif dropped:
             continue
+        elif value == "a":  # a link, not an anchor (<a name=…> marks a place, often code)
+            in_link = kind == "start" and _HREF.search(attributes) is not None
+            blocks[-1].links += in_link
         elif value in _HTML_HEADINGS:
             if kind == "start" and heading is None:
                 heading = (_HTML_HEADINGS[value], [])
             elif kind == "end" and heading is not None:
                 title = " ".join(" ".join(heading[1]).split())
-                parts.append(f"\n\n{'#' * heading[0]} {title}\n\n")
+                blocks += [_Block([f"\n\n{'#' * heading[0]} {title}\n\n"], heading=True), _Block()]
                 heading = None
+        elif value in _HTML_BREAK_AFTER and kind == "start" and value != "br":
+            if heading is None and blocks[-1].parts:  # a block's start ends the text before it
+                blocks.append(_Block())
+                in_link = False
         elif value in _HTML_BREAK_AFTER and (kind == "end" or value == "br"):
-            (heading[1] if heading is not None else parts).append("\n")
+            if heading is not None:
+                heading[1].append("\n")
+            else:
+                blocks[-1].parts.append("\n")
+                blocks.append(_Block())
+                in_link = False  # a link never spans blocks (an unclosed <a> ends here)
     if heading is not None:  # a heading never closed: its words are text
-        parts.extend(heading[1])
-    return "".join(parts)
+        blocks[-1].parts.extend(heading[1])
+    navigation = _navigation(blocks)
+    return "".join(
+        "".join(p for p in block.parts if p == "\n") if i in navigation else "".join(block.parts)
+        for i, block in enumerate(blocks)
+    )
