@@ -19,6 +19,7 @@ from rag.answer.answerability import (
     coverage,
     decide,
     literal_terms,
+    named_acronyms,
     named_places,
     refusal_text,
     unmentioned,
@@ -175,6 +176,30 @@ def test_a_place_no_document_names_is_missing_a_misspelling_or_reordering_is_not
     assert ask("Where did Tesla teach in Gospic?") == []  # accents aside
     assert ask("How long did the fighting last in Seven Years War?") == []  # each word held
     assert ask("How do I use --deep-freeze in Bitbucket?") == ["--deep-freeze", "Bitbucket"]
+
+
+@pytest.mark.parametrize(
+    ("question", "acronyms"),
+    [
+        ("How do I profile CUDA kernels on my GPU with Valgrind?", ["CUDA", "GPU"]),
+        ("Is HTTP/2 supported, and HTTP/3?", ["HTTP"]),
+        # not acronyms: a numeral, a constant's parts, a plural, a capitalised word, "I"
+        ("What did Henry VIII do after World War II?", []),
+        ("How do I raise MAX_SIZE for my APIs?", []),
+        ("Can I use Git and I mean Git?", []),
+    ],
+)
+def test_named_acronyms_are_whole_capital_tokens_not_numerals(question, acronyms):
+    assert named_acronyms(question) == acronyms
+
+
+def test_an_acronym_no_document_holds_is_missing_wherever_it_stands():
+    corpus = CorpusText(lambda: ["Memcheck runs on the CPU; attach GDB with vgdb."])
+    ask = lambda q: unmentioned(q, corpus.mentions)  # noqa: E731
+    assert ask("How do I profile CUDA kernels with Memcheck?") == ["CUDA"]
+    assert ask("How do I attach GDB to Memcheck on my CPU?") == []
+    assert ask("What did Henry VIII say about the CPU?") == []  # a numeral is not looked up
+    assert ask("Can I run it from WSL?") == ["WSL"]  # named once, not as a place again
 
 
 def test_corpus_text_mentions_a_phrase_case_and_spacing_aside_never_across_chunks():

@@ -26,8 +26,8 @@ the sigmoid, so ``rag`` carries no scikit-learn) and ship as :data:`DEFAULT_MODE
 A third, exact signal needs no model: the **literal terms** a question names
 (:func:`literal_terms`: an option such as ``--smart-split``, a parameter or a call, a name the
 question asks about such as ``vm.swap_boost_factor``, a quoted label such as "the 'Squash and
-merge' button"), and the product or place it sets its task in ("in GitLab's settings",
-:func:`named_places`), must occur somewhere in the index (the retriever's ``mentions``). One that no
+merge' button", an acronym such as "CUDA", :func:`named_acronyms`), and the product or place
+it sets its task in ("in GitLab's settings", :func:`named_places`), must occur somewhere in the index (the retriever's ``mentions``). One that no
 document holds is the clearest sign the manual cannot answer, and the two signals above miss
 it: the question's other words ("git", "push", "rebase", "branch") are everywhere, and BM25's
 tokens split ``--auto-rebase-remote`` into words the corpus has. The refusal then names the
@@ -273,6 +273,22 @@ def named_places(question: str) -> list[str]:
     return [t for i, t in enumerate(found) if t not in found[:i]]
 
 
+# An acronym anywhere in the question (CUDA, WSL, GPU): two capitals or more, digits allowed,
+# a whole token (not MAX_SIZE's parts, not "APIs"). A user's own code is rarely written so; a
+# technology the manual never names is ("How do I profile CUDA kernels … with Valgrind?").
+ACRONYM = re.compile(r"(?<![\w.-])[A-Z][A-Z0-9]*[A-Z][A-Z0-9]*(?![\w-])")
+ROMAN = re.compile(r"[IVXLCDM]+")  # "World War II", "Henry VIII": a numeral, not an acronym
+
+
+def named_acronyms(question: str) -> list[str]:
+    """The acronyms ``question`` names (:data:`ACRONYM`), in order and once each, Roman
+    numerals aside: "How do I profile CUDA kernels on my GPU?" → ["CUDA", "GPU"]. Looked up as
+    written, as a literal term is; a question whose acronym no document holds is about
+    something these documents are not."""
+    found = [a for a in ACRONYM.findall(question) if not ROMAN.fullmatch(a)]
+    return [a for i, a in enumerate(found) if a not in found[:i]]
+
+
 def literal_terms(question: str) -> list[str]:
     """The terms ``question`` names literally, in order and once each, that the manual must
     hold for the question to be about it:
@@ -311,10 +327,11 @@ def literal_terms(question: str) -> list[str]:
 def unmentioned(question: str, mentions: Callable[[Sequence[str]], list[bool]]) -> list[str]:
     """The literal terms of ``question`` (:func:`literal_terms`) that ``mentions`` (the
     retriever's: does any document hold this text, case, spacing and accents aside) says no
-    document holds, and the products or places it names (:func:`named_places`) that no
-    document holds, neither as written nor word by word ("Seven Years War" for "Seven Years'
-    War" is held)."""
+    document holds, with the acronyms it names (:func:`named_acronyms`), and the products or
+    places it names (:func:`named_places`) that no document holds, neither as written nor word
+    by word ("Seven Years War" for "Seven Years' War" is held)."""
     terms = literal_terms(question)
+    terms += [a for a in named_acronyms(question) if a not in terms]
     names = [n for n in named_places(question) if n not in terms]
     words = [w for n in names for w in n.split()]
     asked = [*terms, *names, *words]
