@@ -70,10 +70,11 @@ def open_retriever(args: argparse.Namespace, cfg: RAGConfig) -> Any:
 CLOSEST_SHOWN = 3  # passages listed under a refusal
 
 
-def _located(path: str, heading_path: Any) -> str:
-    """``path › heading › path``, the path printable (a file name cannot forge a line)."""
+def _located(path: str, heading_path: Any, page: int = 0) -> str:
+    """``path › heading › path``, then ``, p. N`` for a PDF's page, the path printable (a file
+    name cannot forge a line)."""
     where = " › ".join(heading_path)
-    return printable(path) + (f" › {where}" if where else "")
+    return printable(path) + (f" › {where}" if where else "") + (f", p. {page}" if page else "")
 
 
 def format_sources(answer: Answer) -> str:
@@ -82,7 +83,8 @@ def format_sources(answer: Answer) -> str:
     refusal, the :data:`CLOSEST_SHOWN` best passages retrieved, unnumbered."""
     lines = []
     for c in answer.citations:
-        lines.append(f"[{c.number}] {_located(c.display_path, c.heading_path)}  ({c.score:.3f})")
+        where = _located(c.display_path, c.heading_path, c.page)
+        lines.append(f"[{c.number}] {where}  ({c.score:.3f})")
     if answer.invalid_citations:
         nums = ", ".join(str(n) for n in answer.invalid_citations)
         lines.append(f"(dropped citation(s) naming no given passage: {nums})")
@@ -93,7 +95,9 @@ def format_sources(answer: Answer) -> str:
         # again (the UI shows these passages too); none is cited: none was judged to answer
         lines.append("(none judged to answer; the closest passages found:)")
         for hit in answer.passages[:CLOSEST_SHOWN]:
-            lines.append(f"- {_located(hit.chunk.display_path, hit.chunk.heading_path)}")
+            lines.append(
+                f"- {_located(hit.chunk.display_path, hit.chunk.heading_path, hit.chunk.page)}"
+            )
     if answer.reranker and answer.passages:
         lines.append(f"(passages reranked by {answer.reranker})")
     return "\n".join(lines)

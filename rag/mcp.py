@@ -85,6 +85,7 @@ def passage(hit: Hit) -> dict[str, Any]:
         "rank": hit.rank,
         "path": c.display_path,
         "heading": " > ".join(c.heading_path),
+        **({"page": c.page} if c.page else {}),
         "score": round(float(hit.score), 6),
         "chunk_id": c.id,
         "text": c.text,

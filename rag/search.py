@@ -53,6 +53,7 @@ def format_hit(hit: Hit, width: int = 240) -> str:
     preview = printable(" ".join(hit.chunk.text.split()))
     preview = preview if len(preview) <= width else preview[: width - 1] + "…"
     path = printable(hit.chunk.display_path)  # a file name cannot forge a line or colour
+    path += f", p. {hit.chunk.page}" if hit.chunk.page else ""
     return f"{hit.rank:>2}. [{hit.score:.4f}] {path}  ({printable(heading)})\n    {preview}"
 
 

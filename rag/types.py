@@ -26,6 +26,7 @@ class Chunk:
     start: int = 0  # character offsets into the loaded document text
     end: int = 0
     path: str = ""  # display path relative to the ingested folder ("" = not known here)
+    page: int = 0  # the page (1-based, as a PDF viewer counts) the chunk starts on; 0 = no pages
 
     @property
     def display_path(self) -> str:
@@ -37,6 +38,8 @@ class Chunk:
         d["heading_path"] = list(self.heading_path)
         if not self.path:  # the chunk store keeps its old shape
             del d["path"]
+        if not self.page:  # a document without pages: as before pages were recorded
+            del d["page"]
         return d
 
     @classmethod
@@ -80,6 +83,7 @@ class Citation:
     chunk_id: str
     path: str = ""
     supported: bool = True
+    page: int = 0  # the passage's page in a PDF (1-based); 0 = a document without pages
 
     @property
     def display_path(self) -> str:
@@ -89,6 +93,8 @@ class Citation:
         d = asdict(self)
         d["heading_path"] = list(self.heading_path)
         d["path"] = self.display_path
+        if not self.page:
+            del d["page"]
         return d
 
 

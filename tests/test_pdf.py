@@ -107,6 +107,34 @@ def test_a_manual_reads_as_its_reader_sees_it(tmp_path):
     assert doc.heading_path_at(text.index("Stop the daemon")) == ("1 Installing", "Upgrading")
     assert doc.heading_path_at(text.index("Start it")) == ("2 Running",)
     assert doc.heading_path_at(text.index("Run the installer")) == ("1 Installing",)
+    # pages as a PDF viewer counts them: the index page, left out, still counts
+    assert [doc.page_at(text.index(w)) for w in ("A tool", "Run the", "Stop the", "Start it")] == [
+        1,
+        2,
+        3,
+        3,
+    ]
+    assert doc.page_at(len(text)) == 3
+
+
+def test_a_pdf_chunk_knows_its_page_and_answers_show_it(tmp_path, tiny_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from rag.answer.prompt import quote_source
+    from rag.documents.chunking import chunk_document
+    from rag.types import Chunk
+
+    doc = load_document(write_pdf(tmp_path / "frob.pdf", MANUAL, OUTLINE))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+    chunks = chunk_document(doc, tokenizer, chunk_tokens=12, overlap=0)
+    assert {c.page for c in chunks} == {1, 2, 3}
+    for c in chunks:
+        assert c.page == doc.page_at(c.start) and Chunk.from_dict(c.to_dict()) == c
+    assert "page" not in Chunk("i", "t", "s").to_dict()  # the store's old shape without pages
+    assert quote_source(("1 Installing", "Upgrading"), "frob.pdf", 3) == (
+        "1 Installing › Upgrading, p. 3"
+    )
+    assert quote_source((), "notes.md") == "notes.md"
 
 
 def test_a_pdf_without_an_outline_loads_as_text_without_headings(tmp_path):
@@ -179,7 +207,7 @@ def test_hostile_pages_clean_up_in_linear_time():
     dots = ". " * 200_000 + "x"
     many = "\n".join(f"line {i}" for i in range(100_000))
     entries = [(0, f"Missing {i}", 2) for i in range(10_000)]
-    text, headings = pdf_text([letters, dots, many], entries)
+    text, headings, _ = pdf_text([letters, dots, many], entries)
     assert "a" * 1_000_000 + "b" in text and text.count("…") == 1
     assert len(headings) == 10_000 and {h[0] for h in headings} == {text.index("line 0")}
 

@@ -257,13 +257,16 @@ def _block(
     open_: bool,
     labels: str = "",
     highlight: tuple[int, int] | None = None,
+    page: int = 0,
 ) -> str:
     """One passage; ``path`` is the display path (relative to the ingested folder: the server's
-    absolute paths are not shown to whoever reaches the UI); ``labels`` is trusted HTML."""
+    absolute paths are not shown to whoever reaches the UI), ``page`` its PDF page (0: none);
+    ``labels`` is trusted HTML."""
     anchor = f' id="src-{number}"' if number is not None else ""
     label = f"[{number}] " if number is not None else ""
     summary = (
-        f"{label}{html.escape(path)} — {html.escape(_heading(tuple(heading_path)))}"
+        f"{label}{html.escape(path)}{f', p. {page}' if page else ''}"
+        f" — {html.escape(_heading(tuple(heading_path)))}"
         f' <span class="rag-meta">score {score:.3f}</span>{labels}'
     )
     return (
@@ -307,6 +310,7 @@ def citation_html(
         open_=mark is not None,
         labels=labels,
         highlight=mark,
+        page=c.page,
     )
 
 
@@ -383,6 +387,7 @@ def uncited_html(answer: Answer) -> str:
             h.score,
             open_=False,
             labels=labels,
+            page=h.chunk.page,
         )
         blocks.append(block.replace("<summary>", f"<summary>#{i} ", 1))
     return "\n".join(blocks)

@@ -332,10 +332,10 @@ MAX_SOURCE_CHARS = 90  # a quote's source label longer than this is cut
 _BLOCK_ATTRIBUTE = re.compile(r"\[[^\]]*\]")
 
 
-def quote_source(heading_path: Sequence[str], path: str) -> str:
+def quote_source(heading_path: Sequence[str], path: str, page: int = 0) -> str:
     """Where a quote is from, as a reader finds it: the page's title and the section's
     heading (the first and the last of ``heading_path``, markup shown plain), else the file's
-    name. Why: a manual's sentence often names its subject only in the heading above it ("This
+    name; then ``, p. N`` for a PDF's page (``page``), which a reader turns to. Why: a manual's sentence often names its subject only in the heading above it ("This
     module logs kernel printk messages over UDP" under "Netconsole"), so a quote without it
     does not say what to use."""
     heads = [" ".join(plain_markup(h).split()).rstrip(":") for h in heading_path]
@@ -344,10 +344,11 @@ def quote_source(heading_path: Sequence[str], path: str) -> str:
         label = heads[0] if len(heads) == 1 else f"{heads[0]} › {heads[-1]}"
     else:
         label = PurePath(path).name
+    where = f", p. {page}" if page else ""
     if len(label) <= MAX_SOURCE_CHARS:
-        return label
+        return label + where
     cut = label[: MAX_SOURCE_CHARS - 1]
-    return cut + ("`…" if cut.count("`") % 2 else "…")  # a code span cut is closed
+    return cut + ("`…" if cut.count("`") % 2 else "…") + where  # a code span cut is closed
 
 
 def quotes_block(
@@ -358,7 +359,7 @@ def quotes_block(
     is among ``citations``) and its citation marker (``markers``) after it."""
     if not quotes:
         return ""
-    where = {c.number: quote_source(c.heading_path, c.display_path) for c in citations}
+    where = {c.number: quote_source(c.heading_path, c.display_path, c.page) for c in citations}
     lines = [
         f'- "{text}"' + (f" ({where[n]})" if n in where else "") + (f" [{n}]" if markers else "")
         for n, text in quotes

@@ -365,7 +365,9 @@ def citation_for(n: int, passages: Sequence[Hit]) -> Citation:
     (:func:`rag.answer.compose.make_answer`, quotes, re-attribution)."""
     hit = passages[n - 1]
     c = hit.chunk
-    return Citation(n, c.source, tuple(c.heading_path), c.text, hit.score, c.id, c.path)
+    return Citation(
+        n, c.source, tuple(c.heading_path), c.text, hit.score, c.id, c.path, page=c.page
+    )
 
 
 def attribute(text: str, passages: Sequence[str], question: str = "") -> int | None:

@@ -286,6 +286,7 @@ def chunk_document(
                     heading_path=doc.heading_path_at(max(a, anchor) if anchor < b else a),
                     start=a,
                     end=b,
+                    page=doc.page_at(a),
                 )
             )
     return chunks

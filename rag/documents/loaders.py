@@ -61,6 +61,9 @@ class Document:
     path: str
     text: str
     headings: list[Heading] = field(default_factory=list)
+    # where each page starts in ``text`` (a PDF's, in page order; an empty page starts where the
+    # next one does); empty for a document without pages
+    pages: list[int] = field(default_factory=list)
     # (headings list, its length, prefix maxima of the offsets, the heading path after each
     # heading): built once by heading_path_at, rebuilt when the headings change
     _paths: Any = field(default=None, init=False, repr=False, compare=False)
@@ -84,6 +87,11 @@ class Document:
             paths.append(tuple(s.title for s in stack))
         self._paths = (self.headings, len(self.headings), ends, paths)
         return ends, paths
+
+    def page_at(self, offset: int) -> int:
+        """The page (1-based, as a PDF viewer counts) that character ``offset`` is on; 0 for a
+        document without pages."""
+        return bisect_right(self.pages, offset) if self.pages else 0
 
     def heading_path_at(self, offset: int) -> tuple[str, ...]:
         """The chain of headings (top level first) that governs character ``offset``: the
@@ -323,13 +331,16 @@ def _load_html(path: Path, data: bytes, deadline: Deadline) -> tuple[str, list[H
     return text, markdown_headings(text)
 
 
-def _load_pdf(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
+def _load_pdf(
+    path: Path, limits: Limits, deadline: Deadline
+) -> tuple[str, list[Heading], list[int]]:
     """A PDF's pages read within ``limits``, cleaned, with running lines, line-end hyphens and
-    dot leaders mended and the outline's headings (:mod:`rag.documents.pdf`)."""
+    dot leaders mended, the outline's headings and where each page starts
+    (:mod:`rag.documents.pdf`)."""
     pages, entries = read_pdf(path, limits, deadline)
-    text, headings = pdf_text([clean_text(page) for page in pages], entries)
+    text, headings, starts = pdf_text([clean_text(page) for page in pages], entries)
     deadline.check()
-    return text, [Heading(*h) for h in headings]
+    return text, [Heading(*h) for h in headings], starts
 
 
 def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
@@ -384,8 +395,9 @@ def load_document(
         if size == 0:
             raise DocumentError(path, "empty file")
         suffix = _suffix_of(path)
+        pages: list[int] = []
         if suffix == ".pdf":
-            text, headings = _load_pdf(path, limits, deadline)
+            text, headings, pages = _load_pdf(path, limits, deadline)
         elif suffix == ".docx":
             text, headings = _load_docx(path, limits, deadline)
         else:
@@ -420,7 +432,7 @@ def load_document(
     if len(text) > limits.max_text_chars:
         _too_long(path, limits)
     deadline.check()
-    return Document(path=str(path), text=text, headings=headings)
+    return Document(path=str(path), text=text, headings=headings, pages=pages)
 
 
 def load_documents(

@@ -314,12 +314,12 @@ def _tidy(page: str) -> str:
 
 def pdf_text(
     pages: list[str], entries: list[tuple[int, str, int]]
-) -> tuple[str, list[HeadingTriple]]:
+) -> tuple[str, list[HeadingTriple], list[int]]:
     """The document text of ``pages`` (each already through ``clean_text``) and its headings
     as (offset, level, title) from the outline ``entries`` of :func:`read_pdf`: running lines
     dropped, contents and index pages left out, hyphenated words joined, dot leaders shortened
-    (the module docstring), the
-    non-empty pages separated by a blank line."""
+    (the module docstring), the non-empty pages separated by a blank line; and where each page
+    starts in that text (a page left empty starts where the next one does)."""
     titles: dict[int, list[str]] = {}
     for _, title, page in entries:
         titles.setdefault(page, []).append(_key(title))
@@ -338,4 +338,4 @@ def pdf_text(
         (min(at, len(text)), level, title)
         for at, level, title in outline_headings(entries, pages, starts)
     ]
-    return text, headings
+    return text, headings, starts

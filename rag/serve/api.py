@@ -373,6 +373,7 @@ def sources(answer: Answer) -> list[dict[str, Any]]:
             "number": c.number,
             "path": c.display_path,
             "heading_path": list(c.heading_path),
+            **({"page": c.page} if c.page else {}),
             "chunk_id": c.chunk_id,
             "score": float(c.score),
             "text": c.text,
