@@ -27,11 +27,11 @@ A third, exact signal needs no model: the **literal terms** a question names
 (:func:`literal_terms`: an option such as ``--smart-split``, a parameter or a call, a name the
 question asks about such as ``vm.swap_boost_factor``, a quoted label such as "the 'Squash and
 merge' button", an acronym such as "CUDA", :func:`named_acronyms`), and the product or place
-it sets its task in ("in GitLab's settings", :func:`named_places`), must occur somewhere in the index (the retriever's ``mentions``). One that no
-document holds is the clearest sign the manual cannot answer, and the two signals above miss
-it: the question's other words ("git", "push", "rebase", "branch") are everywhere, and BM25's
-tokens split ``--auto-rebase-remote`` into words the corpus has. The refusal then names the
-term (:func:`refusal_text`).
+it sets its task in ("in GitLab's settings", :func:`named_places`), must occur somewhere in the
+index (the retriever's ``mentions``). One that no document holds is the clearest sign the
+manual cannot answer, and the two signals above miss it: the question's other words ("git",
+"push", "rebase", "branch") are everywhere, and BM25's tokens split ``--auto-rebase-remote``
+into words the corpus has. The refusal then names the term (:func:`refusal_text`).
 
 Caveat: the dense weight is calibrated on the ``minilm`` encoder's cosines; another encoder's
 scores sit on another scale (refit with ``evals.answerability --encoder ...``).

@@ -136,8 +136,8 @@ def _navigation(blocks: list[_Block]) -> set[int]:
       (:data:`NAV_LINK_ONLY`) link text: a sidebar or a contents list, one link per item.
       Blocks without text do not break a run; a heading, a block of prose or of code does.
 
-    Code (a ``<pre>`` element) is never navigation, whatever it links. A paragraph that cites a few links, or a list whose items describe what they link to,
-    stays."""
+    Code (a ``<pre>`` element) is never navigation, whatever it links. A paragraph that cites
+    a few links, or a list whose items describe what they link to, stays."""
     dropped: set[int] = set()
     run: list[int] = []
 

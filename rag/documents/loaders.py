@@ -4,7 +4,8 @@ Every supported file becomes a :class:`Document`: clean text plus the headings f
 with its character offset, so that chunking can split on headings and keep a heading path.
 
 Formats: .md/.markdown, .txt, .rst (and Sphinx ``*.rst.txt`` sources), .html/.htm (text only,
-scripts and styles dropped, headings kept as ``#`` lines), .pdf (pypdf), .docx (python-docx,
+scripts, styles and navigation dropped, headings kept as ``#`` lines), .pdf (pypdf, then
+:mod:`rag.documents.pdf`: page furniture, hyphens, outline headings, pages), .docx (python-docx,
 optional extra). Anything that cannot be loaded raises :class:`DocumentError` naming the path
 and the reason; :func:`load_documents` collects those instead of stopping. Every file is loaded
 within :class:`Limits` (:mod:`rag.documents.limits`).
