@@ -216,3 +216,40 @@ def test_a_chapter_title_that_starts_with_its_page_number_stays():
     pages = ["Cover", "Preface text.\n2", "3 Running\nStart it.\n3", "More.\n4", "End.\n5"]
     assert drop_running_lines(pages)[2] == "Start it."  # without the outline it looks running
     assert drop_running_lines(pages, {2: ["running"]})[2] == "3 Running\nStart it."
+
+
+def test_a_cyclic_outline_costs_nothing_and_a_deep_one_only_the_headings(tmp_path):
+    """An outline whose entry is its own next and first child loads at once (pypdf stops the
+    cycle); one nested past the recursion limit loses its headings, not the file's text."""
+    from test_ingest_hostile import FONT, flate, page, pdf
+
+    def outlined(items: list[bytes]) -> bytes:
+        return pdf(
+            [
+                b"<< /Type /Catalog /Pages 2 0 R /Outlines 5 0 R >>",
+                b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+                page(2, 4, 6),
+                flate(b"BT /F1 12 Tf 72 712 Td (Hello outline) Tj ET"),
+                b"<< /Type /Outlines /First 7 0 R /Last 7 0 R /Count 1 >>",
+                FONT,
+                *items,
+            ]
+        )
+
+    loop = b"<< /Title (Loop) /Parent 5 0 R /Next 7 0 R /First 7 0 R /Dest [3 0 R /Fit] >>"
+    path = tmp_path / "loop.pdf"
+    path.write_bytes(outlined([loop]))
+    doc = load_document(path)
+    assert doc.text == "Hello outline" and [h.title for h in doc.headings] == ["Loop"]
+    depth = 5_000  # each entry the first child of the one before
+    deep = [
+        b"<< /Title (L%d) /Parent %d 0 R /First %d 0 R /Dest [3 0 R /Fit] >>"
+        % (i, 5 if i == 0 else 6 + i, 8 + i)
+        if i < depth - 1
+        else b"<< /Title (L%d) /Parent %d 0 R /Dest [3 0 R /Fit] >>" % (i, 6 + i)
+        for i in range(depth)
+    ]
+    path = tmp_path / "deep.pdf"
+    path.write_bytes(outlined(deep))
+    doc = load_document(path)
+    assert doc.text == "Hello outline" and doc.headings == []  # pypdf ran out of recursion
