@@ -34,7 +34,9 @@ def trigrams(text: str) -> frozenset[tuple[str, ...]]:
     """The word trigrams of ``text`` (lower case, letters and digits); a text of fewer than
     three words is its one word tuple."""
     words = _WORD.findall(text.lower())
-    return frozenset(tuple(words[i : i + 3]) for i in range(max(1, len(words) - 2)))
+    return (
+        frozenset(zip(words, words[1:], words[2:])) if len(words) > 2 else frozenset([tuple(words)])
+    )
 
 
 def containment(a: frozenset, b: frozenset) -> float:
