@@ -245,5 +245,6 @@ def test_pypdf_warnings_stay_off_stderr(tmp_path, tiny_mlm_dir, capsys, caplog):
     assert not [r.getMessage() for r in caplog.records if r.name.startswith("pypdf")]
     assert not any("startxref" in line for line in err)
     assert [line for line in err if "damaged.pdf" in line] == [
-        f"failed: {docs / 'damaged.pdf'}: no text (empty after cleaning)"
+        f"failed: {docs / 'damaged.pdf'}: no text on its pages (scanned images? make it "
+        "searchable first, e.g. with ocrmypdf)"
     ]

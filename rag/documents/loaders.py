@@ -373,6 +373,10 @@ def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, lis
     return "\n\n".join(parts), headings
 
 
+# a PDF whose pages hold no characters is, nearly always, scanned pages: say what would help
+SCANNED_PDF = "no text on its pages (scanned images? make it searchable first, e.g. with ocrmypdf)"
+
+
 def load_document(
     path: str | Path,
     max_bytes: int = DEFAULT_MAX_BYTES,
@@ -428,6 +432,8 @@ def load_document(
         raise DocumentError(path, reason) from None
     except Exception as e:  # noqa: BLE001 - a parser's surprise is this file's failure only
         raise DocumentError(path, failure_reason(e)) from None
+    if not text.strip() and pages:  # pages, no characters: images of pages, a scan
+        raise DocumentError(path, SCANNED_PDF)
     if not text.strip():
         raise DocumentError(path, "no text (empty after cleaning)")
     if len(text) > limits.max_text_chars:
