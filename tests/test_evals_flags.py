@@ -30,6 +30,7 @@ HEAD_DEFAULTS = {
     "encoder_backend": "torch",
     "where": (),
     "correct_typos": True,  # since 2026-12-07 (docs/retrieval.md: typos)
+    "dedup": 0.7,  # since 2026-12-07 (docs/retrieval.md: near-duplicate hits)
     "min_score": None,
     "reader": "auto",
     "reader_threshold": None,
