@@ -172,8 +172,9 @@ def _vocabulary(pages: list[str]) -> set[str]:
 
 def _outline_entries(reader: Any, deadline: Deadline) -> list[tuple[int, Any]]:
     """(depth, destination) of the outline's entries in order, at most
-    :data:`MAX_OUTLINE_ENTRIES`; walked with a stack (pypdf nests a parent's children as a list
-    after it), so a deep outline cannot exhaust the recursion limit."""
+    :data:`MAX_OUTLINE_ENTRIES`, walked with a stack (pypdf nests a parent's children as a list
+    after it). pypdf builds that nesting by recursion: an outline nested deeper than Python's
+    recursion limit raises there, and :func:`read_pdf` then gives no headings."""
     entries: list[tuple[int, Any]] = []
     stack: list[tuple[int, Iterator[Any]]] = [(0, iter(reader.outline))]
     while stack and len(entries) < MAX_OUTLINE_ENTRIES:
@@ -210,9 +211,9 @@ def outline_headings(
     with at most a numbering's worth more: "2.2 Naming" for "Naming"), searched from the last
     heading found on that page on, at most :data:`HEADING_SCAN_LINES` lines (so a hostile
     outline of many entries on one huge page costs a bounded scan each), else at the page's
-    start. ``pages`` are the pages' final
-    texts, ``starts`` their offsets in the document; an entry of a page left empty (a contents
-    or index page, a blank one) names no text and is skipped."""
+    start. ``pages`` are the pages' final texts, ``starts`` their offsets in the document; an
+    entry of a page left empty (a contents or index page, a blank one) names no text and is
+    skipped."""
     found: list[HeadingTriple] = []
     lines: dict[int, list[tuple[int, str]]] = {}  # a page's lines: (offset, letters and digits)
     cursor: dict[int, int] = {}  # the line after the last heading found on a page
