@@ -147,6 +147,29 @@ def test_pdf_text_is_extracted(tmp_path):
     assert "Hello from a PDF" in load_document(path).text
 
 
+def test_docx_tables_are_read_in_place_as_markdown_rows(tmp_path):
+    """A Word manual's settings table is content: its rows come in document order, one
+    Markdown row each (the evidence reader's table units), a merged cell once."""
+    docx = pytest.importorskip("docx")
+    d = docx.Document()
+    d.add_heading("Settings", level=1)
+    d.add_paragraph("The server reads these settings.")
+    table = d.add_table(rows=4, cols=2)
+    for r, (a, b) in enumerate([("Setting", "Default"), ("port", "7860"), ("host", "a|b")]):
+        table.cell(r, 0).text, table.cell(r, 1).text = a, b
+    table.cell(3, 0).text = "Both columns"
+    table.cell(3, 0).merge(table.cell(3, 1))
+    d.add_paragraph("Restart after a change.")
+    d.save(tmp_path / "s.docx")
+    doc = load_document(tmp_path / "s.docx")
+    assert doc.text == (
+        "Settings\n\nThe server reads these settings.\n\n"
+        "| Setting | Default |\n|---|---|\n| port | 7860 |\n| host | a\\|b |\n| Both columns |"
+        "\n\nRestart after a change."
+    )
+    assert doc.heading_path_at(doc.text.index("| port")) == ("Settings",)
+
+
 def test_docx_headings(tmp_path):
     docx = pytest.importorskip("docx")
     d = docx.Document()

@@ -344,7 +344,34 @@ def _load_pdf(
     return text, [Heading(*h) for h in headings], starts
 
 
+def _docx_table(table: Any) -> str:
+    """A Word table as Markdown rows ("| port | 7860 |", a ``|---|`` rule under the first), so
+    each row stays one piece of evidence with its cells side by side (rag.answer.evidence
+    reads a Markdown table's rows as units). A cell merged across columns is written once; a
+    ``|`` inside a cell is escaped. A table python-docx cannot lay out gives its words in order."""
+    try:
+        lines = []
+        for i, row in enumerate(table.rows):
+            cells: list[str] = []
+            seen: list[Any] = []  # a merged cell is the same element in each column it spans
+            for cell in row.cells:
+                if any(cell._tc is tc for tc in seen):
+                    continue
+                seen.append(cell._tc)
+                cells.append(" ".join(cell.text.split()).replace("|", "\\|"))
+            if any(cells):
+                lines.append("| " + " | ".join(cells) + " |")
+                if i == 0 and len(table.rows) > 1:
+                    lines.append("|" + "---|" * len(cells))
+        return "\n".join(lines)
+    except Exception:  # noqa: BLE001 - a malformed grid still has its words
+        return " ".join(t.text or "" for t in table._tbl.iter() if t.tag.endswith("}t"))
+
+
 def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, list[Heading]]:
+    """A Word document's paragraphs and tables in document order (tables as Markdown rows,
+    :func:`_docx_table`; before 2026-12-07 tables were left out, and a manual's settings and
+    specifications are often tables), its heading styles as headings."""
     try:
         import docx
     except ImportError:
@@ -358,14 +385,17 @@ def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, lis
     except Exception as e:  # python-docx raises several unrelated types for corrupt files
         raise DocumentError(path, f"unreadable .docx ({e})") from None
     parts, headings, offset = [], [], 0
-    for para in document.paragraphs:
+    for block in document.iter_inner_content():
         deadline.check()
-        text = para.text.strip()
+        if not hasattr(block, "rows"):  # a paragraph
+            text = block.text.strip()
+            style = (block.style.name or "").lower() if block.style is not None else ""
+            if text and style.startswith("heading") and style[-1:].isdigit():
+                headings.append(Heading(offset, int(style[-1]), text))
+        else:
+            text = _docx_table(block).strip()
         if not text:
             continue
-        style = (para.style.name or "").lower() if para.style is not None else ""
-        if style.startswith("heading") and style[-1:].isdigit():
-            headings.append(Heading(offset, int(style[-1]), text))
         parts.append(text)
         offset += len(text) + 2
         if offset > limits.max_text_chars:
