@@ -309,3 +309,21 @@ def test_html_navigation_is_left_out_but_content_links_and_code_stay(tmp_path):
     ):
         assert kept in text, kept
     assert [h.title for h in doc.headings] == ["2.3 Types"]
+
+
+def test_html_table_cells_and_definitions_are_not_glued_together(tmp_path):
+    """Cells written without white space between their tags ("<td>port</td><td>7860</td>")
+    read as a Markdown row, not "port7860"; a layout table's empty cells and rows are left
+    out; a term and its definition are two lines; a pipe in a cell or in code is kept."""
+    html = (
+        "<h1>Settings</h1><table>\n <tr>\n  <th>Setting</th><th>Default</th></tr>\n"
+        " <tr><td>\n   port\n  </td><td>7860</td></tr><tr><td>mode</td><td>a|b</td></tr>"
+        "<tr><td></td><td> </td></tr><tr><td></td><td>Spacer</td><td></td></tr></table>"
+        "<dl><dt>--port</dt><dd>the port to listen on</dd></dl>"
+        "<pre>make test || echo failed</pre>"
+    )
+    doc = load_document(write(tmp_path / "t.html", html))
+    assert doc.text == (
+        "# Settings\n\n| Setting | Default |\n| port | 7860 |\n| mode | a\\|b |\n| Spacer |"
+        "\n\n--port\nthe port to listen on\nmake test || echo failed"
+    )

@@ -22,7 +22,12 @@ from rag.documents.limits import Deadline
 _HTML_DROPPED = frozenset({"script", "style", "noscript", "template", "svg"})
 _HREF = re.compile(r"\bhref\s*=", re.IGNORECASE)  # a link's attribute (an anchor has none)
 _HTML_RAW = ("script", "style")  # raw text: no tag inside counts until the element's end tag
-_HTML_BREAK_AFTER = frozenset({"p", "div", "li", "pre", "tr", "br", "section", "article"})
+_HTML_BREAK_AFTER = frozenset(
+    {"p", "div", "li", "pre", "tr", "br", "section", "article", "dt", "dd", "blockquote", "table"}
+)
+_HTML_CELLS = frozenset({"td", "th"})  # a table's cells: "| a | b |", one row a line
+_SPACES = re.compile(r"\s+")
+_CELL_BORDER = re.compile(r"[ \t]*(?<!\\)\|[ \t]*")  # a cell border, not a cell's own "\|"
 _HTML_HEADINGS = {f"h{n}": n for n in range(1, 7)}
 _HTML_TAG = re.compile(r"<(/?)([a-zA-Z][a-zA-Z0-9:_-]*)")
 _HTML_RAW_END = {t: re.compile(rf"</{t}[\s/>]", re.IGNORECASE) for t in _HTML_RAW}
@@ -119,10 +124,20 @@ class _Block:
     links: int = 0  # <a> elements opened in it
     heading: bool = False
     code: bool = False  # holds text of a <pre> element
+    row: bool = False  # starts a table row ("| a | b |")
 
     @property
     def chars(self) -> int:
         return sum(_visible(p) for p in self.parts)
+
+
+def _row(parts: list[str]) -> str:
+    """A table row's text, its empty cells left out ("| | FFI: | | Introduction |" → "| FFI: |
+    Introduction |", a layout table's spacers) and nothing at all for a row of empty cells; a
+    row whose cells hold blocks of their own keeps its later lines as they are."""
+    first, sep, rest = "".join(parts).partition("\n")
+    cells = [c for c in _CELL_BORDER.split(first) if c.strip()]
+    return ("| " + " | ".join(cells) + " |" + sep if cells else "") + rest
 
 
 def _navigation(blocks: list[_Block]) -> set[int]:
@@ -174,6 +189,8 @@ def _html_text(text: str, deadline: Deadline) -> str:
     in_link = False
     heading: tuple[int, list[str]] | None = None  # (level, its text so far)
     in_pre = 0  # open <pre> elements: code, never navigation
+    in_row, cells = False, 0  # inside a <tr>; the cells opened in it so far
+    tables = 0  # open <table> elements: the white space between their rows is layout
     for kind, value, attributes in _html_events(text, deadline):
         self_closing = attributes.endswith("/")
         if value == "pre" and kind != "data" and not self_closing and not dropped:
@@ -183,6 +200,11 @@ def _html_text(text: str, deadline: Deadline) -> str:
                 if heading is not None:
                     heading[1].append(value)
                 else:
+                    if in_row:  # a row is one line: its cells' own line breaks are spaces
+                        value = _SPACES.sub(" ", value).replace("|", "\\|") if value.strip() else ""
+                        value = value if cells else ""  # nothing before the first cell
+                    elif tables and not value.strip():
+                        value = ""  # indentation between rows would indent the next row
                     blocks[-1].parts.append(value)
                     blocks[-1].code = blocks[-1].code or in_pre > 0
                     if in_link:
@@ -197,6 +219,14 @@ def _html_text(text: str, deadline: Deadline) -> str:
         elif value == "a":  # a link, not an anchor (<a name=…> marks a place, often code)
             in_link = kind == "start" and _HREF.search(attributes) is not None
             blocks[-1].links += in_link
+        elif value == "table" and not self_closing and kind == "start":
+            tables += 1
+            if heading is None and blocks[-1].parts:
+                blocks.append(_Block())
+        elif value in _HTML_CELLS:
+            if kind == "start" and heading is None:
+                blocks[-1].parts.append(" | " if cells else "| ")
+                cells += 1
         elif value in _HTML_HEADINGS:
             if kind == "start" and heading is None:
                 heading = (_HTML_HEADINGS[value], [])
@@ -205,10 +235,22 @@ def _html_text(text: str, deadline: Deadline) -> str:
                 blocks += [_Block([f"\n\n{'#' * heading[0]} {title}\n\n"], heading=True), _Block()]
                 heading = None
         elif value in _HTML_BREAK_AFTER and kind == "start" and value != "br":
+            if value == "tr":
+                if cells:  # the row before was never closed
+                    blocks[-1].parts.append(" |\n")
+                in_row, cells = True, 0
             if heading is None and blocks[-1].parts:  # a block's start ends the text before it
                 blocks.append(_Block())
                 in_link = False
+            if value == "tr" and heading is None:
+                blocks[-1].row = True
         elif value in _HTML_BREAK_AFTER and (kind == "end" or value == "br"):
+            if value in ("tr", "table"):
+                if cells and heading is None and blocks[-1].row:  # not after a cell's own blocks
+                    blocks[-1].parts.append(" |")
+                in_row, cells = False, 0
+                if value == "table":
+                    tables = max(0, tables - 1)
             if heading is not None:
                 heading[1].append("\n")
             else:
@@ -218,7 +260,12 @@ def _html_text(text: str, deadline: Deadline) -> str:
     if heading is not None:  # a heading never closed: its words are text
         blocks[-1].parts.extend(heading[1])
     navigation = _navigation(blocks)
-    return "".join(
-        "".join(p for p in block.parts if p == "\n") if i in navigation else "".join(block.parts)
+    text = "".join(
+        "".join(p for p in block.parts if p == "\n")
+        if i in navigation
+        else _row(block.parts)
+        if block.row
+        else "".join(block.parts)
         for i, block in enumerate(blocks)
     )
+    return text
