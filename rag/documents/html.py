@@ -202,7 +202,6 @@ def _html_text(text: str, deadline: Deadline) -> str:
                 else:
                     if in_row:  # a row is one line: its cells' own line breaks are spaces
                         value = _SPACES.sub(" ", value).replace("|", "\\|") if value.strip() else ""
-                        value = value if cells else ""  # nothing before the first cell
                     elif tables and not value.strip():
                         value = ""  # indentation between rows would indent the next row
                     blocks[-1].parts.append(value)
