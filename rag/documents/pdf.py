@@ -309,7 +309,9 @@ def is_navigation(page: str) -> bool:
 
 def _tidy(page: str) -> str:
     """A page after this module's edits, laid out as ``clean_text`` leaves text: no trailing
-    spaces, no run of blank lines, no blank lines at either end."""
+    spaces, no run of blank lines, no blank lines at either end. Not ``clean_text`` itself:
+    the page went through it already (NFC, control characters), and ``rag.documents.loaders``
+    imports this module, not the other way round."""
     return re.sub(r"\n{3,}", "\n\n", re.sub(r"[ \t]+\n", "\n", page)).strip()
 
 
