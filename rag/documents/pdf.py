@@ -105,12 +105,16 @@ def drop_running_lines(pages: list[str], titles: dict[int, list[str]] | None = N
     if len(pages) < RUNNING_MIN_PAGES:
         return pages
     split = [page.split("\n") for page in pages]
+    # each page's edge lines, read once: (edge, line index, shape, printed number)
+    marks = [
+        [(edge, i, _shape(lines[i]), _page_number(lines[i])) for edge, i in _edges(lines)]
+        for lines in split
+    ]
     counts: Counter[tuple[str, str]] = Counter()
     offsets: Counter[int] = Counter()
-    for index, lines in enumerate(split):
-        counts.update({(edge, _shape(lines[i])) for edge, i in _edges(lines)})
-        numbers = {_page_number(lines[i]) for _, i in _edges(lines)} - {None}
-        offsets.update({n - index for n in numbers if n is not None})
+    for index, edges in enumerate(marks):
+        counts.update({(edge, shape) for edge, _, shape, _ in edges})
+        offsets.update({n - index for *_, n in edges if n is not None})
     running = {
         key
         for key, n in counts.items()
@@ -122,14 +126,14 @@ def drop_running_lines(pages: list[str], titles: dict[int, list[str]] | None = N
     if not running and offset is None:
         return pages
     out = []
-    for index, lines in enumerate(split):
+    for index, (lines, edges) in enumerate(zip(split, marks)):
         keys = (titles or {}).get(index, [])
         drop = {
             i
-            for edge, i in _edges(lines)
+            for edge, i, shape, number in edges
             if (
-                (index and (edge, _shape(lines[i])) in running)
-                or (offset is not None and _page_number(lines[i]) == index + offset)
+                (index and (edge, shape) in running)
+                or (offset is not None and number == index + offset)
             )
             and not any(_shows(_key(lines[i]), key) for key in keys)
         }
