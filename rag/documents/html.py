@@ -218,10 +218,6 @@ def _html_text(text: str, deadline: Deadline) -> str:
         elif value == "a":  # a link, not an anchor (<a name=…> marks a place, often code)
             in_link = kind == "start" and _HREF.search(attributes) is not None
             blocks[-1].links += in_link
-        elif value == "table" and not self_closing and kind == "start":
-            tables += 1
-            if heading is None and blocks[-1].parts:
-                blocks.append(_Block())
         elif value in _HTML_CELLS:
             if kind == "start" and heading is None:
                 blocks[-1].parts.append(" | " if cells else "| ")
@@ -238,6 +234,8 @@ def _html_text(text: str, deadline: Deadline) -> str:
                 if cells:  # the row before was never closed
                     blocks[-1].parts.append(" |\n")
                 in_row, cells = True, 0
+            elif value == "table" and not self_closing:
+                tables += 1
             if heading is None and blocks[-1].parts:  # a block's start ends the text before it
                 blocks.append(_Block())
                 in_link = False
