@@ -27,7 +27,7 @@ pipelines kept per config (:class:`Pipelines`) sharing their decoders
 :class:`IndexNameError`, :func:`rag_home`), the file types ingest reads (:data:`SUPPORTED_SUFFIXES`,
 :data:`HTML_SUFFIXES`, :data:`TEXT_SUFFIXES`), and the answer's markup: citation markers
 (:data:`CITATION`, :data:`CITATION_RUN`, :func:`split_short_answer`, :func:`quotes_block`,
-:class:`AnswerSpan`) and text
+:class:`AnswerSpan`, a PDF passage's :func:`page_label`) and text
 made inert (:func:`inert`, :func:`split_code`, :func:`close_fence`, :data:`FENCE_START`).
 
 The library by room: ``rag.answer``, ``rag.cli``, ``rag.documents``, ``rag.evaluation``,
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from rag.retrieval.settings import RetrievalSettings
     from rag.serve.state import Pipelines, decoder_sharing_factory
     from rag.storage.paths import IndexNameError, check_index_name, list_indexes, rag_home
-    from rag.types import Answer, AnswerSpan, Chunk, Citation, Hit
+    from rag.types import Answer, AnswerSpan, Chunk, Citation, Hit, page_label
 
 # public name -> the module that defines it
 _SOURCES = {
@@ -111,6 +111,7 @@ _SOURCES = {
     "CITATION_RUN": "rag.answer.prompt",
     "split_short_answer": "rag.answer.prompt",
     "quotes_block": "rag.answer.prompt",
+    "page_label": "rag.types",
     "HTML_SUFFIXES": "rag.documents.walk",
     "SUPPORTED_SUFFIXES": "rag.documents.walk",
     "TEXT_SUFFIXES": "rag.documents.walk",
@@ -153,6 +154,7 @@ __all__ = [
     "list_indexes",
     "list_models",
     "load_config",
+    "page_label",
     "prepare_serving_process",
     "quotes_block",
     "rag_home",

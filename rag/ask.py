@@ -25,7 +25,7 @@ from typing import Any
 from rag.cli import OneLineParser, run_cli
 from rag.config import RAGConfig, add_config_args, check_models, config_from_args
 from rag.storage.paths import check_index_name, printable
-from rag.types import Answer
+from rag.types import Answer, page_label
 
 PROG = "rag.ask"
 
@@ -74,7 +74,7 @@ def _located(path: str, heading_path: Any, page: int = 0) -> str:
     """``path › heading › path``, then ``, p. N`` for a PDF's page, the path printable (a file
     name cannot forge a line)."""
     where = " › ".join(heading_path)
-    return printable(path) + (f" › {where}" if where else "") + (f", p. {page}" if page else "")
+    return printable(path) + (f" › {where}" if where else "") + page_label(page)
 
 
 def format_sources(answer: Answer) -> str:

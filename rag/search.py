@@ -33,7 +33,7 @@ from rag.cli import OneLineParser, run_cli
 from rag.config import add_config_args, config_from_args, section_fields
 from rag.retrieval.query import check_query
 from rag.storage.paths import printable
-from rag.types import Hit
+from rag.types import Hit, page_label
 
 if TYPE_CHECKING:
     from rag.retrieval.settings import RetrievalSettings
@@ -53,7 +53,7 @@ def format_hit(hit: Hit, width: int = 240) -> str:
     preview = printable(" ".join(hit.chunk.text.split()))
     preview = preview if len(preview) <= width else preview[: width - 1] + "…"
     path = printable(hit.chunk.display_path)  # a file name cannot forge a line or colour
-    path += f", p. {hit.chunk.page}" if hit.chunk.page else ""
+    path += page_label(hit.chunk.page)
     return f"{hit.rank:>2}. [{hit.score:.4f}] {path}  ({printable(heading)})\n    {preview}"
 
 

@@ -6,6 +6,12 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 
+def page_label(page: int) -> str:
+    """How every source line names a PDF passage's page, after its place: ", p. 12"; "" for a
+    document without pages (``page`` 0)."""
+    return f", p. {page}" if page else ""
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A piece of a source document, the unit that is embedded, indexed and cited.

@@ -38,6 +38,7 @@ from rag import (
     Hit,
     close_fence,
     inert,
+    page_label,
     quotes_block,
     split_code,
     split_short_answer,
@@ -265,7 +266,7 @@ def _block(
     anchor = f' id="src-{number}"' if number is not None else ""
     label = f"[{number}] " if number is not None else ""
     summary = (
-        f"{label}{html.escape(path)}{f', p. {page}' if page else ''}"
+        f"{label}{html.escape(path)}{page_label(page)}"
         f" — {html.escape(_heading(tuple(heading_path)))}"
         f' <span class="rag-meta">score {score:.3f}</span>{labels}'
     )

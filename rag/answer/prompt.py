@@ -25,6 +25,7 @@ from pathlib import PurePath
 from typing import TYPE_CHECKING
 
 from rag.answer.evidence import plain_markup
+from rag.types import page_label
 
 if TYPE_CHECKING:
     from rag.types import Citation
@@ -335,16 +336,17 @@ _BLOCK_ATTRIBUTE = re.compile(r"\[[^\]]*\]")
 def quote_source(heading_path: Sequence[str], path: str, page: int = 0) -> str:
     """Where a quote is from, as a reader finds it: the page's title and the section's
     heading (the first and the last of ``heading_path``, markup shown plain), else the file's
-    name; then ``, p. N`` for a PDF's page (``page``), which a reader turns to. Why: a manual's sentence often names its subject only in the heading above it ("This
-    module logs kernel printk messages over UDP" under "Netconsole"), so a quote without it
-    does not say what to use."""
+    name; then ``, p. N`` for a PDF's page (``page``), which a reader turns to. Why: a manual's
+    sentence often names its subject only in the heading above it ("This module logs kernel
+    printk messages over UDP" under "Netconsole"), so a quote without it does not say what to
+    use."""
     heads = [" ".join(plain_markup(h).split()).rstrip(":") for h in heading_path]
     heads = [h for h in heads if h and not _BLOCK_ATTRIBUTE.fullmatch(h)]
     if heads:
         label = heads[0] if len(heads) == 1 else f"{heads[0]} › {heads[-1]}"
     else:
         label = PurePath(path).name
-    where = f", p. {page}" if page else ""
+    where = page_label(page)
     if len(label) <= MAX_SOURCE_CHARS:
         return label + where
     cut = label[: MAX_SOURCE_CHARS - 1]
