@@ -131,13 +131,20 @@ class _Block:
         return sum(_visible(p) for p in self.parts)
 
 
+def markdown_row(cells: list[str]) -> str:
+    """A table row as Markdown, "| a | b |": how every loader writes a table (HTML here, Word in
+    rag.documents.loaders), so the evidence reader takes each row as one unit
+    (rag.answer.evidence). The cells come with their own ``|`` escaped."""
+    return "| " + " | ".join(cells) + " |"
+
+
 def _row(parts: list[str]) -> str:
     """A table row's text, its empty cells left out ("| | FFI: | | Introduction |" → "| FFI: |
     Introduction |", a layout table's spacers) and nothing at all for a row of empty cells; a
     row whose cells hold blocks of their own keeps its later lines as they are."""
     first, sep, rest = "".join(parts).partition("\n")
     cells = [c for c in _CELL_BORDER.split(first) if c.strip()]
-    return ("| " + " | ".join(cells) + " |" + sep if cells else "") + rest
+    return (markdown_row(cells) + sep if cells else "") + rest
 
 
 def _navigation(blocks: list[_Block]) -> set[int]:

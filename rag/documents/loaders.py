@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.documents.html import _html_text
+from rag.documents.html import _html_text, markdown_row
 from rag.documents.limits import (
     DEFAULT_MAX_BYTES,
     Deadline,
@@ -360,7 +360,7 @@ def _docx_table(table: Any) -> str:
                 seen.append(cell._tc)
                 cells.append(" ".join(cell.text.split()).replace("|", "\\|"))
             if any(cells):
-                lines.append("| " + " | ".join(cells) + " |")
+                lines.append(markdown_row(cells))
                 if i == 0 and len(table.rows) > 1:
                     lines.append("|" + "---|" * len(cells))
         return "\n".join(lines)
