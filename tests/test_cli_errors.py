@@ -79,7 +79,9 @@ def test_cli_failure_is_one_line_exit_2(cli, argv, names, tmp_path, request, cap
     assert names in line
 
 
-@pytest.mark.parametrize("case", ["missing index", "other encoder"])
+@pytest.mark.parametrize(
+    "case", ["missing index", pytest.param("other encoder", marks=pytest.mark.slow)]
+)
 def test_real_process_prints_one_line(case, request, tmp_path):
     """``rag.search q --index x --encoder /no/such/dir`` as a user runs it, and an encoder that
     loads but does not match the index: no traceback, no loading bars or reports, exit 2."""

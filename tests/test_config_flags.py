@@ -116,6 +116,7 @@ def test_fusion_flags_retrieve_alike_through_ask_serve_and_search(fusion_index, 
 
 
 @pytest.mark.server
+@pytest.mark.slow  # an MCP server process (test_mcp starts one in the fast suite)
 def test_fusion_flags_retrieve_alike_through_the_mcp_server(fusion_index, capsys, tmp_path):
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client

@@ -97,6 +97,7 @@ def test_static_cache_gives_baseline_greedy_ids(base):
     assert kw["cache"].layers[0].max_cache_len == static_capacity(len(ids) + 4)
 
 
+@pytest.mark.slow  # torch.compile of the tiny decoder: ~40 s on a 2-core AVX2 CPU
 def test_compile_gives_baseline_greedy_ids(base):
     gen = variant(base, DecodeSpeed(compile=True))
     assert getattr(gen.model, "_rag_compiled", False)

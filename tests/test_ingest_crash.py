@@ -23,8 +23,15 @@ from rag.retrieval.retriever import Retriever
 from rag.storage.manifest import kept_chunk_ids, open_generation, read_chunks
 from rag.storage.paths import indexes_dir, list_indexes
 
-FAST = ["mid-encode", "after-bm25", "after-rename"]
-SLOW = ["after-encode", "after-vectors", "before-publish", "after-pointer"]
+FAST = ["mid-encode"]
+SLOW = [
+    "after-bm25",
+    "after-rename",
+    "after-encode",
+    "after-vectors",
+    "before-publish",
+    "after-pointer",
+]
 
 
 def run_cli(docs, index, encoder, crash=None, backend="faiss", wait=True, extra=()):
@@ -94,6 +101,7 @@ def test_kill9_at_checkpoint(tmp_path, tiny_mlm_dir, point):
     crash_then_rerun(tmp_path, tiny_mlm_dir, point)
 
 
+@pytest.mark.slow  # four ingest processes: ~30 s on a 2-core AVX2 CPU
 def test_sigterm_stops_an_ingest_cleanly(tmp_path, tiny_mlm_dir):
     """SIGTERM (a service manager or container stopping it) ends an ingest through its
     clean-ups, with one line and exit 143: a first run removes the folder it created, so no

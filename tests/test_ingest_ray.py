@@ -18,8 +18,8 @@ from rag.ingest import ingest
 
 ray = pytest.importorskip("ray")
 
-# starts a Ray cluster on loopback; about 25 s here beside a heavy job, so not marked slow
-pytestmark = pytest.mark.server
+# starts Ray clusters on loopback: ~90 s for the file on a 2-core AVX2 CPU (make test-slow)
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

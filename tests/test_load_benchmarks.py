@@ -63,6 +63,7 @@ def test_batched_run_gets_a_prompt_cache_while_the_plain_one_is_empty(generator,
         models.close()
 
 
+@pytest.mark.slow  # test_ui_api runs the load benchmark against the app in the fast suite
 def test_ui_and_api_batching_off_and_on_side_by_side(index, generator, tmp_path):
     cfg = config(tmp_path, target="both", modes="off,on")
     models = SharedModels(cfg.rag_config(), retriever=FakeRetriever(), generator=generator)
@@ -169,6 +170,7 @@ def test_concurrent_load_modes_share_the_session_loop(generator):
     assert agree["prompts"] >= 1 and agree["same"] == agree["prompts"]
 
 
+@pytest.mark.slow  # converts and compiles the tiny decoder for OpenVINO: ~45 s on a 2-core AVX2 CPU
 def test_the_openvino_engine_serves_both_modes_with_its_own_batching(index, tmp_path):
     """On OpenVINO GenAI (SmolLM2's packaged GGUF) batching on is a second engine pipeline
     scheduling ``max_batch`` sequences, off the one that runs one at a time; the API answers

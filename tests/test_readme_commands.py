@@ -7,7 +7,9 @@ from a scratch folder with ``RAG_HOME`` inside it, at tiny sizes: arguments in :
 appended to the README's (argparse keeps a flag's last value), e.g. ``--max-steps 2``, or the
 tiny encoder trained by the README's own first pretraining line instead of a released model.
 Lines that need ``../shared/data`` or a decoder package skip with the reason when it is absent;
-runs over 20 s here are marked slow. Servers (``rag.serve``, ``ui.app``), a Chroma server, Ray,
+runs over 20 s here, and runs that repeat what another run checks (another output mode of
+``rag.ask``, another backend or index folder: ~12 s each on a 2-core AVX2 CPU, most of it
+imports), are marked slow (``make test-slow``). Servers (``rag.serve``, ``ui.app``), a Chroma server, Ray,
 ONNX exports, multi-GPU ``torchrun``, the full-size corpus runs and the evals that need a built
 index or a whole decoder run are parsed only.
 """
@@ -38,7 +40,7 @@ class Run:
     after: tuple[str, ...] = ()  # README lines whose artefacts it uses, run first
     data: bool = False  # reads ../shared/data
     models: tuple[str, ...] = ()  # model aliases that must resolve (decoder packages)
-    slow: bool = False  # over 20 s here
+    slow: bool = False  # over 20 s here, or another run checks the same path (module docstring)
 
 
 PRETRAIN_MLM = "python -m training.pretrain --objective mlm"
@@ -58,18 +60,20 @@ RUNS: dict[str, Run] = {
     PRETRAIN_CLM: Run(extra=("--threads", "1"), after=(PRETRAIN_MLM,)),
     INGEST_DOCS: Run(extra=TINY_ENCODER, after=(PRETRAIN_MLM,)),
     "python -m rag.ingest my-notes/ --index notes --backend chroma": Run(
-        extra=TINY_ENCODER, after=(PRETRAIN_MLM,)
+        extra=TINY_ENCODER, after=(PRETRAIN_MLM,), slow=True
     ),
-    INGEST_ELSEWHERE: Run(extra=TINY_ENCODER, after=(PRETRAIN_MLM,)),
+    INGEST_ELSEWHERE: Run(extra=TINY_ENCODER, after=(PRETRAIN_MLM,), slow=True),
     f"python -m rag.search {Q} --index pydocs --k 5 --mode hybrid --json": Run(
         extra=("--index", "docs"), after=(INGEST_DOCS,)
     ),
-    f"python -m rag.search {Q} --index-dir /srv/indexes/notes": Run(after=(INGEST_ELSEWHERE,)),
+    f"python -m rag.search {Q} --index-dir /srv/indexes/notes": Run(
+        after=(INGEST_ELSEWHERE,), slow=True
+    ),
     f"python -m rag.ask {Q} --index pydocs": Run(
-        extra=ON_DOCS + SHORT, after=(INGEST_DOCS, PRETRAIN_CLM)
+        extra=ON_DOCS + SHORT, after=(INGEST_DOCS, PRETRAIN_CLM), slow=True
     ),
     'python -m rag.ask "what does the with statement do" --index pydocs --stream': Run(
-        extra=ON_DOCS + SHORT, after=(INGEST_DOCS, PRETRAIN_CLM)
+        extra=ON_DOCS + SHORT, after=(INGEST_DOCS, PRETRAIN_CLM), slow=True
     ),
     f"python -m rag.ask {Q} --index pydocs --json": Run(
         extra=ON_DOCS + SHORT, after=(INGEST_DOCS, PRETRAIN_CLM)

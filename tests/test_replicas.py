@@ -32,7 +32,8 @@ from benchmarks.replicas import (
 from rag.ingest import ingest
 from rag.storage.manifest import CURRENT, index_dir, read_chunks
 
-pytestmark = pytest.mark.server  # a Chroma server and three Python processes on loopback
+# a Chroma server and three Python processes on loopback: ~45 s on a 2-core AVX2 CPU
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 INDEX = "replicas"
 QUESTIONS = [
