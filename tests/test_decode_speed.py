@@ -104,6 +104,7 @@ def test_compile_gives_baseline_greedy_ids(base):
     assert_same_as_base(gen, base)
 
 
+@pytest.mark.slow  # torch.compile (an opt-in of the torch engine): 10-40 s on AVX2
 def test_compile_with_static_cache_gives_baseline_greedy_ids(base):
     gen = variant(base, DecodeSpeed(compile=True, cache="static"))
     assert not hasattr(gen.model, "_rag_compiled")  # generate compiles the decode step itself
@@ -131,6 +132,7 @@ def together(gen: Generator, reqs: list[tuple[list[int], int]]) -> list[list[int
     return out
 
 
+@pytest.mark.slow  # torch.compile (an opt-in of the torch engine): 10-40 s on AVX2
 def test_compile_keeps_batched_decoding_exact(base):
     gen = variant(base, DecodeSpeed(compile=True), batching=True, max_batch=4)
     try:
