@@ -466,6 +466,28 @@ def test_a_quote_inside_another_is_shown_once_as_the_longer():
     assert quotations(third, "", 3, per_excerpt=1) == [(2, whole), (1, also)]
 
 
+def test_a_passage_cut_inside_a_sentence_is_quoted_after_an_ellipsis():
+    """A chunk's overlap starts at any word: Git's FAQ was quoted as "which will replace the old
+    commit by a new commit …", as if that were a whole sentence. A passage's first unit that
+    starts with two lower-case words is quoted after "… "; one that starts with an identifier is
+    not, nor is a later unit; the end of a sentence that another passage quotes whole is not
+    quoted again."""
+    cut = "which will replace the old commit with a new one. Run git log to check the commit."
+    (excerpt,) = select("replace old commit check", [cut], embed, 40, words)
+    assert {t for _, t in excerpt.ranked} == {
+        "… which will replace the old commit with a new one.",
+        "Run git log to check the commit.",
+    }
+    assert excerpt.text.startswith("which will")  # the decoder reads the passage as it is
+    for start in ("pg_dump is a client application.", "lambda An anonymous function."):
+        (ex,) = select("client application anonymous function", [start], embed, 40, words)
+        assert ex.best == start
+    whole = "Run git commit --amend, which will replace the old commit with a new one."
+    both = select("replace old commit check", [whole, cut], embed, 80, words)
+    quotes = [q for _, q in quotations(both, "", 5)]
+    assert whole in quotes and not any(q.startswith("…") for q in quotes)
+
+
 def test_the_decoder_reads_no_listing_delimiters():
     """An AsciiDoc listing's "-----" lines, joined into the excerpt's text, were copied into
     an answer ("use the -s flag: ---------------- $ git tag -s <tagname> ---------------")."""

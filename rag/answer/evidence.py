@@ -71,6 +71,12 @@ _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mar
 _TABLE_ROW = re.compile(r"^\|.*\|.*\|\s*$")  # a markdown (pipe) table's line: two cells or more
 _GRID_BORDER = re.compile(r"^\s*\+[-=+:]+\+\s*$")  # a reST grid table's border line
 _TABLE_RULE = re.compile(r"^\s*\|?(?:\s*:?-+:?\s*\|)+(?:\s*:?-+:?\s*)?\s*$")  # |---|:--:|
+CUT = "…"  # marks text left out of an excerpt or a quote
+# a passage that starts inside a sentence: a lower-case word, then another (a chunk's overlap
+# starts at any word: "which will replace the old commit by a new commit …", "be cancelled,
+# but …"); its first unit is quoted after "… " (:func:`excerpts_of`). An identifier that starts
+# a sentence ("pg_dump is …", "list.remove(x): …", "lambda An …") does not match.
+_CONTINUES = re.compile(r"[a-z][a-z']*[,;)]?\s+[a-z`\"'(*]")
 # an AsciiDoc definition list's term, alone on its line ("--cached [<commit>]::", "patch::",
 # "GIT_DIR::"), not a reST paragraph that introduces a literal block ("Example::", "The
 # Makefiles have five parts::"), whose indented block is a listing, not a description
@@ -97,7 +103,8 @@ class Excerpt:
     text: str
     units: tuple[Unit, ...]
     # every kept unit as (score, its text with the unit it introduces (``:``) or asks for
-    # (``?``)), best first: what is quoted under a written answer (:func:`quotations`)
+    # (``?``)), best first: what is quoted under a written answer (:func:`quotations`); the
+    # passage's first unit after "… " when the passage starts inside a sentence (_CONTINUES)
     ranked: tuple[tuple[float, str], ...]
 
     @property
@@ -526,10 +533,10 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
     out = []
     for p in sorted({units[i].passage for i in kept}):
         idx = sorted(i for i in kept if units[i].passage == p)
-        parts = ["…"] if idx[0] != first_unit[p] else []  # the passage's start was left out
+        parts = [CUT] if idx[0] != first_unit[p] else []  # the passage's start was left out
         for a, b in zip([None, *idx], idx):
             if a is not None and b != a + 1:
-                parts.append("…")
+                parts.append(CUT)
             parts.append(texts[b])
         text = " ".join(parts)
         ranked: list[tuple[float, str]] = []
@@ -537,6 +544,8 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
             unit = texts[j]
             if _brings_next(scored, j) and j + 1 in idx:
                 unit += " " + texts[j + 1]  # what it introduces or the answer it asks for
+            if j == first_unit[p] and _CONTINUES.match(unit):
+                unit = f"{CUT} {unit}"  # shown as the end of a sentence, not a whole one
             if not any(unit in t for _, t in ranked):  # an example its ":" unit brought
                 ranked.append((float(scores[j]), unit))
         kept_units = tuple(units[j] for j in idx)
@@ -591,7 +600,7 @@ def quotations(
         terms = (t.strip("`").lower() for t in _QUOTED_TERMS.findall(text))
         if len(words & said) * 2 >= len(words) and all(t in lowered for t in terms):
             continue  # the answer says it, and names every option and literal it names
-        low = text.lower()
+        low = text.removeprefix(f"{CUT} ").lower()  # a sentence's end is in the whole one
         if any(low in t for t in seen) or taken[i] == per_excerpt:
             continue  # already quoted whole (overlapping chunks, a page ingested twice)
         longer = next((j for j, t in enumerate(seen) if t in low), None)
