@@ -469,9 +469,9 @@ def test_a_quote_inside_another_is_shown_once_as_the_longer():
 def test_a_passage_cut_inside_a_sentence_is_quoted_after_an_ellipsis():
     """A chunk's overlap starts at any word: Git's FAQ was quoted as "which will replace the old
     commit by a new commit …", as if that were a whole sentence. A passage's first unit that
-    starts with two lower-case words is quoted after "… "; one that starts with an identifier is
-    not, nor is a later unit; the end of a sentence that another passage quotes whole is not
-    quoted again."""
+    starts with two lower-case words and ends a sentence is quoted after "… "; one that starts
+    with an identifier, a term and its description or a title is not, nor is a later unit; the
+    end of a sentence that another passage quotes whole is not quoted again."""
     cut = "which will replace the old commit with a new one. Run git log to check the commit."
     (excerpt,) = select("replace old commit check", [cut], embed, 40, words)
     assert {t for _, t in excerpt.ranked} == {
@@ -479,7 +479,12 @@ def test_a_passage_cut_inside_a_sentence_is_quoted_after_an_ellipsis():
         "Run git log to check the commit.",
     }
     assert excerpt.text.startswith("which will")  # the decoder reads the passage as it is
-    for start in ("pg_dump is a client application.", "lambda An anonymous function."):
+    for start in (
+        "pg_dump is a client application.",
+        "lambda An anonymous function.",
+        "bare repository: a repository that has no working tree.",
+        "psql psql — PostgreSQL interactive terminal",
+    ):
         (ex,) = select("client application anonymous function", [start], embed, 40, words)
         assert ex.best == start
     whole = "Run git commit --amend, which will replace the old commit with a new one."

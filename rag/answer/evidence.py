@@ -72,11 +72,15 @@ _TABLE_ROW = re.compile(r"^\|.*\|.*\|\s*$")  # a markdown (pipe) table's line: t
 _GRID_BORDER = re.compile(r"^\s*\+[-=+:]+\+\s*$")  # a reST grid table's border line
 _TABLE_RULE = re.compile(r"^\s*\|?(?:\s*:?-+:?\s*\|)+(?:\s*:?-+:?\s*)?\s*$")  # |---|:--:|
 CUT = "…"  # marks text left out of an excerpt or a quote
-# a passage that starts inside a sentence: a lower-case word, then another (a chunk's overlap
-# starts at any word: "which will replace the old commit by a new commit …", "be cancelled,
-# but …"); its first unit is quoted after "… " (:func:`excerpts_of`). An identifier that starts
-# a sentence ("pg_dump is …", "list.remove(x): …", "lambda An …") does not match.
-_CONTINUES = re.compile(r"[a-z][a-z']*[,;)]?\s+[a-z`\"'(*]")
+# a passage that starts inside a sentence: prose that begins with a lower-case word, then
+# another, and ends a sentence (a chunk's overlap starts at any word: "which will replace the
+# old commit by a new commit …", "be cancelled, but …"); its first unit is quoted after "… "
+# (:func:`excerpts_of`). Not an identifier that starts a sentence ("pg_dump is …",
+# "list.remove(x): …", "lambda An …"), a term and its description ("bare repository: A …"),
+# a title or a table's cell, which end no sentence.
+_CONTINUES = re.compile(
+    r"(?![\w\s'-]{1,40}:\s)[a-z][a-z']*[,;)]?\s+[a-z`\"'(*].*[.!?:][\"'`)*\]]*$", re.S
+)
 # an AsciiDoc definition list's term, alone on its line ("--cached [<commit>]::", "patch::",
 # "GIT_DIR::"), not a reST paragraph that introduces a literal block ("Example::", "The
 # Makefiles have five parts::"), whose indented block is a listing, not a description
@@ -544,7 +548,7 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
             unit = texts[j]
             if _brings_next(scored, j) and j + 1 in idx:
                 unit += " " + texts[j + 1]  # what it introduces or the answer it asks for
-            if j == first_unit[p] and _CONTINUES.match(unit):
+            if j == first_unit[p] and units[j].prose and _CONTINUES.match(texts[j]):
                 unit = f"{CUT} {unit}"  # shown as the end of a sentence, not a whole one
             if not any(unit in t for _, t in ranked):  # an example its ":" unit brought
                 ranked.append((float(scores[j]), unit))
