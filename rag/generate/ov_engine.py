@@ -68,6 +68,103 @@ def inference_precision(
     return None
 
 
+# the engine's graph and its tokenizer's, saved beside the GGUF (:func:`build_pipeline`); the
+# stamp says what they were made from
+IR_MODELS = ("openvino_model", "openvino_tokenizer", "openvino_detokenizer")
+IR_STAMP = "openvino_model.json"
+
+
+def _ir_stamp(folder: Path) -> dict[str, Any]:
+    """What a saved IR was made from: the engine folder's GGUF (size, mtime) and the engine's
+    version (its GGUF reader builds the graph, so another version may build another one)."""
+    import openvino_genai as og
+
+    from rag.models.gguf import ENGINE_GGUF
+
+    st = (folder / ENGINE_GGUF).stat()
+    return {"gguf_size": st.st_size, "gguf_mtime_ns": st.st_mtime_ns, "engine": og.__version__}
+
+
+def _ir_is_current(folder: Path, stamp: dict[str, Any]) -> bool:
+    import json
+
+    try:
+        saved = json.loads((folder / IR_STAMP).read_text())
+    except (OSError, ValueError):
+        return False
+    files = [folder / f"{name}.{ext}" for name in IR_MODELS for ext in ("xml", "bin")]
+    return saved == stamp and all(f.is_file() for f in files)
+
+
+def _save_tokenizer(tokenizer: Any, out: Path) -> None:
+    """The Hugging Face ``tokenizer`` as the engine's tokenizer and detokenizer models (read by
+    the engine for its stop strings; the GGUF reader builds them from the GGUF but does not save
+    them)."""
+    import openvino as ov
+    from openvino_tokenizers import convert_tokenizer
+
+    encode, decode = convert_tokenizer(tokenizer, with_detokenizer=True)
+    ov.save_model(encode, out / "openvino_tokenizer.xml")
+    ov.save_model(decode, out / "openvino_detokenizer.xml")
+
+
+def build_pipeline(folder: Path, sched: Any, props: dict[str, Any], tokenizer: Any) -> Any:
+    """The engine's pipeline for an engine folder (:func:`rag.generate.engines.engine_gguf`),
+    from the OpenVINO IR saved beside its GGUF when that IR is current, else from the GGUF,
+    saving the IR the engine builds from it for the next process.
+
+    Why: the engine's GGUF reader builds the model graph anew in every process, most of an
+    engine's start, and every ``rag.ask``, server and UI start paid it; the saved IR loads in a
+    fraction of that time (docs/benchmarks.md, the AVX2-only EPYC's section). The IR is the
+    engine's own graph serialised (``enable_save_ov_model``), so it decodes the same ids, with
+    ``tokenizer`` converted beside it (:func:`_save_tokenizer`). It is written in a scratch
+    folder beside the GGUF (a hard link to it) and moved in, the stamp (:func:`_ir_stamp`)
+    last: a killed save leaves no IR that looks whole. An IR that fails to load is built again
+    from the GGUF; a folder that cannot be written to, or a tokenizer the converter does not
+    read, keeps the GGUF."""
+    import json
+    import os
+    import shutil
+
+    import openvino_genai as og
+
+    from rag.models.gguf import ENGINE_GGUF
+
+    stamp = _ir_stamp(folder)
+    if _ir_is_current(folder, stamp):
+        try:
+            return og.ContinuousBatchingPipeline(str(folder), sched, "CPU", props)
+        except Exception as e:  # a damaged IR: the GGUF is still there
+            log.warning(
+                "the saved engine graph in %s did not load (%s); reading the GGUF", folder, e
+            )
+    tmp = folder / f".ir-{os.getpid()}-{threading.get_ident()}"
+    try:
+        tmp.mkdir()
+        os.link(folder / ENGINE_GGUF, tmp / ENGINE_GGUF)
+    except OSError:  # a read-only folder, or no hard links here: the GGUF alone, as before
+        shutil.rmtree(tmp, ignore_errors=True)
+        return og.ContinuousBatchingPipeline(str(folder / ENGINE_GGUF), sched, "CPU", props)
+    try:
+        save = {**props, "enable_save_ov_model": True}
+        pipe = og.ContinuousBatchingPipeline(str(tmp / ENGINE_GGUF), sched, "CPU", save)
+        try:
+            _save_tokenizer(tokenizer, tmp)
+        except Exception as e:  # the IR is of no use without it
+            log.info("the engine's graph of %s is not saved: %s", folder, e)
+            return pipe
+        files = [f"{name}.{ext}" for name in IR_MODELS for ext in ("bin", "xml")]
+        if all((tmp / f).is_file() for f in files):
+            (folder / IR_STAMP).unlink(missing_ok=True)
+            for f in files:
+                os.replace(tmp / f, folder / f)
+            (tmp / IR_STAMP).write_text(json.dumps(stamp))
+            os.replace(tmp / IR_STAMP, folder / IR_STAMP)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return pipe
+
+
 def _running(handle: Any) -> bool:
     """Whether the engine is still decoding the request behind ``handle``."""
     return handle.get_status().name == "RUNNING"
@@ -412,7 +509,7 @@ class OpenVINOGenerator(ChatDecoder):
             props["INFERENCE_PRECISION_HINT"] = hint
 
         def build() -> Any:
-            return og.ContinuousBatchingPipeline(str(folder / "model.gguf"), sched, "CPU", props)
+            return build_pipeline(folder, sched, props, tokenizer)
 
         with MODEL_LOAD_LOCK:
             tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -454,6 +551,8 @@ class OpenVINOGenerator(ChatDecoder):
         cfg.max_new_tokens = options.max_new_tokens
         cfg.apply_chat_template = False
         cfg.stop_token_ids = set(self._eos)
+        if self.tokenizer.eos_token_id is not None:  # an engine read from its saved IR has none
+            cfg.eos_token_id = self.tokenizer.eos_token_id
         if stops := self.rules.stops(options.stop):
             cfg.stop_strings = set(stops)
             cfg.include_stop_str_in_output = True  # cut here (cut_at_stop), as on torch
