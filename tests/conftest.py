@@ -86,12 +86,25 @@ def chroma_server(tmp_path_factory):
     log.close()
 
 
+def _session_home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.getbasetemp() / "rag_home"
+    home.mkdir(exist_ok=True)
+    return home
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_rag_home(tmp_path_factory):
+    """Module and session fixtures (a decoder loaded once for a test file) write under the
+    same temporary RAG_HOME as the tests: before, they ran before the per-test patch below and
+    built the engine's folder of SmolLM2 in the checkout's artifacts/."""
+    with _temporary_rag_home(_session_home(tmp_path_factory)):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _isolated_rag_home(tmp_path_factory, monkeypatch):
     """Every test writes artefacts under a temporary RAG_HOME, never into the checkout."""
-    home = tmp_path_factory.getbasetemp() / "rag_home"
-    home.mkdir(exist_ok=True)
-    monkeypatch.setenv("RAG_HOME", str(home))
+    monkeypatch.setenv("RAG_HOME", str(_session_home(tmp_path_factory)))
     yield
 
 

@@ -6,6 +6,7 @@ strings, concurrent requests and cancellation, and the engine's graph saved once
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -271,8 +272,7 @@ def test_the_engines_graph_is_saved_once_and_read_back_answering_the_same(
     """Every process built the engine from the GGUF (15 s for the 0.5B, 23 s for the 1.5B on
     the AVX2-only EPYC, on every ``rag.ask``): the first build saves the engine's graph and its
     tokenizer beside the GGUF, stamped; a later build reads that IR and decodes the same reply,
-    stop strings included (the engine's tokenizer reads them); a damaged IR is built again from
-    the GGUF and saved anew."""
+    stop strings included (the engine's tokenizer reads them)."""
     import openvino_genai as og
 
     from rag.generate import ov_engine
@@ -310,13 +310,64 @@ def test_the_engines_graph_is_saved_once_and_read_back_answering_the_same(
     assert read[-1] == folder  # the saved IR, not the GGUF
     want = reply(first)
     assert want and reply(second) == want
-    (folder / "openvino_model.xml").write_text("<not a graph")
-    third = build()
-    assert read[-2:] == [folder, read[-1]] and read[-1].name == ENGINE_GGUF  # tried, rebuilt
-    assert ov_engine._ir_is_current(folder, ov_engine._ir_stamp(folder))
-    assert reply(third) == want
     stamp["engine"] = "another version"  # another engine may build another graph from the GGUF
     assert not ov_engine._ir_is_current(folder, stamp)
+
+
+def test_a_damaged_or_unsavable_graph_falls_back_to_the_gguf(tmp_path, monkeypatch):
+    """The engine stand-in: an IR that does not load is built again from the GGUF and saved
+    anew; a save the tokenizer cannot join leaves no IR; a folder that cannot be written to
+    builds from the GGUF, saving nothing."""
+    import openvino_genai as og
+
+    from rag.generate import ov_engine
+    from rag.models.gguf import ENGINE_GGUF
+
+    folder = tmp_path / "engine"
+    folder.mkdir()
+    (folder / ENGINE_GGUF).write_bytes(b"GGUF")
+    read: list[tuple[Path, bool]] = []
+
+    def engine(path, sched, device, props):
+        path, saves = Path(path), bool(props.get("enable_save_ov_model"))
+        read.append((path, saves))
+        if path.is_dir() and "<graph" not in (path / "openvino_model.xml").read_text():
+            raise RuntimeError("the IR does not parse")
+        if saves:
+            for ext in ("xml", "bin"):
+                (path.parent / f"openvino_model.{ext}").write_text("<graph")
+        return object()
+
+    def tokenizer_models(tokenizer, out):
+        for name in ov_engine.IR_MODELS[1:]:
+            for ext in ("xml", "bin"):
+                (out / f"{name}.{ext}").write_text("<graph")
+
+    monkeypatch.setattr(og, "ContinuousBatchingPipeline", engine)
+    monkeypatch.setattr(ov_engine, "_save_tokenizer", tokenizer_models)
+    ov_engine.build_pipeline(folder, None, {}, None)
+    assert read[-1][1] and ov_engine._ir_is_current(folder, ov_engine._ir_stamp(folder))
+    ov_engine.build_pipeline(folder, None, {}, None)
+    assert read[-1] == (folder, False)  # read back
+    (folder / "openvino_model.xml").write_text("damaged")
+    ov_engine.build_pipeline(folder, None, {}, None)
+    assert read[-2] == (folder, False) and read[-1][1]  # tried, failed, built and saved anew
+    assert (folder / "openvino_model.xml").read_text() == "<graph"
+    for f in folder.glob("openvino_*"):
+        f.unlink()
+
+    def no_converter(tokenizer, out):
+        raise ValueError("a tokenizer the converter does not read")
+
+    monkeypatch.setattr(ov_engine, "_save_tokenizer", no_converter)
+    ov_engine.build_pipeline(folder, None, {}, None)
+    assert not list(folder.glob("openvino_*")) and not list(folder.glob(".ir-*"))
+    folder.chmod(0o555)  # read-only: no scratch folder, the GGUF as before
+    try:
+        ov_engine.build_pipeline(folder, None, {}, None)
+    finally:
+        folder.chmod(0o755)
+    assert read[-1] == (folder / ENGINE_GGUF, False) or os.geteuid() == 0
 
 
 @pytest.fixture(scope="module")
