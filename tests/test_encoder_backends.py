@@ -27,6 +27,7 @@ def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
+@pytest.mark.slow  # exports minilm (~9 s on AVX2); the tiny encoder's export is tested below
 def test_minilm_onnx_matches_torch():
     from rag.models import minilm_path
 

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from rag.cli.progress import INTERVAL_ENV, Progress, format_duration, progress_interval, track
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -164,6 +166,7 @@ def test_trainer_callback_reports_steps_and_the_last_loss():
     assert other.bar is None  # only the main process reports
 
 
+@pytest.mark.slow  # a real pretraining run (~10 s on AVX2); the lines themselves are tested above
 def test_a_pretraining_run_in_a_log_prints_progress_lines(tmp_path, tiny_tokenizer_dir):
     """The CLI with stderr in a pipe (not a terminal): lines, not tqdm's redraws."""
     env = {

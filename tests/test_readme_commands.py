@@ -8,8 +8,8 @@ appended to the README's (argparse keeps a flag's last value), e.g. ``--max-step
 tiny encoder trained by the README's own first pretraining line instead of a released model.
 Lines that need ``../shared/data`` or a decoder package skip with the reason when it is absent;
 runs over 20 s here, and runs that repeat what another run checks (another output mode of
-``rag.ask``, another backend or index folder: ~12 s each on a 2-core AVX2 CPU, most of it
-imports), are marked slow (``make test-slow``). Servers (``rag.serve``, ``ui.app``), a Chroma server, Ray,
+``rag.ask``, ``rag.search`` beside ``rag.ask``'s search, another backend or index folder: ~12 s
+each on a 2-core AVX2 CPU, most of it imports), are marked slow (``make test-slow``). Servers (``rag.serve``, ``ui.app``), a Chroma server, Ray,
 ONNX exports, multi-GPU ``torchrun``, the full-size corpus runs and the evals that need a built
 index or a whole decoder run are parsed only.
 """
@@ -64,7 +64,9 @@ RUNS: dict[str, Run] = {
     ),
     INGEST_ELSEWHERE: Run(extra=TINY_ENCODER, after=(PRETRAIN_MLM,), slow=True),
     f"python -m rag.search {Q} --index pydocs --k 5 --mode hybrid --json": Run(
-        extra=("--index", "docs"), after=(INGEST_DOCS,)
+        extra=("--index", "docs"),
+        after=(INGEST_DOCS,),
+        slow=True,  # rag.ask --json searches
     ),
     f"python -m rag.search {Q} --index-dir /srv/indexes/notes": Run(
         after=(INGEST_ELSEWHERE,), slow=True
