@@ -71,6 +71,7 @@ def inference_precision(
 # the engine's graph and its tokenizer's, saved beside the GGUF (:func:`build_pipeline`); the
 # stamp says what they were made from
 IR_MODELS = ("openvino_model", "openvino_tokenizer", "openvino_detokenizer")
+IR_FILES = tuple(f"{name}.{ext}" for name in IR_MODELS for ext in ("bin", "xml"))  # each .bin first
 IR_STAMP = "openvino_model.json"
 
 
@@ -92,8 +93,7 @@ def _ir_is_current(folder: Path, stamp: dict[str, Any]) -> bool:
         saved = json.loads((folder / IR_STAMP).read_text())
     except (OSError, ValueError):
         return False
-    files = [folder / f"{name}.{ext}" for name in IR_MODELS for ext in ("xml", "bin")]
-    return saved == stamp and all(f.is_file() for f in files)
+    return saved == stamp and all((folder / f).is_file() for f in IR_FILES)
 
 
 def _save_tokenizer(tokenizer: Any, out: Path) -> None:
@@ -153,10 +153,9 @@ def build_pipeline(folder: Path, sched: Any, props: dict[str, Any], tokenizer: A
         except Exception as e:  # the IR is of no use without it
             log.info("the engine's graph of %s is not saved: %s", folder, e)
             return pipe
-        files = [f"{name}.{ext}" for name in IR_MODELS for ext in ("bin", "xml")]
-        if all((tmp / f).is_file() for f in files):
+        if all((tmp / f).is_file() for f in IR_FILES):
             (folder / IR_STAMP).unlink(missing_ok=True)
-            for f in files:
+            for f in IR_FILES:
                 os.replace(tmp / f, folder / f)
             (tmp / IR_STAMP).write_text(json.dumps(stamp))
             os.replace(tmp / IR_STAMP, folder / IR_STAMP)
