@@ -149,6 +149,70 @@ def test_an_indented_table_with_a_rule_is_a_table_inside_a_list_item():
     assert [u.prose for u in units[1:]] == [False, False, False]
 
 
+FENCES = {  # text -> its units, code marked "code:"
+    # a fence's code with a blank line and a "?" in a string: one code unit, not three pieces
+    # of prose; the sentence ending in ":" before it and the prose after it split as prose
+    'To search from Python:\n\n```python\nfrom rag import search\n\nhits = search("Why? '
+    'See the CLI.", k=3)\n```\n\nThat is all. It prints hits.': [
+        "To search from Python:",
+        'code:```python\nfrom rag import search\n\nhits = search("Why? See the CLI.", k=3)\n```',
+        "That is all.",
+        "It prints hits.",
+    ],
+    # a chunk that ends inside a block: its opening fence (an info string) runs to the end
+    "Run both:\n\n~~~bash\nmake setup\n\nmake demo\n": [
+        "Run both:",
+        "code:~~~bash\nmake setup\n\nmake demo",
+    ],
+    # a chunk that starts inside a block: its first fence (bare) closes it
+    "x = 1\n\nprint(x)\n```\n\nNow prose. More prose.": [
+        "code:x = 1\n\nprint(x)\n```",
+        "Now prose.",
+        "More prose.",
+    ],
+}
+
+
+@pytest.mark.parametrize("text", list(FENCES), ids=["whole", "cut at its end", "cut at its start"])
+def test_a_markdown_code_fence_is_one_code_unit_blank_lines_and_all(text):
+    """Split at its blank lines, a fence's code was read as prose sentences (and cut again at
+    a "?" inside a string), and quoted in pieces under answers over Markdown manuals."""
+    got = [("" if u.prose else "code:") + text[u.start : u.end] for u in split_units(text)]
+    assert got == FENCES[text]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "RCU\n~~~\n\nThe global RCU read lock is cheap.\n\nNAPI\n~~~~\n\nFrames come fast.",
+        "Inode properties\n````````````````\n\nThe table. It lists them.",
+        "~~~~~~~~\nManagers\n~~~~~~~~\n\nManagers share data.",  # an overline and its rule
+    ],
+    ids=["short tilde rules", "backtick rule", "overline"],
+)
+def test_a_rest_heading_rule_of_tildes_or_backticks_is_no_fence(text):
+    """reST underlines headings with "~" and "`" too; taken for fences, the prose between two
+    headings became one code unit (the Python and Linux manuals hold hundreds)."""
+    assert all(u.prose for u in split_units(text))
+
+
+def test_a_tilde_fence_closes_under_its_code():
+    text = "Run:\n\n~~~\nmake setup\n~~~\n\nDone."
+    units = split_units(text)
+    assert [(text[u.start : u.end], u.prose) for u in units] == [
+        ("Run:", True),
+        ("~~~\nmake setup\n~~~", False),
+        ("Done.", True),
+    ]
+
+
+def test_a_sentence_ending_in_a_colon_brings_the_fenced_code_it_introduces():
+    text = "Start the server:\n\n```bash\npython -m rag.serve --index docs\n\n# then ask\n```"
+    scored = score_units("How do I start the server?", [text], embed)
+    code = " ".join(text[19:].split())  # units are read with their whitespace collapsed
+    assert lead_units(scored, 1) == [(0, "Start the server: " + code)]
+
+
 def test_a_definitions_term_joins_the_first_unit_of_its_description():
     """An AsciiDoc definition is indented under its term, a reST function's description under
     its directive: apart, the description never named what it describes ("This form is to
@@ -584,8 +648,6 @@ def test_quotes_leave_out_headings_rules_and_repeats():
         ),
         ("-v:: --verbose:: Report the names.", "-v: --verbose: Report the names."),
         ("Use std::vector here.", None),
-        # a Markdown code fence is not a reST literal: left as it is
-        ("Run: ```bash python -m rag.docs list ```", None),
         (
             "See linkgit:git-reset[1] and <<merge-strategies>>.",
             "See git-reset(1) and merge-strategies.",
@@ -605,6 +667,26 @@ def test_quotes_leave_out_headings_rules_and_repeats():
 def test_quotes_show_inline_markup_as_rendered(raw, shown):
     assert plain_markup(raw) == (shown or raw)
     assert quotable(raw) == (shown or raw)
+
+
+@pytest.mark.parametrize(
+    "raw, quoted",
+    [
+        ("Run: ```bash python -m rag.docs list ```", "Run: `python -m rag.docs list`"),
+        (
+            "Two: ~~~ make setup ~~~ and ```sh make demo ``` then.",
+            "Two: `make setup` and `make demo` then.",
+        ),
+        ("Cut: ```bash make setup make", "Cut: make setup make"),  # the chunk ends inside
+        ("x = 1 print(x) ``` Now prose.", "x = 1 print(x) Now prose."),  # it starts inside
+        ("Run: ```bash echo `date` ```", "Run: echo `date`"),  # backticks inside: unwrapped
+    ],
+)
+def test_a_quoted_code_fence_shows_as_inline_code(raw, quoted):
+    """A quote is one line, where a fence's markers read as stray backticks; the decoder
+    reads the fence as written (a Markdown code fence is no reST literal)."""
+    assert quotable(raw) == quoted
+    assert plain_markup(raw) == raw
 
 
 @pytest.mark.parametrize(

@@ -67,6 +67,9 @@ _CODE_LINE = re.compile(r"^(?:\s{2,}|\t|>>>|\$ |\.\.\. )")
 # an AsciiDoc listing or literal block's delimiter line ("-----", "....."): what lies between is code
 _LISTING = re.compile(r"^\s*(?:-{4,}|\.{4,})\s*$")
 _LIST_ITEM = re.compile(r"^\s*(?:[-*+•]|\d+[.)]|#\.)\s+")
+# a Markdown code fence's line: three or more backticks or tildes, indented by at most three
+# spaces, with a language ("```bash", "``` python {.numberLines}") or none
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})[ \t]*([\w.+#-]*(?:[ \t]*\{[^}\n]*\})?)[ \t]*$", re.M)
 _ASKS = re.compile(r"\?[\"'`*_)\].,;:]*$")  # a unit that ends in a question mark (quoted or not)
 _TABLE_ROW = re.compile(r"^\|.*\|.*\|\s*$")  # a markdown (pipe) table's line: two cells or more
 _GRID_BORDER = re.compile(r"^\s*\+[-=+:]+\+\s*$")  # a reST grid table's border line
@@ -205,7 +208,8 @@ def _is_term(block: str) -> bool:
 
 
 def split_units(text: str, passage: int = 0) -> list[Unit]:
-    """A passage's units: blocks are split at blank lines; a block whose lines look like code
+    """A passage's units: blocks are split at blank lines (a Markdown fenced code block is one
+    block, blank lines and all: :func:`_blocks`); a block whose lines look like code
     (indented, ``>>>``, ``$``, or between AsciiDoc listing delimiters ``----``) stays whole, as
     does each list item's line and each row of a markdown table; prose is split into
     sentences. A definition's term (AsciiDoc's "--cached::", a reST directive's signature) is
@@ -213,12 +217,13 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
     describes ("This form is to view the changes you staged …"; manuals indent a
     description, so it is often a code-like block, kept whole). Offsets index ``text``."""
     units: list[Unit] = []
-    pos = 0
     term: tuple[int, int, bool] | None = None  # a term block's first unit, its start, directive?
-    for m in [*_BLANK.finditer(text), None]:
-        stop = m.start() if m else len(text)
+    for pos, stop, fenced in _blocks(text):
         block = text[pos:stop]
-        if block.strip():
+        if fenced:  # a Markdown code fence, blank lines and all: one code unit
+            units.append(Unit(passage, pos, stop, prose=False))
+            term = None
+        elif block.strip():
             lines = [ln for ln in block.splitlines() if ln.strip()]
             lead = pos + (len(block) - len(block.lstrip()))
             tail = pos + len(block.rstrip())
@@ -256,8 +261,59 @@ def split_units(text: str, passage: int = 0) -> list[Unit]:
                     Unit(passage, term[1], units[first].end, units[first].prose)
                 ]
             term = (first, lead, block.lstrip().startswith("..")) if _is_term(block) else None
-        pos = m.end() if m else len(text)
     return units
+
+
+def _fences(text: str) -> list[tuple[int, int]]:
+    """The Markdown fenced code blocks of ``text`` as (start, end) offsets, fence lines
+    included. A block closes at the next fence of its character, as long, with no language,
+    or runs to the end of the text (the chunk's end cut it). A chunk may also start inside a
+    block: with an odd number of backtick fences whose first is bare ("```", no "```bash"),
+    that one closes a block from the start. A bare line of tildes, or of more than four
+    backticks, under a line of text, or of more than four tildes, opens nothing: it is a reST
+    heading's rule ("RCU" over "~~~", an overline), unless it closes a block."""
+    marks = []  # (start, end, fence, language, a heading's rule?)
+    for m in _FENCE.finditer(text):
+        fence, info = m.group(1), m.group(2).strip()
+        above = text[text.rfind("\n", 0, max(m.start() - 1, 0)) + 1 : max(m.start() - 1, 0)]
+        long = len(fence) > 4
+        rule = not info and (fence[0] == "~" or long) and (bool(above.strip()) or long)
+        marks.append((m.start(), m.end(), fence, info, rule))
+    spans: list[tuple[int, int]] = []
+    ticks = [i for i, mark in enumerate(marks) if mark[2][0] == "`" and not mark[4]]
+    if len(ticks) % 2 and not marks[ticks[0]][3]:  # the chunk starts inside a block
+        spans.append((0, marks[ticks[0]][1]))
+        marks = marks[ticks[0] + 1 :]
+    opened = None
+    for start, end, fence, info, rule in marks:
+        if opened is None:
+            opened = None if rule else (start, fence)
+        elif fence[0] == opened[1][0] and len(fence) >= len(opened[1]) and not info:
+            spans.append((opened[0], end))
+            opened = None
+    if opened is not None:
+        spans.append((opened[0], len(text.rstrip())))
+    return spans
+
+
+def _blocks(text: str) -> list[tuple[int, int, bool]]:
+    """``text`` as (start, end, fenced) blocks: a fenced code block whole (:func:`_fences`), the
+    text between fences split at blank lines (:data:`_BLANK`); blank blocks left out.
+
+    Why: a fence's code often holds blank lines (between a function's imports and its body),
+    and cut at them, its pieces were read as prose sentences, split again at a "?" in a string."""
+    out: list[tuple[int, int, bool]] = []
+    pos = 0
+    for start, end in [*_fences(text), (len(text), len(text))]:
+        for m in [*_BLANK.finditer(text, pos, start), None]:
+            stop = m.start() if m else start
+            if text[pos:stop].strip():
+                out.append((pos, stop, False))
+            pos = m.end() if m else start
+        if end > start:
+            out.append((start, end, True))
+        pos = end
+    return out
 
 
 # the answer's kind, where the question says it: a number ("How many ...", "What year ...") or a
@@ -716,6 +772,25 @@ _ATX_HEADING = re.compile(r" {0,3}#{1,6}[ \t]+[A-Z0-9][^\n/<>|=$`]*")
 _SETEXT_LEAD = re.compile(r"\s*(?P<head>\S[^\n]{0,79}?)\s+(?P<rule>=+|-+|~+|\^+)\s+(?=\S)")
 
 
+# a Markdown fenced code block in a unit's text as read, on one line: "```bash make setup ```"
+# (tildes: three or four; a longer run is a reST heading's rule, which quotable drops)
+_FENCED = re.compile(r"(?<!~)(`{3,}|~{3,4})[\w.+#-]*(?:\{[^}]*\})?\s+(.*?)\s*\1(?![`~])")
+_LONE_FENCE = re.compile(r"\s*`{3,}[\w.+#-]*\s*")
+
+
+def _inline_fences(text: str) -> str:
+    """``text`` (a unit as read: one line) with each fenced code block shown as inline code,
+    its fence markers left out ("```bash make setup ```" → "`make setup`"; code holding a
+    backtick itself is left unwrapped), and the marker of a block the chunk cut dropped: in a
+    one-line quote they read as stray backticks."""
+
+    def inline(m: re.Match[str]) -> str:
+        code = m.group(2)
+        return code if "`" in code else f"`{code}`"  # one with backticks in it: as it is
+
+    return _LONE_FENCE.sub(" ", _FENCED.sub(inline, text)).strip()
+
+
 def quotable(unit: str) -> str | None:
     """``unit`` as a quote: a section heading it starts with left out (its label names the
     section, :func:`rag.answer.prompt.quote_source`), heading underlines and listing delimiters
@@ -730,7 +805,7 @@ def quotable(unit: str) -> str | None:
     if lead and len(lead["rule"]) >= max(4, len(lead["head"]) - 2):
         unit = unit[lead.end() :]  # the section's name: the quote's label gives it
     rules = _RULE.findall(unit)
-    text = _directive(" ".join(_RULE.sub(" ", unit).split()))
+    text = _directive(" ".join(_RULE.sub(" ", _inline_fences(" ".join(unit.split()))).split()))
     if not text:
         return None
     text = plain_markup(text)
