@@ -17,6 +17,7 @@ from rag.answer.evidence import (
     Excerpt,
     answer_kind,
     asks_how,
+    flatten,
     lead_units,
     lexical_shares,
     plain_markup,
@@ -31,6 +32,7 @@ from rag.answer.evidence import (
 from rag.answer.prompt import (
     EXTRACT_SYSTEM_PROMPT,
     REFUSAL,
+    build_evidence_messages,
     quote_source,
     quotes_block,
     split_short_answer,
@@ -206,10 +208,35 @@ def test_a_tilde_fence_closes_under_its_code():
     ]
 
 
+def test_flatten_keeps_a_code_fences_lines_and_collapses_the_rest():
+    text = (
+        "To remove a document:\n\n```bash\npython -m rag.docs list\n\n"
+        "python -m rag.docs remove old.pdf\n```\n\nThe   index keeps\nthe rest."
+    )
+    assert flatten(text) == (
+        "To remove a document:\n```bash\npython -m rag.docs list\n"
+        "python -m rag.docs remove old.pdf\n```\nThe index keeps the rest."
+    )
+    assert flatten("no   fence\nhere") == "no fence here"
+    # cut at the start by the chunker: its indentation kept, the prose after on its own line
+    assert flatten("def f():\n    return 1\n```\n\nAfter.") == "def f():\n    return 1\n```\nAfter."
+
+
+def test_the_decoder_reads_a_code_fence_line_by_line():
+    """Collapsed onto one line, a fence's commands came back in answers as one run-on line."""
+    text = "Remove it:\n\n```bash\npython -m rag.docs list\npython -m rag.docs remove old.pdf\n```"
+    excerpts = select("How do I remove a document?", [text], embed, 200, words)
+    user = build_evidence_messages("How do I remove a document?", [e.text for e in excerpts])
+    assert (
+        "Remove it:\n```bash\npython -m rag.docs list\npython -m rag.docs remove old.pdf\n```"
+        in (user[-1]["content"])
+    )
+
+
 def test_a_sentence_ending_in_a_colon_brings_the_fenced_code_it_introduces():
     text = "Start the server:\n\n```bash\npython -m rag.serve --index docs\n\n# then ask\n```"
     scored = score_units("How do I start the server?", [text], embed)
-    code = " ".join(text[19:].split())  # units are read with their whitespace collapsed
+    code = "```bash\npython -m rag.serve --index docs\n# then ask\n```"  # its lines kept
     assert lead_units(scored, 1) == [(0, "Start the server: " + code)]
 
 
@@ -972,6 +999,14 @@ def test_the_short_answer_is_decoded_as_a_continuation_of_the_explanation():
     assert span.source_start == 100 + span.start
     streamed = list(pipe.stream("What is the length of the Danube river?"))
     assert "".join(streamed[:-1]) == f"{explanation}\nShort answer: 2,850 km"
+
+
+def test_the_written_answer_stops_where_the_decoder_starts_copying_the_next_excerpt():
+    """The 0.5B sometimes goes on with the prompt itself ("…:\n\n[2] … Q2: Could not find
+    header files …", a Linux dev answer); an answer never starts a paragraph with "["."""
+    pipe, gen = evidence_pipeline("Sort it with sorted() [1].", "sorted()")
+    pipe.answer("How do I sort a list?")
+    assert "\n\n[" in gen.calls[0]["stop"]
 
 
 def test_a_short_answer_no_passage_holds_is_not_shown_and_an_uncited_answer_is_attributed():

@@ -18,6 +18,7 @@ from rag.answer.answerability import AnswerabilityDecision
 from rag.answer.evidence import asks_how, quotations
 from rag.answer.prompt import (
     DEFAULT_STOP,
+    EXCERPT_LABEL,
     REFUSAL,
     SHORT_ANSWER,
     build_extract_messages,
@@ -273,7 +274,7 @@ def explained_reply(
     of the dev questions about Git and the Linux kernel (docs/answering.md)."""
     first: dict[str, Any] = {}
     parts: list[str] = []
-    stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER)
+    stop = (*(args.get("stop") or DEFAULT_STOP), SHORT_ANSWER, EXCERPT_LABEL)
     for delta in gen.stream(prep.messages, **{**args, "stop": stop}, stats=first):
         parts.append(delta)
         yield delta

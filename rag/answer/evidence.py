@@ -27,6 +27,7 @@ Measured in docs/answering.md against five whole passages.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -296,6 +297,28 @@ def _fences(text: str) -> list[tuple[int, int]]:
     return spans
 
 
+def flatten(text: str) -> str:
+    """``text`` with its whitespace collapsed to single spaces, except inside Markdown fenced
+    code blocks (:func:`_fences`), which keep their lines (on lines of their own, blank lines
+    and common indentation left out).
+
+    Why: the decoder reads excerpts and passages this way (:func:`rag.answer.prompt.
+    format_passages`), and it copies code as it reads it: a fence collapsed onto one line
+    ("```bash python -m rag.docs list --index manuals python -m rag.docs remove …```") came
+    back in answers as one run-on command line."""
+    spans = _fences(text)
+    if not spans:
+        return " ".join(text.split())
+    out, pos = [], 0
+    for start, end in spans:
+        out.append(" ".join(text[pos:start].split()))
+        code = textwrap.dedent(text[start:end].strip("\n"))
+        out.append("\n".join(ln.rstrip() for ln in code.splitlines() if ln.strip()))
+        pos = end
+    out.append(" ".join(text[pos:].split()))
+    return "\n".join(part for part in out if part)
+
+
 def _blocks(text: str) -> list[tuple[int, int, bool]]:
     """``text`` as (start, end, fenced) blocks: a fenced code block whole (:func:`_fences`), the
     text between fences split at blank lines (:data:`_BLANK`); blank blocks left out.
@@ -387,7 +410,7 @@ class Scored:
     """Every unit of the given passages with its score (:func:`score_units`)."""
 
     units: list[Unit]
-    texts: list[str]  # each unit's text, whitespace collapsed
+    texts: list[str]  # each unit's text, whitespace collapsed (a code fence's lines kept: flatten)
     scores: np.ndarray  # -inf: a question with no answer after it in its passage
     asks: list[bool]  # the unit ends in a question mark
     # the same with the plain question-word share where ``scores`` weigh words by rarity: what
@@ -418,7 +441,7 @@ def score_units(
     units = [u for i, p in enumerate(passages) for u in split_units(p, i)]
     if not units:
         return Scored([], [], np.zeros(0), [])
-    texts = [" ".join(passages[u.passage][u.start : u.end].split()) for u in units]
+    texts = [flatten(passages[u.passage][u.start : u.end]) for u in units]
     q = embed([question], "query")[0]
     vecs = unit_vectors(passages, units, texts, embed, read)
     qwords = content_words(question)
@@ -598,7 +621,10 @@ def excerpts_of(scored: Scored, budget: int, count_tokens: Callable[[str], int])
             if a is not None and b != a + 1:
                 parts.append(CUT)
             parts.append(texts[b])
-        text = " ".join(parts)
+        # a code fence's lines (flatten) start and end a line of their own
+        text = "".join(
+            ("\n" if "\n" in a + b else " ") + b if a else b for a, b in zip(["", *parts], parts)
+        )
         ranked: list[tuple[float, str]] = []
         for j in sorted(idx, key=lambda j: -scores[j]):
             unit = texts[j]

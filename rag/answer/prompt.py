@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import TYPE_CHECKING
 
-from rag.answer.evidence import plain_markup
+from rag.answer.evidence import flatten, plain_markup
 from rag.types import page_label
 
 if TYPE_CHECKING:
@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 REFUSAL = "The documents do not contain the answer."
 DEFAULT_STOP = ("<|im_end|>",)  # decoding stops at the end of the assistant's turn (ChatML)
+# An answer never starts a paragraph with "[": a small decoder that does is copying the
+# prompt's next numbered excerpt ("\n\n[2] … Q2: Could not find header files …") into its
+# answer, so the evidence reply stops there (rag.answer.compose.explained_reply).
+EXCERPT_LABEL = "\n\n["
 
 SYSTEM_PROMPT = (
     "You answer questions using only the numbered passages you are given. "
@@ -59,11 +63,12 @@ def neutralise_control_tokens(text: str) -> str:
 
 
 def format_passages(passages: Sequence[str]) -> str:
-    """Number passages from 1: ``[1] text`` blocks separated by blank lines; control tokens that
-    a document spells out are neutralised (:func:`neutralise_control_tokens`)."""
+    """Number passages from 1: ``[1] text`` blocks separated by blank lines, each on one line
+    but for the lines of its Markdown code fences (:func:`rag.answer.evidence.flatten`);
+    control tokens that a document spells out are neutralised
+    (:func:`neutralise_control_tokens`)."""
     return "\n\n".join(
-        f"[{i}] {neutralise_control_tokens(' '.join(p.split()))}"
-        for i, p in enumerate(passages, start=1)
+        f"[{i}] {neutralise_control_tokens(flatten(p))}" for i, p in enumerate(passages, start=1)
     )
 
 
