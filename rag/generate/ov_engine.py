@@ -86,6 +86,11 @@ def _ir_stamp(folder: Path) -> dict[str, Any]:
     return {"gguf_size": st.st_size, "gguf_mtime_ns": st.st_mtime_ns, "engine": og.__version__}
 
 
+def _holds_ir(folder: Path) -> bool:
+    """Whether every file of a saved IR (:data:`IR_FILES`) is in ``folder``."""
+    return all((folder / f).is_file() for f in IR_FILES)
+
+
 def _ir_is_current(folder: Path, stamp: dict[str, Any]) -> bool:
     import json
 
@@ -93,7 +98,7 @@ def _ir_is_current(folder: Path, stamp: dict[str, Any]) -> bool:
         saved = json.loads((folder / IR_STAMP).read_text())
     except (OSError, ValueError):
         return False
-    return saved == stamp and all((folder / f).is_file() for f in IR_FILES)
+    return saved == stamp and _holds_ir(folder)
 
 
 def _save_tokenizer(tokenizer: Any, out: Path) -> None:
@@ -153,7 +158,7 @@ def build_pipeline(folder: Path, sched: Any, props: dict[str, Any], tokenizer: A
         except Exception as e:  # the IR is of no use without it
             log.info("the engine's graph of %s is not saved: %s", folder, e)
             return pipe
-        if all((tmp / f).is_file() for f in IR_FILES):
+        if _holds_ir(tmp):
             (folder / IR_STAMP).unlink(missing_ok=True)
             for f in IR_FILES:
                 os.replace(tmp / f, folder / f)
