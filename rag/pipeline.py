@@ -56,7 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rag.answer.answerability import FITTED_PASSAGES, check, refusal_text
+from rag.answer.answerability import FITTED_PASSAGES, asked_sentences, check, refusal_text
 from rag.answer.compose import (
     SPAN_CITATION,
     SPAN_MAX_NEW_TOKENS,
@@ -372,17 +372,14 @@ class RAGPipeline:
             return Prepared(question, query, ordered, messages, timings, None, reranker, span)
         gen = self.fallback_generator
         budget_new = max_new_tokens or self.config.generate.max_new_tokens
-        excerpts, lead, unit = self.select_evidence(query, hits, gen, timings, budget_new)
-        # the check reads as many passages as it was fitted on, and their best sentence's
-        # score where the encoder read them (rag.answer.answerability)
-        answerable = check(
-            self.retriever,
-            query,
-            hits[:FITTED_PASSAGES],
-            settings.answerability_threshold,
-            literal=settings.literal_terms,
-            unit=unit,
+        excerpts, lead, answerable = self.read_and_check(
+            query, hits, gen, timings, budget_new, literal=settings.literal_terms
         )
+        if answerable is not None and answerable.refuse and not answerable.missing:
+            asked = asked_sentences(query)
+            retry = asked and self.check_asked(asked, n, mode, where, gen, timings, budget_new)
+            if retry:  # the question's own sentences find what it asks: answer from that
+                hits, excerpts, lead, answerable = retry
         if excerpts:
             # one excerpt per hit it came from, [1] first; the other hits follow, uncited
             chosen = [hits[e.passage] for e in excerpts]
@@ -409,6 +406,61 @@ class RAGPipeline:
             gen.messages(query, kept) if hasattr(gen, "messages") else build_messages(query, kept)
         )
         return Prepared(question, query, hits, messages, timings, answerable, reranker)
+
+    def check_asked(
+        self,
+        asked: str,
+        n: int,
+        mode: str,
+        where: Any,
+        gen: Any,
+        timings: dict[str, float],
+        max_new_tokens: int,
+    ) -> tuple[list[Hit], list[Any] | None, list[tuple[int, str]], Any] | None:
+        """Retrieval, excerpts and the answerability check again for ``asked``, the asking
+        sentences of a question the check refused (:func:`rag.answer.answerability.asked_sentences`,
+        its preamble left out); their hits, excerpts, lead units and decision when the check
+        now passes, else None. The prompt still asks the whole question (the preamble says
+        what the user has: "Port 8000 is already taken"), and its literal terms were checked
+        with it."""
+        t0 = time.perf_counter()
+        hits = relevant_hits(
+            self.retrieve(asked, k=n, mode=mode, where=where), mode, self.config.answer.min_score
+        )
+        timings["retrieve_s"] += time.perf_counter() - t0
+        if not hits:
+            return None
+        excerpts, lead, decision = self.read_and_check(
+            asked, hits, gen, timings, max_new_tokens, literal=False
+        )
+        if decision is None or decision.refuse:
+            return None
+        return hits, excerpts, lead, decision
+
+    def read_and_check(
+        self,
+        query: str,
+        hits: list[Hit],
+        gen: Any,
+        timings: dict[str, float],
+        max_new_tokens: int,
+        *,
+        literal: bool,
+    ) -> tuple[list[Any] | None, list[tuple[int, str]], Any]:
+        """The encoder's excerpts and lead units of ``hits`` (:meth:`select_evidence`) and the
+        answerability check's decision for ``query`` over them: it reads as many passages as
+        it was fitted on, and their best sentence's score where the encoder read them
+        (:func:`rag.answer.answerability.check`; ``literal``: its literal-terms rule)."""
+        excerpts, lead, unit = self.select_evidence(query, hits, gen, timings, max_new_tokens)
+        decision = check(
+            self.retriever,
+            query,
+            hits[:FITTED_PASSAGES],
+            self.config.answer.answerability_threshold,
+            literal=literal,
+            unit=unit,
+        )
+        return excerpts, lead, decision
 
     @property
     def reads_evidence(self) -> bool:

@@ -14,6 +14,7 @@ from evals.answerability import AnswerabilityEvalConfig, fit, pick_threshold, ra
 from rag.answer.answerability import (
     DEFAULT_MODEL,
     AnswerabilityModel,
+    asked_sentences,
     best_dense,
     check,
     coverage,
@@ -79,6 +80,7 @@ class CoverageRetriever:
         self.dense = dense
 
     def search(self, query, k=5, mode="hybrid"):
+        self.queries = [*getattr(self, "queries", []), query]
         return [
             FusedHit(Chunk(i, t, f"{i}.md", (), 0, 1), 0.5, n, "hybrid", self.dense, 1.0)
             for n, (i, t) in enumerate(zip("abc", TEXTS), start=1)
@@ -240,6 +242,60 @@ def test_a_term_no_document_holds_is_refused_and_named_without_decoding():
     assert other.text == f"{REFUSAL} No document mentions `MongoDB`."
     same, gen = _ask("Are lists mutable in Python?", dense=0.7)
     assert not same.refused and gen.calls
+
+
+@pytest.mark.parametrize(
+    ("question", "asked"),
+    [
+        (
+            "Port 8000 is taken on my box. Can I run the server on another port?",
+            "Can I run the server on another port?",
+        ),
+        (
+            "My laptop died! Is my index broken? What should I do?",
+            "Is my index broken? What should I do?",
+        ),
+        ("It says 'done?' but nothing shows. Why is the list empty?\"", 'Why is the list empty?"'),
+        ("How do I list my indexes?", None),  # every sentence asks
+        ("Is it safe? How do I lock it down?", None),
+        ("Tell me about indexes. And chunking.", None),  # none asks
+    ],
+)
+def test_asked_sentences_leave_out_a_preamble_only(question, asked):
+    assert asked_sentences(question) == asked
+
+
+PREAMBLE = "My quokka festival laptop zebra died at the flamingo gala."
+
+
+def test_a_preamble_does_not_refuse_a_question_its_asking_sentence_answers():
+    # the preamble's words are in no document: they take the whole question's coverage under
+    # the threshold, the asking sentence alone passes
+    question = f"{PREAMBLE} Are Python lists mutable?"
+    assert check(CoverageRetriever(0.5), question, CoverageRetriever(0.5).search(""), 0.338).refuse
+    answer, gen = _ask(question, dense=0.5)
+    assert not answer.refused and len(gen.calls) == 1
+    assert answer.unanswerable_probability < DEFAULT_MODEL.threshold  # the asking sentence's
+    assert PREAMBLE in gen.calls[0][-1]["content"]  # the decoder reads the whole question
+    retriever = CoverageRetriever(0.5)
+    RAGPipeline(RAGConfig.of(), retriever=retriever, generator=FakeGenerator("x [1].")).answer(
+        question
+    )
+    assert retriever.queries == [question, "Are Python lists mutable?"]  # searched again
+    # asked alone, the same question needs no second search
+    retriever = CoverageRetriever(0.5)
+    RAGPipeline(RAGConfig.of(), retriever=retriever, generator=FakeGenerator("x [1].")).answer(
+        "Are Python lists mutable?"
+    )
+    assert retriever.queries == ["Are Python lists mutable?"]
+
+
+def test_a_preamble_question_is_refused_when_its_asking_sentence_fails_too():
+    answer, gen = _ask(f"{PREAMBLE} Who ruled the Normans in 1066?", dense=0.15)
+    assert answer.refused and not gen.calls
+    # a literal term no document holds refuses the whole question, preamble or not
+    answer, gen = _ask("I always pass --deep-freeze. Are Python lists mutable?", dense=0.7)
+    assert answer.refused and not gen.calls and "`--deep-freeze`" in answer.text
 
 
 def test_an_index_mentions_what_its_published_generation_holds(tmp_path, tiny_mlm_dir):

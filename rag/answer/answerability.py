@@ -343,6 +343,27 @@ def unmentioned(question: str, mentions: Callable[[Sequence[str]], list[bool]]) 
     return missing
 
 
+# A sentence ends at ., ! or ? before white space; a question's own sentences end at "?".
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def asked_sentences(question: str) -> str | None:
+    """The sentences of ``question`` that ask (end at "?"), joined, when it also holds others
+    (a preamble: "Port 8000 is already taken on my box. Can I run the API server on some
+    other port?" → "Can I run the API server on some other port?"); None when every sentence
+    asks or none does.
+
+    Users set the scene before they ask, in their own words ("my box", "my laptop died"), and
+    those words are not the manual's: they lower the query's cosine to every passage and hold
+    IDF weight no passage covers, so the check takes a question the manual answers for one it
+    cannot (docs/answering.md, "Questions in users' own words")."""
+    sentences = [s for s in SENTENCE_END.split(question.strip()) if s]
+    asked = [s for s in sentences if s.rstrip("\"'”’)").endswith("?")]
+    if not asked or len(asked) == len(sentences):
+        return None
+    return " ".join(asked)
+
+
 def refusal_text(decision: AnswerabilityDecision | None, refusal: str) -> str:
     """``refusal``, followed, when the question named terms no document holds, by which."""
     if decision is None or not decision.missing:
