@@ -33,6 +33,11 @@ manual cannot answer, and the two signals above miss it: the question's other wo
 "push", "rebase", "branch") are everywhere, and BM25's tokens split ``--auto-rebase-remote``
 into words the corpus has. The refusal then names the term (:func:`refusal_text`).
 
+A question refused with a sentence of context before it ("My laptop died in the middle of an
+ingest. Is my index broken now?") is checked again on its asking sentences alone
+(:func:`asked_sentences`, done by the pipeline: ``RAGPipeline.check_asked``): the user's scene
+is in their words, not the manual's.
+
 Caveat: the dense weight is calibrated on the ``minilm`` encoder's cosines; another encoder's
 scores sit on another scale (refit with ``evals.answerability --encoder ...``).
 """
