@@ -234,6 +234,47 @@ def test_unsupported_types_are_listed_as_skipped(tmp_path, tiny_mlm_dir, capsys)
     assert "0 failed, 2 skipped files" in err[-1]
 
 
+def test_a_file_with_no_text_is_skipped_not_failed(tmp_path, tiny_mlm_dir, capsys):
+    """A blank file, or an HTML page that is navigation only (mdBook's ``toc.html`` beside
+    every book's pages), is read without error and holds nothing: it is passed over as
+    skipped, with its reason, and the run exits 0 (it used to count as failed, exit 1, for
+    every mdBook folder). A document that turns blank leaves the index; a new index of blank
+    files only is not created."""
+    docs = write_docs(tmp_path / "docs")
+    (docs / "blank.md").write_text("   \n\n")
+    (docs / "toc.html").write_text(
+        "<html><head><style>p {}</style><script>var toc = 1;</script></head><body></body></html>"
+    )
+    enc = ["--encoder", str(tiny_mlm_dir)]
+    code, out, err = run([str(docs), "--index", "blank", *enc, "--json"], capsys)
+    assert code == 0 and out["counts"]["failed"] == 0
+    reasons = {os.path.basename(s["path"]): s["reason"] for s in out["skipped"]}
+    assert reasons == {
+        "blank.md": "no text (empty after cleaning)",
+        "toc.html": reasons["toc.html"],
+    }
+    assert reasons["toc.html"] == "no text (empty after cleaning)"
+    assert f"skipped: {docs / 'blank.md'}: no text (empty after cleaning)" in err
+    held = sorted(os.path.basename(k) for k in open_generation("blank")[2].sources)
+    assert "blank.md" not in held and held  # the other files are in
+    # a stored document emptied: skipped, and removed from the index (not kept, not failed)
+    first = held[0]
+    (docs / first).write_text("\n")
+    code, out, err = run([str(docs), "--index", "blank", *enc, "--json"], capsys)
+    assert code == 0 and out["counts"]["failed"] == 0 and out["counts"]["removed"] == 1
+    assert first not in {os.path.basename(k) for k in open_generation("blank")[2].sources}
+    # nothing but blank files: no index is created, exit 1, and the line says why
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "a.md").write_text(" ")
+    code, out, err = run([str(only), "--index", "only-blank", *enc], capsys)
+    assert code == 1 and not (indexes_dir() / "only-blank").exists()
+    assert err[-1] == (
+        "rag.ingest: error: no document could be read (no file holds text); nothing was "
+        "ingested and index 'only-blank' was not created"
+    )
+
+
 def test_pypdf_warnings_stay_off_stderr(tmp_path, tiny_mlm_dir, capsys, caplog):
     from pypdf import PdfWriter
 

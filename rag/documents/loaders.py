@@ -404,6 +404,9 @@ def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, lis
 
 
 # a PDF whose pages hold no characters is, nearly always, scanned pages: say what would help
+# A file read without error that holds no text once cleaned: a blank file, an HTML page that is
+# navigation only (mdBook's toc.html). Not a failure: rag.ingest passes it over as skipped.
+NO_TEXT = "no text (empty after cleaning)"
 SCANNED_PDF = "no text on its pages (scanned images? make it searchable first, e.g. with ocrmypdf)"
 
 
@@ -465,7 +468,7 @@ def load_document(
     if not text.strip() and pages:  # pages, no characters: images of pages, a scan
         raise DocumentError(path, SCANNED_PDF)
     if not text.strip():
-        raise DocumentError(path, "no text (empty after cleaning)")
+        raise DocumentError(path, NO_TEXT)
     if len(text) > limits.max_text_chars:
         _too_long(path, limits)
     deadline.check()
