@@ -186,7 +186,7 @@ def test_docx_headings(tmp_path):
     ("name", "data", "reason"),
     [
         ("bin.txt", b"\x00\x01\x02binary", "binary"),
-        ("empty.md", b"", "empty"),
+        ("empty.md", b"", "no text"),  # skipped by rag.ingest, not failed
         ("blank.md", b"   \n\n  ", "no text"),
         ("latin.txt", "caf\u00e9".encode("latin-1"), "UTF-8"),
         ("zero.pdf", b"", "empty"),

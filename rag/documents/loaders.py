@@ -430,9 +430,9 @@ def load_document(
             raise DocumentError(path, "is a directory")
         if size > limits.max_bytes:
             raise DocumentError(path, f"too large ({size:,} bytes > limit {limits.max_bytes:,})")
-        if size == 0:
-            raise DocumentError(path, "empty file")
         suffix = _suffix_of(path)
+        if size == 0 and suffix not in HTML_SUFFIXES + TEXT_SUFFIXES:
+            raise DocumentError(path, "empty file")  # a PDF or .docx of no bytes is broken
         pages: list[int] = []
         if suffix == ".pdf":
             text, headings, pages = _load_pdf(path, limits, deadline)
