@@ -361,7 +361,7 @@ def asked_sentences(question: str) -> str | None:
     Users set the scene before they ask, in their own words ("my box", "my laptop died"), and
     those words are not the manual's: they lower the query's cosine to every passage and hold
     IDF weight no passage covers, so the check takes a question the manual answers for one it
-    cannot (docs/answering.md, "Questions in users' own words")."""
+    cannot (docs/answering.md, "Questions in the user's own words")."""
     sentences = [s for s in SENTENCE_END.split(question.strip()) if s]
     asked = [s for s in sentences if s.rstrip("\"'”’)").endswith("?")]
     if not asked or len(asked) == len(sentences):

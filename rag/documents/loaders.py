@@ -403,10 +403,10 @@ def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, lis
     return "\n\n".join(parts), headings
 
 
-# a PDF whose pages hold no characters is, nearly always, scanned pages: say what would help
 # A file read without error that holds no text once cleaned: a blank file, an HTML page that is
 # navigation only (mdBook's toc.html). Not a failure: rag.ingest passes it over as skipped.
 NO_TEXT = "no text (empty after cleaning)"
+# a PDF whose pages hold no characters is, nearly always, scanned pages: say what would help
 SCANNED_PDF = "no text on its pages (scanned images? make it searchable first, e.g. with ocrmypdf)"
 
 

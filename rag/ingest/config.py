@@ -53,8 +53,9 @@ class SourceRootError(ValueError):
 
 class NoDocumentReadError(RuntimeError):
     """A run into a new index that read no document at all (every file it found failed: a
-    hostile PDF, a name that is not UTF-8, a symbolic link loop; or held no text): nothing is created, where
-    such a run used to publish an empty index that then appeared as a model and in the UI.
+    hostile PDF, a name that is not UTF-8, a symbolic link loop; or held no text): nothing is
+    created, where such a run used to publish an empty index that then appeared as a model and
+    in the UI.
     ``report`` holds the failures (``rag.ingest`` prints them before its one line, exit 1)."""
 
     def __init__(self, report: IngestReport, label: str) -> None:
