@@ -327,3 +327,25 @@ def test_html_table_cells_and_definitions_are_not_glued_together(tmp_path):
         "# Settings\n\n| Setting | Default |\n| port | 7860 |\n| mode | a\\|b |\n| Spacer |"
         "\n\n--port\nthe port to listen on\nmake test || echo failed"
     )
+
+
+@pytest.mark.parametrize(
+    ("head", "asks"),
+    [
+        ('<meta name="robots" content="noindex">', True),
+        ("<META CONTENT='NOINDEX, nofollow' NAME='Robots'>", True),
+        ("<meta name=robots content=none>", True),
+        ('<meta name="googlebot" content="noindex">', True),
+        ('<meta name="robots" content="index, follow">', False),
+        ('<meta name="description" content="noindex pages, explained">', False),
+        ('<meta charset="UTF-8">', False),
+    ],
+)
+def test_a_page_asks_not_to_be_indexed_only_in_its_robots_meta(head, asks):
+    from rag.documents.html import asks_noindex
+
+    page = f"<html><head>{head}<title>t</title></head><body><p>Text.</p></body></html>"
+    assert asks_noindex(page) is asks
+    # a meta tag in the body (an example in the text) is no instruction about the page
+    shown = '<html><head></head><body><pre><meta name="robots" content="noindex"></pre></body>'
+    assert not asks_noindex(shown)

@@ -275,6 +275,35 @@ def test_a_file_with_no_text_is_skipped_not_failed(tmp_path, tiny_mlm_dir, capsy
     )
 
 
+PRINT_PAGE = (
+    '<html><head><meta charset="UTF-8"><meta content="noindex" name="robots">'
+    "<title>Print</title></head><body><h1>Guide</h1><p>Frobnicators read widgets.</p>"
+    "</body></html>"
+)
+
+
+def test_a_page_that_asks_not_to_be_indexed_is_skipped_unless_told(tmp_path, tiny_mlm_dir, capsys):
+    """mdBook's print.html (the whole book again in one page) says noindex in its head: it is
+    passed over as skipped, with the reason naming the flag that reads it; the flag does."""
+    docs = write_docs(tmp_path / "docs")
+    (docs / "print.html").write_text(PRINT_PAGE)
+    enc = ["--encoder", str(tiny_mlm_dir)]
+    code, out, err = run([str(docs), "--index", "noindex", *enc, "--json"], capsys)
+    assert code == 0 and out["counts"]["failed"] == 0
+    reasons = {os.path.basename(s["path"]): s["reason"] for s in out["skipped"]}
+    assert reasons == {
+        "print.html": 'the page asks not to be indexed (<meta name="robots" '
+        'content="noindex">; --no-skip-noindex reads it)'
+    }
+    held = {os.path.basename(k) for k in open_generation("noindex")[2].sources}
+    assert "print.html" not in held
+    code, out, err = run(
+        [str(docs), "--index", "noindex", *enc, "--no-skip-noindex", "--json"], capsys
+    )
+    assert code == 0 and out["counts"]["added"] == 1 and not out["skipped"]
+    assert "print.html" in {os.path.basename(k) for k in open_generation("noindex")[2].sources}
+
+
 def test_pypdf_warnings_stay_off_stderr(tmp_path, tiny_mlm_dir, capsys, caplog):
     from pypdf import PdfWriter
 

@@ -186,6 +186,36 @@ def _navigation(blocks: list[_Block]) -> set[int]:
     return dropped
 
 
+# A <meta> tag of the page's head; its name and content attributes, quoted or not.
+_META = re.compile(r"<meta\b[^>]*>", re.IGNORECASE)
+_ATTRIBUTE = re.compile(
+    r"""\b(name|content)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.IGNORECASE
+)
+_BODY = re.compile(r"<body\b", re.IGNORECASE)
+HEAD_CHARS = 65536  # where a page's head is looked for (a head past it is not a head)
+
+
+def asks_noindex(text: str) -> bool:
+    """Whether an HTML page's head says ``<meta name="robots" content="noindex">`` (or
+    ``none``): its author's word that the page repeats or leads to others and answers
+    nothing by itself. mdBook writes it on ``print.html``, the whole book again in one page
+    (indexed, it took half of the Cargo book's passages and its citations from the chapters),
+    and on ``toc.html``. Read in the first :data:`HEAD_CHARS` characters before ``<body``,
+    one linear pass."""
+    head = text[:HEAD_CHARS]
+    body = _BODY.search(head)
+    for tag in _META.findall(head[: body.start()] if body else head):
+        attrs = {
+            m.group(1).lower(): next(g for g in m.groups()[1:] if g is not None)
+            for m in _ATTRIBUTE.finditer(tag)
+        }
+        if attrs.get("name", "").strip().lower() in ("robots", "googlebot"):
+            words = {w.strip().lower() for w in attrs.get("content", "").split(",")}
+            if words & {"noindex", "none"}:
+                return True
+    return False
+
+
 def _html_text(text: str, deadline: Deadline) -> str:
     """The text of an HTML document: dropped elements' content skipped (a depth counter, not
     a tree), a newline after block elements, ``<h1>``–``<h6>`` as ``#`` lines, and the page's

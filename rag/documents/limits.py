@@ -69,13 +69,16 @@ class UnreadableFolderError(DocumentError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What loading one file may cost (module docstring); each bound reported when passed."""
+    """What loading one file may cost (module docstring); each bound reported when passed. And
+    one rule of what is read: ``skip_noindex``."""
 
     max_bytes: int = DEFAULT_MAX_BYTES  # size on disk (and a PDF page's decompressed content)
     max_text_chars: int = DEFAULT_MAX_TEXT_CHARS  # characters of extracted text
     max_seconds: float = DEFAULT_MAX_SECONDS  # time to load and chunk
     max_pages: int = DEFAULT_MAX_PAGES  # pages of a PDF
     max_file_tokens: int = DEFAULT_MAX_FILE_TOKENS  # encoder tokens of the text (embedding cost)
+    # pass over an HTML page whose head asks not to be indexed (rag.documents.html.asks_noindex)
+    skip_noindex: bool = True
 
 
 class Deadline:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rag.documents.html import _html_text, markdown_row
+from rag.documents.html import _html_text, asks_noindex, markdown_row
 from rag.documents.limits import (
     DEFAULT_MAX_BYTES,
     Deadline,
@@ -327,8 +327,13 @@ def _decode(path: Path, data: bytes) -> str:
         ) from None
 
 
-def _load_html(path: Path, data: bytes, deadline: Deadline) -> tuple[str, list[Heading]]:
-    text = clean_text(_html_text(_decode(path, data), deadline))
+def _load_html(
+    path: Path, data: bytes, deadline: Deadline, skip_noindex: bool = True
+) -> tuple[str, list[Heading]]:
+    page = _decode(path, data)
+    if skip_noindex and asks_noindex(page):
+        raise DocumentError(path, NOINDEX)
+    text = clean_text(_html_text(page, deadline))
     return text, markdown_headings(text)
 
 
@@ -406,6 +411,13 @@ def _load_docx(path: Path, limits: Limits, deadline: Deadline) -> tuple[str, lis
 # A file read without error that holds no text once cleaned: a blank file, an HTML page that is
 # navigation only (mdBook's toc.html). Not a failure: rag.ingest passes it over as skipped.
 NO_TEXT = "no text (empty after cleaning)"
+# An HTML page whose head asks not to be indexed (rag.documents.html.asks_noindex), passed over
+# like NO_TEXT unless --no-skip-noindex.
+NOINDEX = (
+    'the page asks not to be indexed (<meta name="robots" content="noindex">; '
+    "--no-skip-noindex reads it)"
+)
+PASSED_OVER = (NO_TEXT, NOINDEX)  # reasons rag.ingest reports as skipped, not failed
 # a PDF whose pages hold no characters is, nearly always, scanned pages: say what would help
 SCANNED_PDF = "no text on its pages (scanned images? make it searchable first, e.g. with ocrmypdf)"
 
@@ -441,7 +453,7 @@ def load_document(
         else:
             data = path.read_bytes()
             if suffix in HTML_SUFFIXES:
-                text, headings = _load_html(path, data, deadline)
+                text, headings = _load_html(path, data, deadline, limits.skip_noindex)
             elif suffix in TEXT_SUFFIXES:
                 text = _decode(path, data)
                 if suffix in MARKDOWN_SUFFIXES:

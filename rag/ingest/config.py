@@ -253,6 +253,9 @@ class IngestConfig:
     # before it is chunked or embedded: embedding costs what the tokens cost
     max_file_tokens: int = DEFAULT_MAX_FILE_TOKENS
     max_files: int = DEFAULT_MAX_FILES  # a run whose DOCS hold more files is refused
+    # pass over (as skipped) an HTML page whose head says <meta name="robots" content="noindex">:
+    # mdBook's print.html repeats the whole book in one page, its toc.html is navigation only
+    skip_noindex: bool = True
     # go on although a DOCS path is missing, unreadable or now empty where the index holds
     # documents from it (refused by default, the index untouched): the documents of a missing
     # or emptied path are removed, those of an unreadable folder kept
@@ -275,6 +278,7 @@ class IngestConfig:
             self.max_load_seconds,
             self.max_pages,
             self.max_file_tokens,
+            self.skip_noindex,
         )
 
     def label(self) -> str:

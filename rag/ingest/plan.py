@@ -26,7 +26,7 @@ from rag.documents import (
     load_document,
 )
 from rag.documents.chunking import chunk_document
-from rag.documents.loaders import NO_TEXT
+from rag.documents.loaders import PASSED_OVER
 from rag.ingest.config import (
     IngestConfig,
     IngestReport,
@@ -121,9 +121,10 @@ def _record_failure(
     hostile one used to lose its chunks while the summary said 0 removed. The manifest keeps
     the old size and mtime, so the next run tries the file again. A file gone from disk
     meanwhile (deleted during the run) goes, as a deleted file does. A file read without error
-    that holds no text (:data:`rag.documents.loaders.NO_TEXT`) is no failure: it is skipped,
-    and a version the index holds is removed, as the file now says nothing."""
-    if reason == NO_TEXT:  # read, and empty: passed over (a blank file, a navigation page)
+    that holds no text, or an HTML page that asks not to be indexed
+    (:data:`rag.documents.loaders.PASSED_OVER`), is no failure: it is skipped, and a version
+    the index holds is removed, as the file now says nothing to index."""
+    if reason in PASSED_OVER:  # no text, or a page that asks not to be indexed: passed over
         report.skipped.append((key if shown is None else shown, reason))
         if key in sources:  # its earlier text is gone from the file, and from the index
             plan.drop_sources.append(key)
