@@ -207,6 +207,25 @@ def test_a_hostile_pdf_upload_is_reported_and_the_note_indexed(tmp_path, tiny_ml
     assert "note.md" in {d.path for d in list_documents(name).documents}
 
 
+def test_an_upload_passed_over_says_why_in_the_ui(tmp_path, tiny_mlm_dir):
+    """A blank page or one that asks not to be indexed, uploaded through the UI, is a skipped
+    line with its reason (the summary's count alone said nothing of why)."""
+    from ui.config import AppConfig
+    from ui.handlers import ChatApp
+
+    name = f"upskip-{tmp_path.name}"
+    ingest([write_docs(tmp_path / "seed", GOOD)], index=name, encoder=str(tiny_mlm_dir))
+    (tmp_path / "print.html").write_text(
+        '<html><head><meta name="robots" content="noindex"></head><body><p>All.</p></body>'
+    )
+    (tmp_path / "blank.md").write_text("  \n")
+    app = ChatApp(AppConfig.of(index=name), lambda cfg: None)
+    text = app._upload([tmp_path / "print.html", tmp_path / "blank.md"], name)
+    assert "skipped **print.html**: the page asks not to be indexed" in text, text
+    assert "skipped **blank.md**: no text (empty after cleaning)" in text, text
+    assert "failed" not in text.replace("0 failed", "")
+
+
 # ---- a DOCS path that vanished never empties an index; a typo creates nothing -------------------
 
 

@@ -313,11 +313,12 @@ def _turns(history: list[dict]) -> list[dict[str, str]]:
 
 
 def _report_lines(report: Any) -> list[str]:
-    """Markdown lines from a :class:`rag.IngestReport`: its summary, then each failed file
-    with the reason (the same per-file report as ``python -m rag.ingest``)."""
+    """Markdown lines from a :class:`rag.IngestReport`: its summary, then each failed and
+    each skipped file with the reason (the same per-file report as ``python -m rag.ingest``:
+    an upload that holds no text, or a page that asks not to be indexed, is skipped)."""
     lines = [f"- {inert(report.summary())}"]
-    lines += [
-        f"- failed **{inert(Path(path).name)}**: {inert(reason)}"
-        for path, reason in report.failures
-    ]
+    for kind, files in (("failed", report.failures), ("skipped", report.skipped)):
+        lines += [
+            f"- {kind} **{inert(Path(path).name)}**: {inert(reason)}" for path, reason in files
+        ]
     return lines
