@@ -325,7 +325,7 @@ def test_html_table_cells_and_definitions_are_not_glued_together(tmp_path):
     doc = load_document(write(tmp_path / "t.html", html))
     assert doc.text == (
         "# Settings\n\n| Setting | Default |\n| port | 7860 |\n| mode | a\\|b |\n| Spacer |"
-        "\n\n--port\nthe port to listen on\nmake test || echo failed"
+        "\n\n--port\nthe port to listen on\n\n```\nmake test || echo failed\n```"
     )
 
 
@@ -349,3 +349,25 @@ def test_a_page_asks_not_to_be_indexed_only_in_its_robots_meta(head, asks):
     # a meta tag in the body (an example in the text) is no instruction about the page
     shown = '<html><head></head><body><pre><meta name="robots" content="noindex"></pre></body>'
     assert not asks_noindex(shown)
+
+
+def test_html_pre_is_a_code_fence_and_its_comments_are_no_headings(tmp_path):
+    """A <pre> element is a Markdown code fence in the text (its lines as written, its
+    blank lines inside), so a comment line in it ("# Use the vendored sources") is no
+    heading; code holding backticks gets a tilde fence; each <pre> is a fence of its own;
+    code in a table row is not fenced (the row is one line)."""
+    html = (
+        "<h1>Vendoring</h1><p>Put this in the config:</p>"
+        '<pre><code class="language-toml"># Use the vendored sources\n[source.crates-io]\n'
+        'replace-with = "vendored"\n\n# the folder\n[source.vendored]</code></pre>'
+        "<p>Then build.</p><pre>echo ```</pre><pre>second</pre>"
+        "<table><tr><td><pre>in a cell</pre></td><td>x</td></tr></table>"
+    )
+    doc = load_document(write(tmp_path / "v.html", html))
+    assert [h.title for h in doc.headings] == ["Vendoring"]
+    assert (
+        "Put this in the config:\n\n```\n# Use the vendored sources\n[source.crates-io]\n"
+        'replace-with = "vendored"\n\n# the folder\n[source.vendored]\n```\n\nThen build.'
+    ) in doc.text
+    assert "~~~\necho ```\n~~~" in doc.text and "```\nsecond\n```" in doc.text
+    assert "in a cell" in doc.text and "```\nin a cell" not in doc.text  # a row is no fence

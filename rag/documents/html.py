@@ -124,6 +124,7 @@ class _Block:
     links: int = 0  # <a> elements opened in it
     heading: bool = False
     code: bool = False  # holds text of a <pre> element
+    pre: int = 0  # which <pre> element (counted from 1) outside a table row; 0: none
     row: bool = False  # starts a table row ("| a | b |")
 
     @property
@@ -226,12 +227,14 @@ def _html_text(text: str, deadline: Deadline) -> str:
     in_link = False
     heading: tuple[int, list[str]] | None = None  # (level, its text so far)
     in_pre = 0  # open <pre> elements: code, never navigation
+    pres = 0  # <pre> elements opened so far: a fence each (_fenced)
     in_row, cells = False, 0  # inside a <tr>; the cells opened in it so far
     tables = 0  # open <table> elements: the white space between their rows is layout
     for kind, value, attributes in _html_events(text, deadline):
         self_closing = attributes.endswith("/")
         if value == "pre" and kind != "data" and not self_closing and not dropped:
             in_pre = in_pre + 1 if kind == "start" else max(0, in_pre - 1)
+            pres += kind == "start" and in_pre == 1
         if kind == "data":
             if not dropped:
                 if heading is not None:
@@ -243,6 +246,8 @@ def _html_text(text: str, deadline: Deadline) -> str:
                         value = ""  # indentation between rows would indent the next row
                     blocks[-1].parts.append(value)
                     blocks[-1].code = blocks[-1].code or in_pre > 0
+                    if in_pre and not in_row and not blocks[-1].pre:
+                        blocks[-1].pre = pres
                     if in_link:
                         blocks[-1].link_chars += _visible(value)
         elif value in _HTML_DROPPED:
@@ -294,12 +299,43 @@ def _html_text(text: str, deadline: Deadline) -> str:
     if heading is not None:  # a heading never closed: its words are text
         blocks[-1].parts.extend(heading[1])
     navigation = _navigation(blocks)
-    text = "".join(
-        "".join(p for p in block.parts if p == "\n")
-        if i in navigation
-        else _row(block.parts)
-        if block.row
-        else "".join(block.parts)
+    pieces = [
+        (
+            block.pre,
+            "".join(p for p in block.parts if p == "\n")
+            if i in navigation
+            else _row(block.parts)
+            if block.row
+            else "".join(block.parts),
+        )
         for i, block in enumerate(blocks)
-    )
-    return text
+    ]
+    return _fenced(pieces)
+
+
+def _fenced(pieces: list[tuple[int, str]]) -> str:
+    """The pieces' text, each ``<pre>`` element's (the pieces of one ``pre`` number, white
+    space between them included) as a Markdown code fence: the page's code is then what a
+    Markdown manual's is, one unit of evidence read line by line (rag.answer.evidence), and a
+    shell or TOML comment in it ("# Use the vendored sources") is no heading
+    (rag.documents.loaders.markdown_headings skips fences). The fence is ``~~~`` where the code
+    holds a line of backticks, and nothing where it holds both."""
+    out: list[str] = []
+    i = 0
+    while i < len(pieces):
+        pre, text = pieces[i]
+        if not pre:
+            out.append(text)
+            i += 1
+            continue
+        code = [text]
+        i += 1
+        while i < len(pieces) and (pieces[i][0] == pre or not pieces[i][1].strip()):
+            if pieces[i][0] not in (0, pre):
+                break
+            code.append(pieces[i][1])
+            i += 1
+        body = "".join(code).strip("\n")
+        fence = "```" if "```" not in body else "~~~" if "~~~" not in body else ""
+        out.append(f"\n\n{fence}\n{body}\n{fence}\n\n" if fence else body)
+    return "".join(out)
