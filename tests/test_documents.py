@@ -339,6 +339,8 @@ def test_html_table_cells_and_definitions_are_not_glued_together(tmp_path):
         ('<meta name="robots" content="index, follow">', False),
         ('<meta name="description" content="noindex pages, explained">', False),
         ('<meta charset="UTF-8">', False),
+        ("<meta " * 2000, False),  # unclosed tags, read in one pass
+        ("<meta " * 2000 + '<meta name="robots" content="noindex">', True),
     ],
 )
 def test_a_page_asks_not_to_be_indexed_only_in_its_robots_meta(head, asks):

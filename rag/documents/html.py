@@ -187,13 +187,12 @@ def _navigation(blocks: list[_Block]) -> set[int]:
     return dropped
 
 
-# A <meta> tag of the page's head; its name and content attributes, quoted or not.
-_META = re.compile(r"<meta\b[^>]*>", re.IGNORECASE)
+# A tag's name and content attributes, quoted or not.
 _ATTRIBUTE = re.compile(
     r"""\b(name|content)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))""", re.IGNORECASE
 )
-_BODY = re.compile(r"<body\b", re.IGNORECASE)
 HEAD_CHARS = 65536  # where a page's head is looked for (a head past it is not a head)
+NOINDEX_WORDS = frozenset({"noindex", "none"})  # robots directives that keep a page out
 
 
 def asks_noindex(text: str) -> bool:
@@ -202,18 +201,24 @@ def asks_noindex(text: str) -> bool:
     nothing by itself. mdBook writes it on ``print.html``, the whole book again in one page
     (indexed, it took half of the Cargo book's passages and its citations from the chapters),
     and on ``toc.html``. Read in the first :data:`HEAD_CHARS` characters before ``<body``,
-    one linear pass."""
-    head = text[:HEAD_CHARS]
-    body = _BODY.search(head)
-    for tag in _META.findall(head[: body.start()] if body else head):
+    each ``<meta`` tag found with ``str.find`` from where the last one ended: linear, where a
+    regular expression for the tag rescans to the end of a head of unclosed ``<meta``."""
+    head = text[:HEAD_CHARS].lower()
+    body = head.find("<body")
+    head = head if body == -1 else head[:body]
+    pos = head.find("<meta")
+    while pos != -1:
+        end = head.find(">", pos)
+        if end == -1:
+            return False
         attrs = {
-            m.group(1).lower(): next(g for g in m.groups()[1:] if g is not None)
-            for m in _ATTRIBUTE.finditer(tag)
+            m.group(1): next(g for g in m.groups()[1:] if g is not None)
+            for m in _ATTRIBUTE.finditer(head, pos, end + 1)
         }
-        if attrs.get("name", "").strip().lower() in ("robots", "googlebot"):
-            words = {w.strip().lower() for w in attrs.get("content", "").split(",")}
-            if words & {"noindex", "none"}:
-                return True
+        words = {w.strip() for w in attrs.get("content", "").split(",")}
+        if attrs.get("name", "").strip() in ("robots", "googlebot") and words & NOINDEX_WORDS:
+            return True
+        pos = head.find("<meta", end)
     return False
 
 
