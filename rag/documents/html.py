@@ -224,7 +224,8 @@ def asks_noindex(text: str) -> bool:
 
 def _html_text(text: str, deadline: Deadline) -> str:
     """The text of an HTML document: dropped elements' content skipped (a depth counter, not
-    a tree), a newline after block elements, ``<h1>``–``<h6>`` as ``#`` lines, and the page's
+    a tree), a newline after block elements, ``<h1>``–``<h6>`` as ``#`` lines, each ``<pre>``
+    as a Markdown code fence (:func:`_fenced`), and the page's
     navigation left out (:func:`_navigation`: menus, sidebars and contents lists, which name
     every page and answer nothing; indexed, they filled chunks of their own)."""
     blocks: list[_Block] = [_Block()]
@@ -324,7 +325,7 @@ def _fenced(pieces: list[tuple[int, str]]) -> str:
     Markdown manual's is, one unit of evidence read line by line (rag.answer.evidence), and a
     shell or TOML comment in it ("# Use the vendored sources") is no heading
     (rag.documents.loaders.markdown_headings skips fences). The fence is ``~~~`` where the code
-    holds a line of backticks, and nothing where it holds both."""
+    holds three backticks, and nothing where it holds both."""
     out: list[str] = []
     i = 0
     while i < len(pieces):
