@@ -232,6 +232,16 @@ def test_unsupported_types_are_listed_as_skipped(tmp_path, tiny_mlm_dir, capsys)
     }
     assert any(line.startswith("skipped: ") and "photo.png" in line for line in err)
     assert "0 failed, 2 skipped files" in err[-1]
+    # an HTML manual's scripts and fonts: one line per reason shared by three files or more
+    for name in ("a.js", "b.js", "c.js", "d.woff2"):
+        (docs / name).write_bytes(b"x")
+    code, out, err = run(
+        [str(docs), "--index", "skip", "--encoder", str(tiny_mlm_dir), "--json"], capsys
+    )
+    assert out["counts"]["skipped"] == 6 and len(out["skipped"]) == 6  # --json: every file
+    skipped = [line for line in err if line.startswith("skipped: ")]
+    assert f"skipped: 3 files: unsupported file type '.js' (first: {docs / 'a.js'})" in skipped
+    assert len(skipped) == 4  # the group, the font, the image, the table
 
 
 def test_a_file_with_no_text_is_skipped_not_failed(tmp_path, tiny_mlm_dir, capsys):

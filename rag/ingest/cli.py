@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 MAX_SKIPPED_LINES = 20  # a folder of images should not bury the summary; --json lists all
+SKIPPED_GROUP = 3  # files skipped for one reason that are said in one line (print_files)
 
 
 def print_report(report: IngestReport) -> None:
@@ -101,14 +102,26 @@ def print_report(report: IngestReport) -> None:
 
 
 def print_files(report: IngestReport) -> None:
-    """The ``failed:`` and ``skipped:`` lines of :func:`print_report`."""
+    """The ``failed:`` and ``skipped:`` lines of :func:`print_report`. Files skipped for one
+    reason, :data:`SKIPPED_GROUP` or more of them, are one line ("skipped: 14 files:
+    unsupported file type '.js' (first: …/book.js)"): an HTML manual's folder holds its
+    scripts, styles and fonts, whose lines buried the summary."""
     for path, reason in report.failures:
         print(f"failed: {printable(path)}: {printable(reason)}", file=sys.stderr)
-    for path, reason in report.skipped[:MAX_SKIPPED_LINES]:
-        print(f"skipped: {printable(path)}: {printable(reason)}", file=sys.stderr)
-    if len(report.skipped) > MAX_SKIPPED_LINES:
-        more = len(report.skipped) - MAX_SKIPPED_LINES
-        print(f"skipped: ... and {more} more (--json lists them all)", file=sys.stderr)
+    by_reason: dict[str, list[str]] = {}
+    for path, reason in report.skipped:
+        by_reason.setdefault(reason, []).append(path)
+    lines = []
+    for reason, paths in by_reason.items():
+        if len(paths) >= SKIPPED_GROUP:
+            lines.append(f"{len(paths)} files: {printable(reason)} (first: {printable(paths[0])})")
+        else:
+            lines += [f"{printable(path)}: {printable(reason)}" for path in paths]
+    for line in lines[:MAX_SKIPPED_LINES]:
+        print(f"skipped: {line}", file=sys.stderr)
+    if len(lines) > MAX_SKIPPED_LINES:
+        more = len(lines) - MAX_SKIPPED_LINES
+        print(f"skipped: ... and {more} more lines (--json lists every file)", file=sys.stderr)
 
 
 def run(args: argparse.Namespace) -> int:
