@@ -259,6 +259,11 @@ def test_a_term_no_document_holds_is_refused_and_named_without_decoding():
         ("How do I list my indexes?", None),  # every sentence asks
         ("Is it safe? How do I lock it down?", None),
         ("Tell me about indexes. And chunking.", None),  # none asks
+        # no sentence ends at an initial or an abbreviation
+        ("Who did the U.S. collaborate with in 1975?", None),
+        ("Kurt H. Debus was appointed what position?", None),
+        ("Who mapped the St. Johns River?", None),
+        ("I use tools, e.g. Git. How do I undo a commit?", "How do I undo a commit?"),
     ],
 )
 def test_asked_sentences_leave_out_a_preamble_only(question, asked):

@@ -348,8 +348,11 @@ def unmentioned(question: str, mentions: Callable[[Sequence[str]], list[bool]]) 
     return missing
 
 
-# A sentence ends at ., ! or ? before white space; a question's own sentences end at "?".
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+# A sentence ends at ., ! or ? before white space and a capital, a digit or a quote; not at
+# the dot after a word of one or two letters, where initials and abbreviations end ("Kurt H.
+# Debus", "the U.S. collaborate", "St. Augustine", "e.g. Git"), nor after "Mrs.". A question's
+# own sentences end at "?".
+SENTENCE_END = re.compile(r"(?<=[.!?])(?<!\b\w\.)(?<!\b\w\w\.)(?<!\bMrs\.)\s+(?=[A-Z0-9\"'“‘(])")
 
 
 def asked_sentences(question: str) -> str | None:
