@@ -328,7 +328,7 @@ def _decode(path: Path, data: bytes) -> str:
 
 
 def _load_html(
-    path: Path, data: bytes, deadline: Deadline, skip_noindex: bool = True
+    path: Path, data: bytes, deadline: Deadline, skip_noindex: bool
 ) -> tuple[str, list[Heading]]:
     page = _decode(path, data)
     if skip_noindex and asks_noindex(page):
