@@ -38,7 +38,13 @@ The library by room: ``rag.answer``, ``rag.cli``, ``rag.documents``, ``rag.evalu
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
+
+# JAX, if any library imports it in this process, must not take 75% of a GPU's memory at its
+# first op (its default): torch trains and decodes on that GPU (rag.retrieval.bm25, issue 44).
+# A user who wants JAX's preallocation sets the variable to "true".
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 if TYPE_CHECKING:
     from rag.answer.markup import FENCE_START, close_fence, inert, split_code

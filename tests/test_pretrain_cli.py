@@ -120,3 +120,39 @@ def test_every_pretraining_flag_shows_its_default(capsys):
         tokenizer_mod.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert text.count("(default:") == 6  # every flag but --help
+
+
+def test_pretraining_compiles_on_cuda_by_default():
+    """Issue 44: unset, a run compiles on CUDA only; either flag overrides it everywhere."""
+    from rag.cli.flags import config_from_args
+    from training.pretrain.config import PretrainConfig
+
+    def parse(*flags: str) -> PretrainConfig:
+        args = build_parser("").parse_args(["--objective", "mlm", *flags])
+        return config_from_args(PretrainConfig, args)
+
+    cfg = parse()
+    assert cfg.compile is None
+    assert cfg.compiles("cuda") and cfg.compiles("cuda:1") and not cfg.compiles("cpu")
+    assert parse("--no-compile").compile is False and not parse("--no-compile").compiles("cuda")
+    assert parse("--compile").compiles("cpu")
+
+
+def test_the_loop_compiles_what_the_config_says(home, capsys, monkeypatch):
+    """The training loop asks the config (a CPU run: unset does not compile, --compile does) and
+    records the choice in run.json."""
+    compiled = []
+
+    def fake_compile(model, *a, **k):
+        compiled.append(type(model).__name__)
+        return model
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    base = ["--objective", "clm", "--corpus", str(FIXTURE_CORPUS), *TINY, "--eval-batches", "1"]
+    out = home / "runs"
+    rc, err, _ = _run([*base, "--out", str(out / "a"), "--device", "cpu"], capsys)
+    assert rc == 0, err
+    assert compiled == [] and json.loads((out / "a" / "run.json").read_text())["compiled"] is False
+    rc, err, _ = _run([*base, "--out", str(out / "b"), "--device", "cpu", "--compile"], capsys)
+    assert rc == 0, err
+    assert len(compiled) == 1 and json.loads((out / "b" / "run.json").read_text())["compiled"]

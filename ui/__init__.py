@@ -4,3 +4,5 @@ imported anywhere in this package: the app is offline and makes no call outside 
 import os
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import rag  # noqa: E402, F401  (keeps JAX from preallocating a GPU: rag/__init__)

@@ -51,11 +51,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bm25s.stopwords import STOPWORDS_EN_PLUS
+from rag.retrieval.bm25 import bm25s
 
 # Question and function words left out of the query's terms for coverage (bm25s's 179-word
 # English list; BM25 itself keeps its 33-word Lucene list).
-COVERAGE_STOPWORDS = tuple(STOPWORDS_EN_PLUS)
+COVERAGE_STOPWORDS = tuple(bm25s.stopwords.STOPWORDS_EN_PLUS)
 
 
 @dataclass(frozen=True)

@@ -3,18 +3,53 @@ words, Snowball stemming via PyStemmer), as BEIR/Pyserini-style baselines use.
 
 The one BM25 in the project: ingest persists it beside the vector index, evals build it over a
 BEIR corpus, LoRA data mining uses it for distractors, contrastive training for hard negatives.
+
+BM25 never touches an accelerator. bm25s picks JAX for its top-k whenever JAX is importable,
+and its module ``bm25s.selection`` runs ``jax.lax.top_k`` at import to warm it up; on a GPU
+machine that first JAX op preallocates 75% of the GPU's memory, so a process that only wanted
+BM25 held 105 GiB of an H200 and the next process died "CUDA out of memory" (issue 44). So
+bm25s is imported with JAX hidden (:func:`_import_without_jax`: it falls back to numpy's
+``argpartition``, which is what it uses without JAX anyway), every search asks for the numpy
+backend by name, and ``XLA_PYTHON_CLIENT_PREALLOCATE`` defaults to ``false`` (``rag/__init__``)
+for any other library that imports JAX in our processes.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
+import sys
 from collections.abc import Collection, Iterable, Sequence
 from pathlib import Path
+from types import ModuleType
 
-import bm25s
 import numpy as np
 import Stemmer
+
+# the modules whose import makes bm25s.selection take JAX's path
+_JAX = ("jax", "jax.lax")
+
+
+def _import_without_jax(name: str) -> ModuleType:
+    """Import ``name`` while ``import jax`` / ``import jax.lax`` fail (a ``None`` entry in
+    ``sys.modules`` makes Python raise ImportError for that name); what ``sys.modules`` held
+    for them is put back, so a program's own JAX is untouched. A module of bm25s imported
+    before (by the program) is taken as it is."""
+    saved = {m: sys.modules[m] for m in _JAX if m in sys.modules}
+    for m in _JAX:
+        sys.modules[m] = None  # type: ignore[assignment]
+    try:
+        return importlib.import_module(name)
+    finally:
+        for m in _JAX:
+            if m in saved:
+                sys.modules[m] = saved[m]
+            else:
+                sys.modules.pop(m, None)
+
+
+bm25s = _import_without_jax("bm25s")
 
 _STEMMER = Stemmer.Stemmer("english")
 
@@ -82,7 +117,11 @@ class BM25Index:
             mask[[pos[i] for i in allowed if i in pos]] = 1.0
         k = min(k, len(self.ids))
         docs, scores = self._model.retrieve(
-            tokenize(queries), k=k, show_progress=False, weight_mask=mask
+            tokenize(queries),
+            k=k,
+            show_progress=False,
+            weight_mask=mask,
+            backend_selection="numpy",  # never JAX (module docstring)
         )
         out = []
         for row_docs, row_scores in zip(docs, scores):

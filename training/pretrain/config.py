@@ -100,7 +100,10 @@ class PretrainConfig:
     log_every: int = 10  # steps between train_log.jsonl lines
     seed: int = 0  # split, init, data order and masks all derive from it
     device: str = "auto"  # auto | cpu | cuda
-    compile: bool = False  # torch.compile the model
+    # torch.compile the model; unset (the default): on a CUDA GPU, where the compiled graph's
+    # fused kernels give most of the speed (docs/benchmarks.md), not on a CPU, where compiling
+    # takes minutes and gains little
+    compile: bool | None = None
     threads: int = 0  # CPU threads for torch (0 = leave torch's default)
     init_from: str = ""  # start from this saved model's weights (MLM or CLM; converted as needed)
     resume: bool = False  # continue from the checkpoint in --out
@@ -113,6 +116,11 @@ class PretrainConfig:
         "schedule": SCHEDULES,
         "mask_strategy": MASK_STRATEGIES,
     }
+
+    def compiles(self, device: str) -> bool:
+        """Whether the run is compiled on ``device`` (``cuda``, ``cuda:1``, ``cpu``): ``--compile``
+        or ``--no-compile`` where given, else on CUDA only."""
+        return self.compile if self.compile is not None else device.startswith("cuda")
 
     def resolved(self) -> PretrainConfig:
         """Fill preset defaults and validate; raises ConfigError naming the bad flag."""

@@ -275,7 +275,7 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
         optimizer, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio, time_fraction
     )
     spec = make_spec(tokenizer) if cfg.objective in ("mlm", "antlm") else None
-    forward_model = torch.compile(model) if cfg.compile else model
+    forward_model = torch.compile(model) if cfg.compiles(device) else model
     if world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -300,6 +300,7 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
         "status": "running",
         "config": asdict(cfg),
         "device": device,
+        "compiled": cfg.compiles(device),
         "world_size": world,
         "params": count_parameters(model),
         "vocab_size": len(tokenizer),
