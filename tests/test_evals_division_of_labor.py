@@ -240,3 +240,27 @@ def test_tiny_preset_runs_whole_experiment_and_resumes(shared_data, tmp_path):
     before = {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
     assert main(args) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()} == before
+
+
+def test_base_preset_reads_the_debian_corpus_about_twice(tmp_path, monkeypatch):
+    """Issue 44: the base preset pretrains on the Debian documentation corpus beside the shared
+    one (found in the shared data, where the GPU pack unpacks it, or in $RAG_HOME), with a
+    budget of at most two passes over the ~43M training tokens measured for it; without the
+    corpus the error says how to build it."""
+    from evals.division_of_labor.data import default_corpus
+    from evals.division_of_labor.presets import PRESETS
+
+    data, home = tmp_path / "data", tmp_path / "home"
+    monkeypatch.setenv("RAG_HOME", str(home))
+    with pytest.raises(FileNotFoundError, match="training.data.debian_corpus"):
+        default_corpus("base", data)
+    assert default_corpus("small", data) == [str(data / "python-docs")]
+    (home / "corpus-debian").mkdir(parents=True)
+    (home / "corpus-debian" / "MANIFEST.json").write_text("{}")
+    assert default_corpus("base", data)[0] == str(home / "corpus-debian")
+    (data / "corpus-debian").mkdir(parents=True)
+    (data / "corpus-debian" / "MANIFEST.json").write_text("{}")
+    base = default_corpus("base", data)
+    assert base == [str(data / d) for d in ("corpus-debian", "corpus", "python-docs")]
+    p = PRESETS["base"]
+    assert p.pretrain_steps * p.batch_size * p.seq_len <= 2 * 43e6

@@ -13,17 +13,43 @@ from rag.storage.paths import shared_data_dir
 REPO = Path(__file__).resolve().parents[2]
 
 
+def debian_corpus(data: Path | None) -> Path | None:
+    """training.data.debian_corpus's folder: ``corpus-debian`` in the shared data (where the GPU
+    pack unpacks it) or in $RAG_HOME (where the builder writes it); None when neither has it."""
+    from training.data.debian_corpus import DEFAULT_NAME, default_out
+
+    for folder in ([data / DEFAULT_NAME] if data else []) + [default_out()]:
+        if (folder / "MANIFEST.json").is_file():
+            return folder
+    return None
+
+
+def default_corpus(preset: str, data: Path | None) -> list[str]:
+    """The pretraining corpus a preset reads unless ``--corpus`` is given: the test fixtures
+    (tiny), the Python docs (small: ~3M tokens, a CPU budget), and for base (98M-token budgets
+    on a GPU) the Debian documentation corpus with the shared corpus and the Python docs, ~45M
+    tokens, so a row reads it about twice and does not memorise it (docs/division_of_labor.md)."""
+    if preset == "tiny":
+        return [str(REPO / "tests" / "fixtures" / "corpus")]
+    if data is None:
+        return []
+    if preset != "base":
+        return [str(data / "python-docs")]
+    debian = debian_corpus(data)
+    if debian is None:
+        raise FileNotFoundError(
+            "--corpus: the base preset pretrains on the Debian documentation corpus, not built "
+            "yet (python -m training.data.debian_corpus), or give --corpus"
+        )
+    return [str(debian), str(data / "corpus"), str(data / "python-docs")]
+
+
 def resolve_paths(cfg: ExperimentConfig) -> ExperimentConfig:
     """Fill data paths from ../shared/data and the corpus from the preset; errors name the flag."""
     data = shared_data_dir()
-    default_corpus = (
-        [str(REPO / "tests" / "fixtures" / "corpus")]
-        if cfg.preset == "tiny"
-        else ([str(data / "python-docs")] if data else [])
-    )
     c = replace(
         cfg,
-        corpus=cfg.corpus or default_corpus,
+        corpus=cfg.corpus or default_corpus(cfg.preset, data),
         scifact=cfg.scifact or (str(data / "scifact") if data else ""),
         squad=cfg.squad or (str(data / "squad" / "squad-v1.1-dev-part.json") if data else ""),
         wikitext=cfg.wikitext or (str(data / "wikitext-2" / "wiki.valid.tokens") if data else ""),

@@ -89,9 +89,11 @@ PRESETS = {
         lora_steps=50, lora_examples=400, qa_questions=100, lora_lr=1e-3,
         reading_steps=200, reading_questions=2000, reading_eval_questions=0,
     ),
-    # GPU: ~10 minutes of pretraining per row on one large GPU.
+    # GPU (one H200). 2,500 steps x 64 x 512 = 81.9M tokens: 1.9 passes over the ~43M training
+    # tokens of its default corpus (data.default_corpus; 3,000 steps over the shared corpus and
+    # the Python docs, ~15M tokens, were 6.5 passes, and the model memorised them: issue 44).
     "base": _preset(
-        "base", vocab_size=16000, pretrain_steps=3000, seq_len=512, batch_size=64,
+        "base", vocab_size=16000, pretrain_steps=2500, seq_len=512, batch_size=64,
         contrastive_steps=1000, contrastive_batch=64, contrastive_pairs=64000, contrastive_lr=5e-5,
         max_seq_length=256, eval_queries=0, eval_docs=0, bpb_tokens=32768,
         lora_steps=400, lora_examples=3200, qa_questions=500, lora_lr=5e-4,

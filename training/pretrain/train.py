@@ -414,6 +414,8 @@ def _pretrain(cfg: PretrainConfig, given: PretrainConfig, progress: bool) -> dic
         stop_reason=stop_reason,
         steps=state["step"],
         tokens_seen=state["tokens"],
+        # how many times the run read its training split: above ~2 a model this size memorises
+        passes=state["tokens"] / max(1, len(train.ids)),
         wall_time_s=state["elapsed_s"],
         tokens_per_s=state["tokens"] / max(1e-9, state["elapsed_s"]),
         initial_heldout_loss=state["initial_heldout_loss"],
