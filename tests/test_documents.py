@@ -373,3 +373,21 @@ def test_html_pre_is_a_code_fence_and_its_comments_are_no_headings(tmp_path):
     ) in doc.text
     assert "~~~\necho ```\n~~~" in doc.text and "```\nsecond\n```" in doc.text
     assert "in a cell" in doc.text and "```\nin a cell" not in doc.text  # a row is no fence
+
+
+@pytest.mark.parametrize(
+    ("source", "pages"),
+    [
+        ("b/_sources/guide/intro.rst.txt", ["b/guide/intro.html", "b/guide/intro/index.html"]),
+        ("b/_sources/index.md.txt", ["b/index.html", "b/index/index.html"]),  # MyST
+        ("b/_sources/nb.ipynb.txt", ["b/nb.html", "b/nb/index.html"]),  # a notebook page
+        ("api/fs.md", ["api/fs.html", "api/fs.htm"]),  # Node's API docs
+        ("notes.txt", ["notes.html", "notes.htm"]),
+        ("page.html", []),
+        ("report.pdf", []),
+    ],
+)
+def test_where_the_page_rendered_from_a_source_would_be(source, pages):
+    from rag.documents.walk import rendered_pages
+
+    assert rendered_pages(Path(source)) == [Path(p) for p in pages]

@@ -10,6 +10,7 @@ import os
 import pytest
 from ingest_support import write_docs
 
+from rag.documents import SOURCE_OF_PAGE
 from rag.documents.chunking import indexed_text
 from rag.ingest import ingest, main
 from rag.ingest.config import effective_chunking, same_chunking
@@ -312,6 +313,40 @@ def test_a_page_that_asks_not_to_be_indexed_is_skipped_unless_told(tmp_path, tin
     )
     assert code == 0 and out["counts"]["added"] == 1 and not out["skipped"]
     assert "print.html" in {os.path.basename(k) for k in open_generation("noindex")[2].sources}
+
+
+def test_the_sources_of_rendered_pages_are_skipped_unless_told(tmp_path, tiny_mlm_dir, capsys):
+    """A Sphinx build holds every page twice (``_sources/*.rst.txt`` beside the ``.html``), Node's
+    API docs ``fs.md`` beside ``fs.html``: the rendered page is read and cited, its source
+    passed over as skipped (one line for all), and removed from an index that held it; a text
+    file with no page rendered from it is read; ``--no-skip-sources`` reads both."""
+    docs = tmp_path / "build"
+    page = "<html><body><h1>{0}</h1><p>{0} widgets frobnicate gently.</p></body></html>"
+    for rel in ("index.html", "guide/intro.html", "api/fs.html"):
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (docs / rel).write_text(page.format(rel))
+    sources = ["_sources/index.rst.txt", "_sources/guide/intro.rst.txt", "api/fs.md"]
+    for rel in [*sources, "_sources/orphan.rst.txt", "notes.md"]:
+        (docs / rel).parent.mkdir(parents=True, exist_ok=True)
+        (docs / rel).write_text(f"{rel}\n\nWidgets frobnicate gently, says {rel}.\n")
+    enc = ["--encoder", str(tiny_mlm_dir)]
+    both = ["--no-skip-sources", "--json"]
+    code, out, _ = run([str(docs), "--index", "sources", *enc, *both], capsys)
+    assert code == 0 and out["counts"]["added"] == 8 and not out["skipped"]
+    code, out, err = run([str(docs), "--index", "sources", *enc, "--json"], capsys)
+    assert code == 0 and out["counts"]["removed"] == 3 and out["counts"]["failed"] == 0
+    skipped = {os.path.relpath(s["path"], docs): s["reason"] for s in out["skipped"]}
+    assert skipped == {rel: SOURCE_OF_PAGE for rel in sources}
+    held = {os.path.relpath(k, docs) for k in open_generation("sources")[2].sources}
+    assert held == {
+        "index.html",
+        "guide/intro.html",
+        "api/fs.html",
+        "_sources/orphan.rst.txt",
+        "notes.md",
+    }
+    code, _, err = run([str(docs), "--index", "sources", *enc], capsys)
+    assert any(line.startswith(f"skipped: 3 files: {SOURCE_OF_PAGE} (first: ") for line in err)
 
 
 def test_pypdf_warnings_stay_off_stderr(tmp_path, tiny_mlm_dir, capsys, caplog):

@@ -44,11 +44,13 @@ from rag.documents.loaders import (
 )
 from rag.documents.walk import (
     HTML_SUFFIXES,
+    SOURCE_OF_PAGE,
     SUPPORTED_SUFFIXES,
     TEXT_SUFFIXES,
     ZIP_SUFFIXES,
     document_type,
     iter_files,
+    sources_of_pages,
     undecodable_name,
 )
 
@@ -61,6 +63,7 @@ __all__ = [
     "HTML_SUFFIXES",
     "MAX_REASON_CHARS",
     "PDF_CHECK_EVERY",
+    "SOURCE_OF_PAGE",
     "SUPPORTED_SUFFIXES",
     "TEXT_SUFFIXES",
     "ZIP_EXPANSION",
@@ -78,6 +81,7 @@ __all__ = [
     "document_type",
     "failure_reason",
     "iter_files",
+    "sources_of_pages",
     "load_document",
     "load_documents",
     "markdown_headings",

@@ -4,7 +4,9 @@
 :class:`~rag.documents.limits.DocumentError` for what is not read: a path that does not exist, a
 symbolic link out of the folder (unless followed), a name that is not UTF-8
 (:func:`undecodable_name`), a folder that cannot be listed. :func:`document_type` is a file's
-type as filters and listings name it.
+type as filters and listings name it. :func:`sources_of_pages`: the text sources a folder holds
+beside the HTML pages rendered from them (a Sphinx build's ``_sources``), which ingest passes
+over.
 """
 
 from __future__ import annotations
@@ -168,3 +170,44 @@ def undecodable_name(path: Path) -> DocumentError | None:
             "to ingest it",
         )
     return None
+
+
+# A text file passed over because the HTML page rendered from it is read: one reason for every
+# such file, so a Sphinx build's are one line of rag.ingest's report.
+SOURCE_OF_PAGE = (
+    "the source of an HTML page in the same folder, which is read instead "
+    "(--no-skip-sources reads both)"
+)
+_SOURCE_SUFFIXES = (*TEXT_SUFFIXES, ".ipynb")  # what Sphinx copies into _sources as NAME.txt
+
+
+def rendered_pages(path: Path) -> list[Path]:
+    """Where the HTML page rendered from the text source ``path`` would be, when it is one:
+    beside it (Node's ``fs.md`` → ``fs.html``), or, for the copy of a source under a Sphinx
+    build's ``_sources`` folder, in the build's root (``_sources/guide/intro.rst.txt`` →
+    ``guide/intro.html``, or ``guide/intro/index.html`` from the dirhtml builder). Empty for
+    a file that is no text source."""
+    if _suffix_of(path) not in TEXT_SUFFIXES:
+        return []
+    parts = path.parts
+    if "_sources" in parts[:-1] and path.name.endswith(".txt"):
+        at = len(parts) - 1 - parts[::-1].index("_sources")
+        rel = Path(*parts[at + 1 :])
+        stem = rel.name[: -len(".txt")]
+        for suffix in _SOURCE_SUFFIXES:
+            if stem.lower().endswith(suffix) and len(stem) > len(suffix):
+                stem = stem[: -len(suffix)]
+                break
+        base = Path(*parts[:at]) / rel.parent / stem
+        return [base.with_name(stem + ".html"), base / "index.html"]
+    return [path.with_suffix(s) for s in HTML_SUFFIXES]
+
+
+def sources_of_pages(files: Iterable[Path | DocumentError]) -> set[Path]:
+    """The text files among ``files`` whose rendered HTML page is among them too: a documentation
+    build holds each page twice (Sphinx's ``_sources``, Node's ``api/*.md`` beside its
+    ``*.html``), and the rendered page is what a reader opens and a citation should name; read
+    twice, the copies took every other place among a search's best hits."""
+    paths = [f for f in files if isinstance(f, Path)]
+    pages = {p for p in paths if _suffix_of(p) in HTML_SUFFIXES}
+    return {p for p in paths if any(page in pages for page in rendered_pages(p))}

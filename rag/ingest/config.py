@@ -256,6 +256,9 @@ class IngestConfig:
     # pass over (as skipped) an HTML page whose head says <meta name="robots" content="noindex">:
     # mdBook's print.html repeats the whole book in one page, its toc.html is navigation only
     skip_noindex: bool = True
+    # pass over (as skipped) a text file whose rendered HTML page is among the DOCS too: a Sphinx
+    # build's _sources/*.rst.txt, Node's api/*.md beside api/*.html (the page is read and cited)
+    skip_sources: bool = True
     # go on although a DOCS path is missing, unreadable or now empty where the index holds
     # documents from it (refused by default, the index untouched): the documents of a missing
     # or emptied path are removed, those of an unreadable folder kept

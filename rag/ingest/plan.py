@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from rag.cli.progress import track
 from rag.documents import (
+    SOURCE_OF_PAGE,
     Deadline,
     DocumentError,
     Limits,
@@ -24,6 +25,7 @@ from rag.documents import (
     failure_reason,
     iter_files,
     load_document,
+    sources_of_pages,
 )
 from rag.documents.chunking import chunk_document
 from rag.documents.loaders import PASSED_OVER
@@ -297,6 +299,9 @@ def walk_sources(cfg: IngestConfig, old: Manifest | None) -> Walk:
             1 for f in walk.files[before:] if not isinstance(f, UnreadableFolderError)
         )
     check_found(cfg, old, cfg.label(), walk.found)
+    if cfg.skip_sources and (copies := sources_of_pages(walk.files)):
+        walk.files = [f for f in walk.files if f not in copies]
+        walk.skipped.extend(DocumentError(f, SOURCE_OF_PAGE) for f in sorted(copies))
     return walk
 
 
