@@ -18,20 +18,27 @@
 # same machine resumes that experiment where it stopped.
 #
 #   bash benchmarks/gpu_run.sh [--dry-run] [OUT_DIR]
+#   PACK=gpu-pack bash benchmarks/gpu_run.sh [--dry-run] [OUT_DIR]   # on the lent GPU machine
 #
 # OUT_DIR: the results folder (default $OUT, else artifacts/gpu_run/<date-time>). --dry-run: the
 # same jobs at tiny sizes on the CPU (tests/test_gpu_run.py runs it), nothing compiled.
-# Environment: PY (python; default .venv/bin/python), DATA (../shared/data), WORK (models and
-# checkpoints; default ${TMPDIR:-/tmp}/gpu_run_work), BUDGET_S (wall-clock budget, 570),
-# JOBS (a subset of: throughput throughput-compile reader lora dol), READER_MODEL (minilm),
-# LORA_MODEL (qwen2.5-coder-0.5b; dry run: smollm2), DOL_ROWS ("mlm15 clm"), DOL_SEEDS (0),
-# DOL_FLAGS (--no-baselines).
+# PACK (make gpu-pack, benchmarks/gpu_pack.py): the packed run, for a machine with no registry
+# and no ../shared/data: verify the pack, unpack it into $WORK/pack (data/ is DATA), install its
+# wheels into SITE ($WORK/site, emptied first; PYTHONPATH=SITE:.), run with python3, and hand
+# back at most 8 files in OUT_DIR: results.tar.xz (every small result), summary.md, plots.
+# Default JOBS there: throughput throughput-compile dol (the reader's and the LoRA's models
+# are registry packages of 88-470 MB: they cannot travel).
+# Environment: PY (python; default .venv/bin/python, python3 with PACK), DATA (../shared/data),
+# WORK (models and checkpoints; default ${TMPDIR:-/tmp}/gpu_run_work), BUDGET_S (wall-clock
+# budget, 570), JOBS (a subset of: throughput throughput-compile reader lora dol), READER_MODEL
+# (minilm), LORA_MODEL (qwen2.5-coder-0.5b; dry run: smollm2), DOL_ROWS ("mlm15 clm"),
+# DOL_SEEDS (0), DOL_FLAGS (--no-baselines), PACK, SITE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export RAG_PROGRESS_INTERVAL=${RAG_PROGRESS_INTERVAL:-20}
 
-case " $* " in *" -h "* | *" --help "*) sed -n '2,28p' "$0"; exit 0 ;; esac
+case " $* " in *" -h "* | *" --help "*) sed -n '2,35p' "$0"; exit 0 ;; esac
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
@@ -39,11 +46,25 @@ if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
   exit 2
 fi
 O=${1:-${OUT:-artifacts/gpu_run/$(date +%Y%m%d-%H%M%S)}}
-if [ -x .venv/bin/python ]; then PY=${PY:-.venv/bin/python}; else PY=${PY:-python3}; fi
+PACK=${PACK:-}
+if [ -n "$PACK" ]; then
+  PY=${PY:-python3}  # no .venv on the lent machine: its image's python and the pack's wheels
+elif [ -x .venv/bin/python ]; then PY=${PY:-.venv/bin/python}; else PY=${PY:-python3}; fi
 DATA=${DATA:-../shared/data}
 WORK=${WORK:-${TMPDIR:-/tmp}/gpu_run_work}
 BUDGET_S=${BUDGET_S:-570}
-JOBS=${JOBS:-throughput throughput-compile reader lora dol}
+if [ -n "$PACK" ]; then
+  [ -f "$PACK/MANIFEST.json" ] || { echo "gpu_run.sh: error: PACK=$PACK: no MANIFEST.json (make gpu-pack)" >&2; exit 2; }
+  PACK=$(cd "$PACK" && pwd)
+  JOBS=${JOBS:-throughput throughput-compile dol}
+  RETURN=$O                                   # what comes back: <= 8 files
+  O=$WORK/results-$(date +%Y%m%d-%H%M%S)     # every result, packed into RETURN at the end
+  UNPACKED=$WORK/pack  # data/ (the run's DATA) and wheels/
+  DATA=$UNPACKED/data
+  SITE=${SITE:-$WORK/site}
+else
+  JOBS=${JOBS:-throughput throughput-compile reader lora dol}
+fi
 SQUAD=$DATA/squad/squad-v1.1-dev-part.json
 DOL_ROWS=${DOL_ROWS:-mlm15 clm}
 DOL_SEEDS=${DOL_SEEDS:-0}
@@ -59,6 +80,34 @@ O=$(cd "$O" && pwd)
 START=$(date +%s)
 
 say() { echo "=== $(date +%T) $*" | tee -a "$O/run.log" >&2; }
+
+# ---- 0. the pack (PACK): its data and wheels in place of ../shared/data and a registry -------
+# pack_failed WHAT: the error line, and pack.log into the folder that comes back
+pack_failed() {
+  echo "gpu_run.sh: error: $1: $(tail -1 "$O/pack.log")" >&2
+  mkdir -p "$RETURN" && cp "$O/pack.log" "$RETURN/"
+  exit 2
+}
+if [ -n "$PACK" ]; then
+  say "pack $PACK: verify it, unpack it into $UNPACKED, install its wheels into $SITE"
+  "$PY" -m benchmarks.gpu_pack --out "$PACK" --unpack "$UNPACKED" >/dev/null 2>>"$O/pack.log" ||
+    pack_failed "the pack does not verify or unpack"
+  rm -rf "$SITE"
+  same_python() {  # is PY the Python the pack's wheels are for?
+    "$PY" -c 'import json, sys; m = json.load(open(sys.argv[1]))
+sys.exit(m["python"] != "%d.%d" % sys.version_info[:2])' "$PACK/MANIFEST.json"
+  }
+  if ! compgen -G "$UNPACKED/wheels/*.whl" >/dev/null; then
+    say "the pack has no wheels: $PY's own packages stand in"
+  elif [ $DRY = 1 ] && ! same_python; then
+    say "dry run: the pack's wheels are for another Python than $PY: not installed, its own packages stand in"
+  else
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" \
+      "$UNPACKED"/wheels/*.whl >>"$O/pack.log" 2>&1 || pack_failed "installing the pack's wheels failed"
+  fi
+  export PYTHONPATH="$SITE:$PWD${PYTHONPATH:+:$PYTHONPATH}" RAG_SHARED_DATA=$DATA
+  say "pack ready after $(($(date +%s) - START))s"
+fi
 wanted() { [[ " $JOBS " == *" $1 "* ]]; }
 left() { echo $((BUDGET_S - ($(date +%s) - START))); }
 
@@ -117,14 +166,17 @@ fi
 
 {
   echo "date: $(date -Is)"
-  echo "mode: $([ $DRY = 1 ] && echo dry-run || echo gpu)"
+  echo "mode: $([ $DRY = 1 ] && echo dry-run || echo gpu)$([ -n "$PACK" ] && echo ", packed")"
   echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'), $(nproc) cores"
   if command -v nvidia-smi >/dev/null 2>&1; then
     echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
   fi
-  echo "python: $("$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__)' 2>&1)"
+  echo "python: $("$PY" -c 'import sys, torch, transformers; print(sys.version.split()[0], "torch", torch.__version__, "transformers", transformers.__version__)' 2>&1 | tail -1)"
   echo "budget_s: $BUDGET_S"
+  if [ -n "$PACK" ]; then
+    echo "pack: $PACK, $("$PY" -c 'import json, sys; m = json.load(open(sys.argv[1])); a = m["archives"]; print("built", m["built"], "at", m["commit"], "with", sum(len(x["files"]) for x in a if x["kind"] == "wheels"), "wheels and", sum(x["kind"] == "data" for x in a), "data archives")' "$PACK/MANIFEST.json" 2>&1 | tail -1)"
+  fi
 } >"$O/hardware.txt"
 say "results in $O, models in $WORK, budget ${BUDGET_S}s, jobs: $JOBS"
 
@@ -160,5 +212,10 @@ if wanted dol && [ -d "$DOL_OUT" ]; then
     [ -f "$f" ] && cp "$f" "$O/dol/"
   done
 fi
-"$PY" -m benchmarks.gpu_summary --out "$O" >&2
-say "done in $(($(date +%s) - START))s: $O/summary.md"
+if [ -n "$PACK" ]; then
+  "$PY" -m benchmarks.gpu_summary --out "$O" --returned "$RETURN" >&2
+  say "done in $(($(date +%s) - START))s: $RETURN (from $O)"
+else
+  "$PY" -m benchmarks.gpu_summary --out "$O" >&2
+  say "done in $(($(date +%s) - START))s: $O/summary.md"
+fi

@@ -8,11 +8,20 @@ under ``dol/cells``; writes ``summary.md`` (the hardware lines, then the table) 
 ``summary.json``. A job that failed or ran out of time is a row that says so, with the last line
 of its log; the numbers of a job that finished are its headline figures (tokens/s and MFU, dev
 EM/F1, held-out QA before and after, the experiment's finished cells).
+
+``--returned DIR`` (the packed run on a lent GPU machine, ``PACK=... bash benchmarks/gpu_run.sh``)
+also writes what that machine can hand back, at most 8 files of at most 16 MiB
+(../shared/design/GPU.md): ``results.tar.xz`` (every file of the folder but models, checkpoints
+and anything over 4 MiB, which are listed in ``summary.md`` instead), ``summary.md`` and up to
+six plots of the experiment (:data:`PLOTS`), named ``dol-<plot>.png``.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
+import sys
+import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +30,17 @@ from typing import Any
 from rag.cli.flags import config_parser, run_config_cli
 
 TIMEOUT_EXITS = (124, 137)  # timeout(1): the limit was reached (137: killed after the grace)
+MIB = 1 << 20
+# --returned: what a lent machine hands back from $OUT (GPU.md): at most 8 files of 16 MiB
+RETURNED_FILES, RETURNED_BYTES = 8, 16 * MIB
+# never in results.tar.xz: model weights, checkpoints, optimiser states, embeddings
+HEAVY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".npy", ".npz")
+MAX_MEMBER = 4 * MIB  # a larger file is a model or a copy of data, not a result
+# the experiment's plots worth a look without unpacking, in this order (RETURNED_FILES - 2 kept)
+PLOTS = (
+    "dol/division_of_labor.png", "dol/pretrain_loss.png", "dol/retrieval_scifact_dev.png",
+    "dol/retrieval_squad_dev.png", "dol/bpb_wikitext_bpb.png", "dol/reading_f1.png",
+)  # fmt: skip
 
 
 @dataclass
@@ -28,6 +48,7 @@ class GpuSummaryConfig:
     """Which run to summarise."""
 
     out: str = ""  # the run's results folder (jobs.tsv, <job>.json, <job>.log, dol/)
+    returned: str = ""  # also pack it into this folder as <= 8 files (a lent machine's $OUT)
 
 
 def last_json(text: str) -> Any:
@@ -187,7 +208,49 @@ def summarise(cfg: GpuSummaryConfig) -> dict[str, Any]:
     (folder / "summary.md").write_text(text)
     result = {"folder": str(folder), "hardware": head, "jobs": rows, "markdown": text}
     (folder / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+    if cfg.returned:
+        result["returned"] = pack_returned(folder, Path(cfg.returned))
     return result
+
+
+def _heavy(path: Path, rel: Path) -> bool:
+    """A file that is no result to hand back: weights, a checkpoint's, anything over 4 MiB."""
+    return (
+        path.suffix in HEAVY_SUFFIXES
+        or path.stat().st_size > MAX_MEMBER
+        or any(part.startswith("checkpoint") for part in rel.parts)
+    )
+
+
+def pack_returned(folder: Path, dest: Path) -> dict[str, Any]:
+    """Pack the results ``folder`` into ``dest`` as at most :data:`RETURNED_FILES` files:
+    ``results.tar.xz`` (every file but the heavy ones, which ``summary.md`` lists), the
+    summary and the first six of :data:`PLOTS` present. Why: a lent machine hands back only 8
+    files from ``$OUT`` (GPU.md), and a results folder holds dozens."""
+    dest.mkdir(parents=True, exist_ok=True)
+    left_out = []
+    with tarfile.open(dest / "results.tar.xz", "w:xz") as tar:
+        for path in sorted(folder.rglob("*")):
+            rel = path.relative_to(folder)
+            if not path.is_file():
+                continue
+            if _heavy(path, rel):
+                left_out.append(f"{rel} ({path.stat().st_size / MIB:.1f} MiB)")
+                continue
+            tar.add(path, arcname=str(Path(folder.name) / rel))
+    summary = (folder / "summary.md").read_text()
+    if left_out:
+        summary += "\nLeft out of results.tar.xz (models, checkpoints, > 4 MiB): "
+        summary += ", ".join(left_out) + "\n"
+    (dest / "summary.md").write_text(summary)
+    plots = [p for p in PLOTS if (folder / p).is_file()][: RETURNED_FILES - 2]
+    for rel in plots:
+        shutil.copyfile(folder / rel, dest / rel.replace("/", "-"))
+    files = sorted(p.name for p in dest.iterdir() if p.is_file())
+    big = [f for f in files if (dest / f).stat().st_size > RETURNED_BYTES]
+    if big:
+        print(f"gpu_summary: warning: over 16 MiB, will not come back: {big}", file=sys.stderr)
+    return {"folder": str(dest), "files": files, "left_out": left_out}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,6 +87,40 @@ def test_gpu_lora_flags_are_the_base_span_recipe(tmp_path):
     assert not span_recipe_drift(shlex.split(flags), tmp_path, "base", skip)
 
 
+def test_returned_is_at_most_8_files_without_models(tmp_path):
+    """--returned (the packed run): one archive of the small results, the summary, the first
+    six plots; model weights, checkpoints and big files stay out and are named."""
+    run = tmp_path / "run"
+    (run / "dol" / "cells").mkdir(parents=True)
+    _write(run, "jobs.tsv", "dol\t0\t300\t540\n")
+    _write(run / "dol" / "cells", "pretrain__clm__s0.json", {"tokens_seen": 10})
+    for name in ("a", "division_of_labor", "pretrain_loss", "retrieval_scifact_dev", "retrieval_squad_dev",
+                 "bpb_wikitext_bpb", "reading_f1", "reading_em", "qa_f1"):  # fmt: skip
+        (run / "dol" / f"{name}.png").write_bytes(b"png")
+    (run / "reader" / "checkpoint-10").mkdir(parents=True)
+    (run / "reader" / "checkpoint-10" / "state.json").write_text("{}")
+    (run / "reader" / "model.safetensors").write_bytes(b"w")
+    (run / "big.log").write_bytes(b"x" * (5 << 20))
+    back = tmp_path / "back"
+    out = summarise(GpuSummaryConfig(out=str(run), returned=str(back)))
+    files = sorted(p.name for p in back.iterdir())
+    assert files == out["returned"]["files"] and len(files) == 8
+    assert files[:6] == [
+        "dol-bpb_wikitext_bpb.png", "dol-division_of_labor.png", "dol-pretrain_loss.png",
+        "dol-reading_f1.png", "dol-retrieval_scifact_dev.png", "dol-retrieval_squad_dev.png",
+    ]  # fmt: skip
+    assert files[6:] == ["results.tar.xz", "summary.md"]
+    import tarfile
+
+    with tarfile.open(back / "results.tar.xz") as tar:
+        names = tar.getnames()
+    assert "run/dol/cells/pretrain__clm__s0.json" in names and "run/dol/qa_f1.png" in names
+    assert not [n for n in names if "checkpoint" in n or n.endswith((".safetensors", "big.log"))]
+    left = (back / "summary.md").read_text().splitlines()[-1]
+    assert left.startswith("Left out of results.tar.xz") and "big.log (5.0 MiB)" in left
+    assert "reader/model.safetensors" in left and "checkpoint-10/state.json" in left
+
+
 def test_summary_cli_refuses_a_folder_that_is_not_a_run(tmp_path, capsys):
     assert main(["--out", str(tmp_path)]) == 2
     assert "no jobs.tsv" in capsys.readouterr().err
@@ -103,6 +137,16 @@ def test_the_script_refuses_bad_arguments():
         ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--bogus"], capture_output=True, text=True
     )
     assert run.returncode == 2 and "usage" in run.stderr
+
+
+def test_the_packed_run_refuses_a_folder_that_is_not_a_pack(tmp_path):
+    run = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run", str(tmp_path / "out")],
+        env={**os.environ, "PACK": str(tmp_path)},
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and "no MANIFEST.json (make gpu-pack)" in run.stderr
 
 
 @pytest.mark.slow  # ~2-3 min on a loaded 2-core CPU: five tiny jobs end to end
