@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from rag.cli.flags import config_parser, run_config_cli
+from rag.storage.manifest import file_hash as sha256
 
 PROG = "benchmarks.gpu_pack"
 REPO = Path(__file__).resolve().parents[1]
@@ -225,15 +226,6 @@ class GpuPackConfig:
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def sha256(path: Path) -> str:
-    """The file's sha256 (hex), read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while block := fh.read(MIB):
-            h.update(block)
-    return h.hexdigest()
 
 
 def folder_bytes(folder: Path) -> int:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from test_gpu_run import dry_run
 
 from benchmarks import gpu_pack
 from benchmarks.gpu_pack import (
@@ -304,14 +304,7 @@ def test_packed_dry_run_hands_back_at_most_8_files_and_no_checkpoint(
         "BUDGET_S": "500",
     }
     env.pop("RAG_SHARED_DATA", None)
-    run = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    dry_run(out, env)
     files = [p for p in out.rglob("*") if p.is_file()]
     assert 3 <= len(files) <= 8 and all(p.parent == out for p in files)
     names = {p.name for p in files}

@@ -18,6 +18,19 @@ REPO = Path(__file__).resolve().parents[1]
 JOBS = ["throughput", "throughput-compile", "reader", "lora", "dol"]
 
 
+def dry_run(out: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``gpu_run.sh --dry-run OUT`` with ``env``; it must exit 0 (its stderr tail if not)."""
+    run = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run
+
+
 def _write(folder: Path, name: str, value) -> None:
     (folder / name).write_text(value if isinstance(value, str) else json.dumps(value, indent=2))
 
@@ -165,14 +178,7 @@ def test_dry_run_on_cpu_writes_every_result_and_the_summary(shared_data, tmp_pat
         "BUDGET_S": "500",
         "PYTHONPATH": str(REPO),
     }
-    run = subprocess.run(
-        ["bash", str(REPO / "benchmarks" / "gpu_run.sh"), "--dry-run", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    dry_run(out, env)
     summary = json.loads((out / "summary.json").read_text())
     jobs = {r["job"]: r for r in summary["jobs"]}
     assert sorted(jobs) == sorted(JOBS)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rag.documents import DocumentError, Limits, load_document
+from rag.storage.manifest import file_hash
 
 MIN_CHARS = 200  # a page shorter than this is a stub (an autodoc redirect, an empty index)
 
@@ -213,14 +214,6 @@ def fetch(package: str, work: Path) -> tuple[Path, Path]:
     return deb, root
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def build_package(source: Source, work: Path, out: Path, seen: set[str]) -> dict:
     """Convert one package's pages into ``out/<package>/``; returns its manifest entry.
     ``seen``: the text hashes written so far (a page another page already gave is skipped)."""
@@ -257,7 +250,7 @@ def build_package(source: Source, work: Path, out: Path, seen: set[str]) -> dict
         "package": source.package,
         "version": version.replace("%3a", ":"),
         "deb": deb.name,
-        "deb_sha256": _sha256(deb),
+        "deb_sha256": file_hash(deb),
         "licences": licences(text),
         "files": files,
         "chars": chars,
