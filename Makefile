@@ -100,9 +100,15 @@ GPU_OUT ?=
 gpu-run: install decoders
 	PY=$(BIN)/python bash benchmarks/gpu_run.sh $(GPU_OUT)
 
+# The base preset's pretraining corpus from Debian's documentation packages (apt-get download;
+# ~5 minutes on 2 cores), built once (docs/pretraining.md#the-corpus).
+CORPUS_DEBIAN := $(or $(RAG_HOME),artifacts)/corpus-debian
+$(CORPUS_DEBIAN)/MANIFEST.json: | $(STAMP)
+	$(BIN)/python -m training.data.debian_corpus --out $(CORPUS_DEBIAN)
+
 # What the lent GPU machine lacks (wheels, the jobs' data; <= 60 MiB, git-ignored gpu-pack/): carry
 # it and run `PACK=gpu-pack bash benchmarks/gpu_run.sh` there (docs/benchmarks.md).
-gpu-pack: install
+gpu-pack: install $(CORPUS_DEBIAN)/MANIFEST.json
 	$(BIN)/python -m benchmarks.gpu_pack --out gpu-pack --data $(DATA)
 
 # The retrieval tables of docs/retrieval.md (~35 min on 2 CPU cores; needs `make models`).
