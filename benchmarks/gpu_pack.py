@@ -51,8 +51,6 @@ import sys
 import tarfile
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -272,20 +270,6 @@ def licence_of(path: str, licences: dict[str, str] = LICENCES) -> str:
     return licences[max(prefixes, key=len)] if prefixes else UNLISTED
 
 
-@contextmanager
-def _shared_data(data: Path) -> Iterator[None]:
-    """``$RAG_SHARED_DATA`` set to ``data`` inside (rag.storage.paths.shared_data_dir)."""
-    old = os.environ.get("RAG_SHARED_DATA")
-    os.environ["RAG_SHARED_DATA"] = str(data)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("RAG_SHARED_DATA", None)
-        else:
-            os.environ["RAG_SHARED_DATA"] = old
-
-
 def job_data(data: Path) -> list[Path]:
     """The files and folders the packed division-of-labour job reads when no path is given
     (``gpu_run.sh`` passes ``--scifact``, ``--squad`` and ``--wikitext`` at these same places in
@@ -296,8 +280,7 @@ def job_data(data: Path) -> list[Path]:
     from evals.division_of_labor.data import resolve_paths
     from evals.division_of_labor.presets import ExperimentConfig
 
-    with _shared_data(data):
-        cfg = resolve_paths(ExperimentConfig(preset="base", out="-"))
+    cfg = resolve_paths(ExperimentConfig(preset="base", out="-"), data)
     return [Path(cfg.scifact), Path(cfg.squad), Path(cfg.wikitext), *map(Path, cfg.corpus)]
 
 

@@ -44,9 +44,10 @@ def default_corpus(preset: str, data: Path | None) -> list[str]:
     return [str(debian), str(data / "corpus"), str(data / "python-docs")]
 
 
-def resolve_paths(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Fill data paths from ../shared/data and the corpus from the preset; errors name the flag."""
-    data = shared_data_dir()
+def resolve_paths(cfg: ExperimentConfig, data: Path | None = None) -> ExperimentConfig:
+    """Fill data paths from ``data`` (default: ../shared/data) and the corpus from the preset;
+    errors name the flag."""
+    data = data or shared_data_dir()
     c = replace(
         cfg,
         corpus=cfg.corpus or default_corpus(cfg.preset, data),

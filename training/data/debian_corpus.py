@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -176,16 +175,10 @@ def select_pages(root: Path, source: Source) -> list[Path]:
 
 def page_text(path: Path) -> str:
     """A page's text as rag.documents reads it: HTML without navigation, a POD or Vim help
-    file as the text it is. ``x.html.en`` (Apache's language variants) is read as HTML."""
-    name = path.name
-    if name.endswith(".pod"):
+    file as the text it is."""
+    if path.name.endswith(".pod"):
         return path.read_bytes().decode("utf-8", errors="replace")
-    if not name.endswith(".html.en"):
-        return load_document(path, limits=READ_ALL).text
-    with tempfile.TemporaryDirectory() as tmp:
-        link = Path(tmp) / (name[: -len(".en")])
-        os.symlink(path.resolve(), link)
-        return load_document(link, limits=READ_ALL).text
+    return load_document(path, limits=READ_ALL).text
 
 
 def fetch(package: str, work: Path) -> tuple[Path, Path]:
@@ -240,7 +233,7 @@ def build_package(source: Source, work: Path, out: Path, seen: set[str]) -> dict
             continue
         seen.add(digest)
         rel = page.relative_to(root).as_posix().replace("/", "__")
-        (dest / (re.sub(r"\.(html\.en|html|pod|txt)$", "", rel) + ".txt")).write_text(
+        (dest / (re.sub(r"\.(html|pod|txt)$", "", rel) + ".txt")).write_text(
             body + "\n", encoding="utf-8"
         )
         files += 1
