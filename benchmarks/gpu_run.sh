@@ -32,13 +32,15 @@
 # WORK (models and checkpoints; default ${TMPDIR:-/tmp}/gpu_run_work), BUDGET_S (wall-clock
 # budget, 570), JOBS (a subset of: throughput throughput-compile reader lora dol), READER_MODEL
 # (minilm), LORA_MODEL (qwen2.5-coder-0.5b; dry run: smollm2), DOL_ROWS ("mlm15 clm"),
-# DOL_SEEDS (0), DOL_FLAGS (--no-baselines), PACK, SITE.
+# DOL_SEEDS ("0 1"), DOL_JOBS (rows x seeds: every pair a worker process at once), DOL_CELLS
+# (cells of an earlier run to resume from: the dol/cells folder of its results.tar.xz; default
+# $PACK/dol-cells), DOL_FLAGS (--no-baselines), PACK, SITE.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export RAG_PROGRESS_INTERVAL=${RAG_PROGRESS_INTERVAL:-20}
 
-case " $* " in *" -h "* | *" --help "*) sed -n '2,35p' "$0"; exit 0 ;; esac
+case " $* " in *" -h "* | *" --help "*) sed -n '2,37p' "$0"; exit 0 ;; esac
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 if [ $# -gt 1 ] || [[ "${1:-}" == -* ]]; then
@@ -67,8 +69,14 @@ else
 fi
 SQUAD=$DATA/squad/squad-v1.1-dev-part.json
 DOL_ROWS=${DOL_ROWS:-mlm15 clm}
-DOL_SEEDS=${DOL_SEEDS:-0}
+DOL_SEEDS=${DOL_SEEDS:-0 1}
 DOL_FLAGS=${DOL_FLAGS:---no-baselines}
+# shellcheck disable=SC2206  # the lists are meant to split
+dol_rows=($DOL_ROWS) dol_seeds=($DOL_SEEDS)
+DOL_JOBS=${DOL_JOBS:-$((${#dol_rows[@]} * ${#dol_seeds[@]}))}  # every (row, seed) at once
+# cells of an earlier run (dol/cells of its results.tar.xz) to resume from: its finished pairs
+# are not run again
+DOL_CELLS=${DOL_CELLS:-${PACK:+$PACK/dol-cells}}
 READER_MODEL=${READER_MODEL:-minilm}
 if [ $DRY = 0 ] && ! "$PY" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
   echo "gpu_run.sh: error: no CUDA GPU visible to $PY (use --dry-run on a CPU)" >&2
@@ -143,7 +151,7 @@ if [ $DRY = 1 ]; then
   LORA="--prompt-format span --span-targets distill --max-steps 1 --batch-size 1
     --grad-accum 1 --max-examples 2 --eval-examples 2 --eval-batch-size 2
     --max-new-tokens 4 --precision fp32 --threads 1 --logging-steps 1"
-  DOL="--preset tiny --rows mlm15 --seeds 0 --no-baselines --threads 1"
+  DOL="--preset tiny --rows mlm15 clm --seeds 0 --no-baselines --threads 1 --jobs 2"
   DOL_OUT=$WORK/dol-tiny
   T_TP=240 T_TPC=240
 else
@@ -159,7 +167,7 @@ else
     --doc-fraction 0.2 --max-examples 2000 --top-layers 0 --r 16 --alpha 32
     --target-modules q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
     --eval-examples 200 --batch-size 8 --grad-accum 2 --lr 2e-4 --max-new-tokens 80 --merge"
-  DOL="--preset base --rows $DOL_ROWS --seeds $DOL_SEEDS $DOL_FLAGS"
+  DOL="--preset base --rows $DOL_ROWS --seeds $DOL_SEEDS --jobs $DOL_JOBS $DOL_FLAGS"
   DOL_OUT=$WORK/dol-base  # kept: the next run on this machine resumes from its cells
   T_TP=90 T_TPC=180
 fi
@@ -197,6 +205,11 @@ wanted reader && run_job reader $LIMIT "$PY" -m training.finetune.reader --model
 # shellcheck disable=SC2086
 wanted lora && run_job lora $LIMIT "$PY" -m training.finetune.lora --model "$LORA_MODEL" \
   --data "$SQUAD" --out "$WORK/lora" --device $DEV $LORA --json &
+if wanted dol && [ -n "$DOL_CELLS" ] && compgen -G "$DOL_CELLS/*.json" >/dev/null; then
+  mkdir -p "$DOL_OUT/cells"
+  cp -n "$DOL_CELLS"/*.json "$DOL_OUT/cells/"
+  say "dol: resuming from the $(find "$DOL_CELLS" -name 'done__*.json' | wc -l) finished pairs in $DOL_CELLS"
+fi
 # shellcheck disable=SC2086
 wanted dol && run_job dol $LIMIT "$PY" -m evals.division_of_labor $DOL --device $DEV \
   --scifact "$DATA/scifact" --squad "$SQUAD" --wikitext "$DATA/wikitext-2/wiki.valid.tokens" \

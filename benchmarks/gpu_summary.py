@@ -113,10 +113,13 @@ def dol(result: dict | None, folder: Path) -> str:
     cells = sorted((folder / "dol" / "cells").glob("*.json"))
     if not cells:
         return "no finished cell"
-    shown = []
+    shown, finished = [], []
     for p in cells:
         column, model, seed = (p.stem.split("__") + ["", ""])[:3]
         c = json.loads(p.read_text())
+        if column == "done":  # a (row, seed) pair with every cell finished
+            finished.append(f"{model}/{seed}")
+            continue
         if "skipped" in c:
             continue
         if column == "pretrain":
@@ -132,8 +135,16 @@ def dol(result: dict | None, folder: Path) -> str:
         else:
             what = ", ".join(f"{k} {v}" for k, v in c.items() if isinstance(v, (int, float)))
         shown.append(f"{column} {model} {seed}: {what}")
-    done = "complete (results.md)" if (folder / "dol" / "results.md").exists() else "partial"
-    return f"{len(cells)} cells, {done}: " + "; ".join(shown)
+    report = folder / "dol" / "results.json"
+    left = json.loads(report.read_text()).get("left") if report.exists() else None
+    if left is None:
+        state = "no report (stopped)"
+    else:
+        state = f"left: {', '.join(left)}" if left else "complete (results.md)"
+    pairs = ", ".join(finished) or "none"
+    return f"{len(cells) - len(finished)} cells, pairs finished: {pairs}; {state}: " + "; ".join(
+        shown
+    )
 
 
 SUMMARIES: dict[str, Callable[[Any, Path], str]] = {

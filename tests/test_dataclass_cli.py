@@ -7,7 +7,13 @@ from typing import ClassVar
 
 import pytest
 
-from rag.cli.flags import add_dataclass_args, config_from_args, dataclass_parser, field_help
+from rag.cli.flags import (
+    add_dataclass_args,
+    config_argv,
+    config_from_args,
+    dataclass_parser,
+    field_help,
+)
 
 
 @dataclass
@@ -67,6 +73,20 @@ def test_flags_follow_the_conventions(capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("demo: error: argument --") and err.count("\n") == 1
+
+
+def test_config_argv_gives_the_config_back():
+    """A child process started with config_argv(cfg) parses the parent's config exactly
+    (evals.division_of_labor --jobs): every kind of field, None, False, a list, positionals."""
+    parser = dataclass_parser("demo", "", Demo)
+    for cfg in (
+        Demo(paths=["a b", "c"]),
+        Demo(["p"], name="", count=-2, ratio=None, wrapped="w", flag=False, tags=["x", "y"]),
+        Demo(["p"], mode="slow", device="cpu", tags=[]),  # an empty list: the default back
+    ):
+        back = config_from_args(Demo, parser.parse_args(config_argv(cfg)))
+        assert back == (cfg if cfg.tags else Demo(["p"], mode="slow", device="cpu"))
+    assert "--hook" not in config_argv(Demo(["p"]))  # no flag, not passed
 
 
 def test_layered_required_defaults_and_shown():

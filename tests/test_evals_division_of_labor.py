@@ -198,8 +198,11 @@ def test_columns_choose_the_cells_a_run_computes(tmp_path, monkeypatch):
         monkeypatch.setattr(exp, column, lambda *a, c=column, **k: calls.append(c))
     monkeypatch.setattr(exp, "reading", lambda name, d, seed: calls.append(f"reading/{name}"))
     exp.run_baselines()
-    exp.run_rows()
-    assert calls == ["reading/mlm40", "reading/clm-causal", "reading/clm-bidir"]
+    for row, seed in exp.todo():
+        exp.run_pair(row, seed)
+    assert calls == [
+        "reading/mlm40", "done/mlm40/s0", "reading/clm-causal", "reading/clm-bidir", "done/clm/s0"
+    ]  # fmt: skip
     with pytest.raises(ValueError, match="--columns: unknown column"):
         Experiment(replace(cfg, columns=["speed"]))
 
@@ -264,3 +267,83 @@ def test_base_preset_reads_the_debian_corpus_about_twice(tmp_path, monkeypatch):
     assert base == [str(data / d) for d in ("corpus-debian", "corpus", "python-docs")]
     p = PRESETS["base"]
     assert p.pretrain_steps * p.batch_size * p.seq_len <= 2 * 43e6
+
+
+def _experiment(tmp_path, **kw):
+    from evals.division_of_labor.experiment import Experiment
+    from evals.division_of_labor.presets import ExperimentConfig
+
+    for name in ("scifact", "squad.json", "wiki.tokens"):
+        (tmp_path / name).touch()
+    cfg = ExperimentConfig(
+        preset="tiny", out=str(tmp_path / "dol"), scifact=str(tmp_path / "scifact"),
+        squad=str(tmp_path / "squad.json"), wikitext=str(tmp_path / "wiki.tokens"),
+        device="cpu", **kw,
+    )  # fmt: skip
+    return Experiment(cfg)
+
+
+def test_a_pair_whose_weights_stayed_on_another_machine_is_pretrained_again(tmp_path, monkeypatch):
+    """Issue 44: cells come back from the GPU machine, its weights do not. A pretraining cell
+    whose folder is missing here is run again (its row's other cells need the weights); one
+    whose folder is here is not; a finished pair (its done cell) is not run at all."""
+    from evals.division_of_labor import experiment as exp_mod
+
+    exp, runs = _experiment(tmp_path, rows=["mlm15", "clm"], seeds=[0, 1]), []
+    monkeypatch.setattr(exp_mod.steps, "train_tokenizer", lambda *a: tmp_path / "tok")
+
+    def fake_pretrain(objective, out, **kw):
+        runs.append(out.name)
+        out.mkdir(parents=True, exist_ok=True)
+        return {"steps": 1, "tokens_seen": 8, "wall_time_s": 0.1}
+
+    monkeypatch.setattr(exp_mod.steps, "pretrain", fake_pretrain)
+    exp.cells.get("pretrain/mlm15/s0", lambda: {"dir": str(tmp_path / "elsewhere")})
+    assert exp.pretrain("mlm15", 0) == exp.out / "models" / "mlm15-s0"
+    assert runs == ["mlm15-s0"]
+    assert exp.pretrain("mlm15", 0) == exp.out / "models" / "mlm15-s0"  # here now: cached
+    assert runs == ["mlm15-s0"]
+    exp.cells.get("done/clm/s0", lambda: {})
+    assert exp.todo() == [("mlm15", 0), ("mlm15", 1), ("clm", 1)]
+
+
+def test_the_report_says_which_pairs_are_left_and_a_failed_worker_fails_the_run(
+    tmp_path, monkeypatch
+):
+    exp = _experiment(tmp_path, rows=["mlm15", "clm"], jobs=2, baselines=False, columns=["qa"])
+    monkeypatch.setattr(exp, "shared", lambda: None)
+    monkeypatch.setattr(exp, "run_baselines", lambda: None)
+    started = []
+
+    def one_fails(todo):
+        started.extend(todo)
+        exp.cells.get("done/mlm15/s0", lambda: {})  # the other worker finished
+        return ["clm/s0"]
+
+    monkeypatch.setattr(exp, "run_parallel", one_fails)
+    with pytest.raises(RuntimeError, match=r"1 of 2 workers failed \(clm/s0\)"):
+        exp.run()
+    assert started == [("mlm15", 0), ("clm", 0)]
+    md = (exp.out / "results.md").read_text()
+    assert "## Rows and seeds not finished" in md and "- `clm/s0`" in md
+    assert "mlm15/s0" not in md.split("not finished")[1]
+
+
+@pytest.mark.data
+def test_pairs_run_as_parallel_workers_and_resume(shared_data, tmp_path, capsys):
+    """--jobs 2: the tokenizer once here, each (row, seed) in a worker process of its own, its
+    output in logs/ and prefixed on stderr; the report of both; a second run starts no worker."""
+    out = tmp_path / "dol"
+    args = ["--preset", "tiny", "--out", str(out), "--rows", "mlm15", "clm", "--columns"]
+    args += ["generation", "--no-baselines", "--threads", "1", "--jobs", "2"]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "[clm/s0] ended, exit 0" in err and "[mlm15/s0] [bpb/mlm15/s0] done" in err
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["summary"]["bpb"]) == {"mlm15", "clm"} and results["left"] == []
+    assert "[bpb/clm/s0] done" in (out / "logs" / "clm-s0.log").read_text()
+    assert len(list((out / "tokenizer").glob("tokenizer.json"))) == 1
+    before = {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()}
+    assert main(args) == 0
+    assert "started" not in capsys.readouterr().err
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()} == before

@@ -318,7 +318,7 @@ def test_packed_dry_run_hands_back_at_most_8_files_and_no_checkpoint(
     jobs = {r["job"]: r for r in summary["jobs"]}
     assert sorted(jobs) == ["dol", "throughput"]
     assert all(r["status"] == "ok" for r in jobs.values()), jobs
-    assert "complete (results.md)" in jobs["dol"]["result"]
+    assert "pairs finished: clm/s0, mlm15/s0; complete (results.md)" in jobs["dol"]["result"]
     assert any(m.endswith("/dol/results.md") for m in members)
     hardware = (stage / "hardware.txt").read_text()
     assert "mode: dry-run, packed" in hardware and "with 0 wheels and 4 data archives" in hardware

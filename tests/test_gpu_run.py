@@ -64,7 +64,7 @@ def test_summary_has_a_row_per_job_whatever_its_ending(tmp_path):
     assert "dev EM 71.2 / F1 80.4 (1941 questions" in by_job["reader"]["result"]
     assert by_job["lora"]["status"] == "timeout (400 s)"
     assert by_job["dol"]["status"] == "timeout (400 s)"  # yet its finished cells are reported
-    assert "2 cells, partial" in by_job["dol"]["result"]
+    assert "2 cells, pairs finished: none; no report (stopped)" in by_job["dol"]["result"]
     assert "SciFact 0.512, SQuAD 0.601" in by_job["dol"]["result"]
     assert by_job["throughput-compile"]["status"] == "failed (exit 1)"
     assert by_job["throughput-compile"]["result"] == "RuntimeError: no triton"
@@ -160,6 +160,39 @@ def test_the_packed_run_refuses_a_folder_that_is_not_a_pack(tmp_path):
         text=True,
     )
     assert run.returncode == 2 and "no MANIFEST.json (make gpu-pack)" in run.stderr
+
+
+def test_summary_names_the_finished_pairs_and_those_left(tmp_path):
+    _write(tmp_path, "jobs.tsv", "dol\t1\t300\t475\n")
+    cells = tmp_path / "dol" / "cells"
+    cells.mkdir(parents=True)
+    _write(cells, "bpb__mlm15__s0.json", {"wikitext_bpb": 1.234})
+    _write(cells, "done__mlm15__s0.json", {"row": "mlm15", "seed": 0})
+    _write(tmp_path / "dol", "results.json", {"left": ["clm/s0", "clm/s1"]})
+    (tmp_path / "dol" / "results.md").write_text("# report\n")
+    row = summarise(GpuSummaryConfig(out=str(tmp_path)))["jobs"][0]
+    assert row["result"].startswith("1 cells, pairs finished: mlm15/s0; left: clm/s0, clm/s1:")
+    assert "bpb mlm15 s0: 1.234 bits/byte" in row["result"]
+
+
+def test_dry_run_resumes_from_the_cells_of_an_earlier_run(shared_data, tmp_path):
+    """DOL_CELLS (the dol/cells that came back from a GPU run): its finished pairs are not run
+    again, here or anywhere; the report is written from them."""
+    earlier = tmp_path / "earlier"
+    earlier.mkdir()
+    for row in ("mlm15", "clm"):
+        _write(earlier, f"done__{row}__s0.json", {"row": row, "seed": 0})
+        _write(earlier, f"bpb__{row}__s0.json", {"wikitext_bpb": 4.5, "objective": "clm"})
+    _write(earlier, "retrieval__bm25__s0.json", {"scifact_dev": 0.9, "squad_dev": 1.0})
+    out = tmp_path / "out"
+    env = {**os.environ, "PY": sys.executable, "DATA": str(shared_data), "JOBS": "dol"}
+    env |= {"WORK": str(tmp_path / "work"), "DOL_CELLS": str(earlier), "PYTHONPATH": str(REPO)}
+    run = dry_run(out, env)
+    assert "dol: resuming from the 2 finished pairs" in run.stderr
+    assert "started" not in (out / "dol.log").read_text()  # no worker
+    assert not (tmp_path / "work" / "dol-tiny" / "models").exists()  # nothing pretrained
+    results = json.loads((out / "dol" / "results.json").read_text())
+    assert results["left"] == [] and set(results["summary"]["bpb"]) == {"mlm15", "clm"}
 
 
 @pytest.mark.slow  # ~2-3 min on a loaded 2-core CPU: five tiny jobs end to end

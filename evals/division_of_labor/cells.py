@@ -1,4 +1,8 @@
-"""Cached experiment cells: each finished result is one JSON file, so a run resumes."""
+"""Cached experiment cells: each finished result is one JSON file, so a run resumes.
+
+Several processes may share one folder (``--jobs``: a worker per row and seed): a cell is
+written under a name of its process's own and renamed into place, so none sees another's half.
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,18 @@ class Cells:
     def path(self, name: str) -> Path:
         return self.root / (name.replace("/", "__") + ".json")
 
+    def has(self, name: str) -> bool:
+        return self.path(name).exists()
+
+    def peek(self, name: str) -> dict | None:
+        """The cell's cached value, None when it has not run."""
+        p = self.path(name)
+        return json.loads(p.read_text()) if p.exists() else None
+
+    def drop(self, name: str) -> None:
+        """Forget a cell (its next ``get`` runs it again)."""
+        self.path(name).unlink(missing_ok=True)
+
     def get(self, name: str, fn: Callable[[], dict]) -> dict:
         p = self.path(name)
         if p.exists():
@@ -36,7 +52,7 @@ class Cells:
             print(f"[{name}] skipped: {e}", file=sys.stderr)
             return value
         value["seconds"] = round(time.perf_counter() - t0, 1)
-        tmp = p.with_suffix(".tmp")
+        tmp = p.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(value, indent=2))
         os.replace(tmp, p)
         print(f"[{name}] done in {value['seconds']}s", file=sys.stderr)

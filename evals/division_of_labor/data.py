@@ -64,6 +64,8 @@ def resolve_paths(cfg: ExperimentConfig, data: Path | None = None) -> Experiment
         raise FileNotFoundError("--corpus: no pretraining corpus given and no shared data found")
     if unknown := [r for r in c.rows if r not in ROWS]:
         raise ValueError(f"--rows: unknown row(s) {unknown}; have {list(ROWS)}")
+    if c.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, not {c.jobs}")
     if unknown := [col for col in c.columns if col not in COLUMNS]:
         raise ValueError(f"--columns: unknown column(s) {unknown}; have {list(COLUMNS)}")
     return c

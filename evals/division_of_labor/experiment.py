@@ -100,7 +100,13 @@ class Experiment:
             )
             return _pretrain_cell(out, [_brief(s)], [out])
 
-        res = self.cells.get(f"pretrain/{row}/s{seed}", run)
+        name = f"pretrain/{row}/s{seed}"
+        cached = self.cells.peek(name)
+        if cached is not None and "dir" in cached and not Path(cached["dir"]).exists():
+            # its cells came from another machine (benchmarks/gpu_run.sh), not its weights: the
+            # row's unfinished cells need them, so it is pretrained again
+            self.cells.drop(name)
+        res = self.cells.get(name, run)
         return Path(res["dir"]) if "dir" in res else None
 
     def retrieval(self, name: str, model_dir: Path, seed: int, pooling: str) -> dict:
@@ -170,37 +176,103 @@ class Experiment:
 
         return self.cells.get(f"reading/{name}/s{seed}", run)
 
-    def run_rows(self) -> None:
-        for seed in self.cfg.seeds:
-            for row in self.cfg.rows:
-                model_dir = self.pretrain(row, seed)
-                if model_dir is None:
-                    continue
-                decoder = steps.decoder_folder(model_dir)
-                columns = self.cfg.columns
-                if "generation" in columns:
-                    # left-to-right prediction from the decoder layout where the row has one
-                    self.cells.get(
-                        f"bpb/{row}/s{seed}",
-                        lambda d=decoder or model_dir: score_bpb(d, self.cfg, self.p, self.device),
-                    )
-                if "retrieval" in columns:
-                    self.retrieval(row, model_dir, seed, "mean")
-                    if ROW_OBJECTIVE[row] == "clm":
-                        self.retrieval(row, model_dir, seed, "last")
-                if "qa" in columns and decoder is not None:
-                    self.qa(row, str(decoder), seed)
-                if "reading" not in columns:
-                    continue
-                if ROW_OBJECTIVE[row] != "clm":  # an encoder layout: it reads bidirectionally
-                    self.reading(row, model_dir, seed)
-                    continue
-                # the CLM reads as pretrained (causal) and converted to the encoder layout
+    def todo(self) -> list[tuple[str, int]]:
+        """The (row, seed) pairs not finished yet, seed by seed: a finished pair has its
+        ``done/<row>/s<seed>`` cell, written once every cell of it is."""
+        return [
+            (row, seed)
+            for seed in self.cfg.seeds
+            for row in self.cfg.rows
+            if not self.cells.has(f"done/{row}/s{seed}")
+        ]
+
+    def run_pair(self, row: str, seed: int) -> None:
+        """Every cell of one row and seed, then its ``done`` cell (not when a step was skipped:
+        the next run tries it again)."""
+        skipped = len(self.cells.skipped)
+        model_dir = self.pretrain(row, seed)
+        if model_dir is None:
+            return
+        decoder = steps.decoder_folder(model_dir)
+        columns = self.cfg.columns
+        if "generation" in columns:
+            # left-to-right prediction from the decoder layout where the row has one
+            self.cells.get(
+                f"bpb/{row}/s{seed}",
+                lambda d=decoder or model_dir: score_bpb(d, self.cfg, self.p, self.device),
+            )
+        if "retrieval" in columns:
+            self.retrieval(row, model_dir, seed, "mean")
+            if ROW_OBJECTIVE[row] == "clm":
+                self.retrieval(row, model_dir, seed, "last")
+        if "qa" in columns and decoder is not None:
+            self.qa(row, str(decoder), seed)
+        if "reading" in columns:
+            if ROW_OBJECTIVE[row] != "clm":  # an encoder layout: it reads bidirectionally
+                self.reading(row, model_dir, seed)
+            else:  # the CLM reads as pretrained (causal) and converted to the encoder layout
                 self.reading(f"{row}-causal", model_dir, seed)
                 bidir = steps.encoder_copy(
                     model_dir, self.out / "models" / f"{row}-s{seed}-as-encoder", self.p.seq_len
                 )
                 self.reading(f"{row}-bidir", bidir, seed)
+        if len(self.cells.skipped) == skipped:
+            self.cells.get(f"done/{row}/s{seed}", lambda: {"row": row, "seed": seed})
+
+    def shared(self) -> None:
+        """The steps every pair reads, made once before parallel workers start: the tokenizer,
+        the contrastive pairs and the reading column's SQuAD file."""
+        if not self.cfg.rows:
+            return
+        self.tokenizer()
+        if "retrieval" in self.cfg.columns:
+            self.pairs()
+        if "reading" in self.cfg.columns:
+            reading_squad(self.cfg.squad, self.out / "squad-reading.json", self.p.reading_articles)
+
+    def run_parallel(self, todo: list[tuple[str, int]]) -> list[str]:
+        """Each pair of ``todo`` in a worker process of its own (this command with that one row
+        and seed, no baselines, no report), ``jobs`` at a time; their output goes to
+        ``logs/<row>-s<seed>.log`` and, each line prefixed with the pair, to stderr. Returns the
+        pairs whose worker failed.
+
+        Why processes: one pair's stages (pretraining, the contrastive and reading fine-tunes)
+        leave most of a large GPU idle, and torch in one process runs them one after another."""
+        import subprocess
+        import sys
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        from dataclasses import replace
+
+        from rag.cli.flags import config_argv
+
+        logs = self.out / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        lock = threading.Lock()
+
+        def work(pair: tuple[str, int]) -> str | None:
+            row, seed = pair
+            cfg = replace(self.cfg, rows=[row], seeds=[seed], jobs=1, report=False)
+            cfg = replace(cfg, baselines=False)
+            cmd = [sys.executable, "-m", "evals.division_of_labor", *config_argv(cfg)]
+            tag = f"[{row}/s{seed}]"
+            with lock:
+                print(f"{tag} started", file=sys.stderr, flush=True)
+            with open(logs / f"{row}-s{seed}.log", "w") as log:
+                proc = subprocess.Popen(
+                    cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+                )
+                for line in proc.stdout:
+                    log.write(line)
+                    with lock:
+                        print(f"{tag} {line}", end="", file=sys.stderr, flush=True)
+                code = proc.wait()
+            with lock:
+                print(f"{tag} ended, exit {code}", file=sys.stderr, flush=True)
+            return None if code == 0 else f"{row}/s{seed}"
+
+        with ThreadPoolExecutor(max_workers=self.cfg.jobs) as pool:
+            return [f for f in pool.map(work, todo) if f]
 
     def run_baselines(self) -> None:
         columns = self.cfg.columns
@@ -234,15 +306,26 @@ class Experiment:
             torch.set_num_threads(self.cfg.threads)
         t0 = time.perf_counter()
         self.out.mkdir(parents=True, exist_ok=True)
-        (self.out / "run.json").write_text(
-            json.dumps({"config": asdict(self.cfg), "preset": asdict(self.p)}, indent=2)
-        )
-        self.run_baselines()
-        self.run_rows()
+        if self.cfg.report:
+            (self.out / "run.json").write_text(
+                json.dumps({"config": asdict(self.cfg), "preset": asdict(self.p)}, indent=2)
+            )
+            self.run_baselines()
+        failed: list[str] = []
+        todo = self.todo()
+        if self.cfg.jobs > 1 and len(todo) > 1:
+            self.shared()
+            failed = self.run_parallel(todo)
+        else:
+            for row, seed in todo:
+                self.run_pair(row, seed)
+        left = [f"{row}/s{seed}" for row, seed in self.todo()]
+        if not self.cfg.report:
+            return {"rows": self.cfg.rows, "seeds": self.cfg.seeds, "left": left}
         from evals.division_of_labor.report import write_report
 
         cells = self.cells.all() | {k: {"skipped": v} for k, v in self.cells.skipped.items()}
-        return write_report(
+        results = write_report(
             self.out,
             cells,
             {
@@ -252,8 +335,15 @@ class Experiment:
                 "hardware": f"{platform.machine()}, {os.cpu_count()} CPUs"
                 + (", CUDA" if self.device == "cuda" else ""),
                 "wall_seconds_this_invocation": round(time.perf_counter() - t0, 1),
+                "left": left,
             },
         )
+        if failed:
+            raise RuntimeError(
+                f"{len(failed)} of {len(todo)} workers failed ({', '.join(failed)}); their "
+                f"output is in {self.out / 'logs'}; the report holds the finished cells"
+            )
+        return results
 
 
 def _brief(summary: dict) -> dict:

@@ -120,6 +120,12 @@ class ExperimentConfig:
     baselines: bool = True  # minilm, smollm2 zero-shot and LoRA (BM25 always runs)
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch CPU threads (0 = torch default)
+    # (row, seed) pairs run at once, each in a process of its own on the one device (the shared
+    # tokenizer, pairs and baselines first, here); 1 = one after another in this process
+    jobs: int = 1
+    # write run.json, the results and the plots at the end (the workers of --jobs do not: the
+    # process that started them writes them once every worker has ended)
+    report: bool = True
 
     # value sets: argparse choices of python -m evals.division_of_labor (rag.cli.flags)
     CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {

@@ -115,6 +115,10 @@ def markdown(agg: dict, meta: dict) -> str:
             lines.append(
                 f"| {model} | " + " | ".join(_fmt(models[model].get(k)) for k, _ in keys) + " |"
             )
+    if left := meta.get("left"):
+        lines += ["", "## Rows and seeds not finished", ""]
+        lines += [f"- `{pair}`" for pair in left]
+        lines += ["", "The same command again resumes from the finished cells."]
     skipped = meta.get("skipped") or {}
     if skipped:
         lines += ["", "## Cells not run", ""] + [

@@ -9,6 +9,8 @@ CLI::
 
     python -m evals.division_of_labor --preset tiny --out artifacts/evals/dol-tiny
     python -m evals.division_of_labor --preset small --seeds 0 1 --out artifacts/evals/dol-small
+    python -m evals.division_of_labor --preset base --rows mlm15 clm --seeds 0 1 --jobs 4 \
+        --out artifacts/evals/dol-base   # four workers on one GPU
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         ExperimentConfig,
         lambda cfg: Experiment(cfg).run(),
         argv,
-        note=lambda cfg, _: f"wrote {Path(cfg.out) / 'results.md'}",
+        note=lambda cfg, res: (
+            f"wrote {Path(cfg.out) / 'results.md'}"
+            if cfg.report
+            else f"cells of {' '.join(cfg.rows)}, seeds {cfg.seeds}: {len(res['left'])} pairs left"
+        ),
     )
 
 
