@@ -253,3 +253,19 @@ def test_a_cyclic_outline_costs_nothing_and_a_deep_one_only_the_headings(tmp_pat
     path.write_bytes(outlined(deep))
     doc = load_document(path)
     assert doc.text == "Hello outline" and doc.headings == []  # pypdf ran out of recursion
+
+
+def test_a_pdf_locked_by_its_owner_reads_and_one_with_a_password_says_so(tmp_path):
+    """A manual that only restricts printing or copying (an owner password, an empty user
+    password) is read as any other; one that needs a password to open is a one-line failure
+    that says so, not pypdf's exception name."""
+    from rag.documents.limits import DocumentError
+
+    plain = write_pdf(tmp_path / "plain.pdf", MANUAL[:3])
+    for name, user in (("owner.pdf", ""), ("locked.pdf", "secret")):
+        writer = pypdf.PdfWriter(clone_from=str(plain))
+        writer.encrypt(user_password=user, owner_password="owner", algorithm="AES-128")
+        writer.write(str(tmp_path / name))
+    assert "Stop the daemon before you upgrade it." in load_document(tmp_path / "owner.pdf").text
+    with pytest.raises(DocumentError, match=r"locked\.pdf.*password-protected PDF"):
+        load_document(tmp_path / "locked.pdf")

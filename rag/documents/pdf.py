@@ -287,6 +287,10 @@ def read_pdf(
     except DocumentError:
         raise
     except Exception as e:  # noqa: BLE001 - pypdf raises many types on hostile files
+        if type(e).__name__ == "FileNotDecryptedError":  # a user password, not only an owner's
+            raise DocumentError(
+                path, "password-protected PDF: save a copy without the password"
+            ) from None
         raise DocumentError(path, f"unreadable PDF ({failure_reason(e)})") from None
     entries: list[tuple[int, str, int]] = []
     try:
