@@ -135,3 +135,19 @@ def test_our_pretrained_folders_mlm_and_clm(tiny_mlm_dir, tiny_clm_dir, tmp_path
         loaded = SentenceTransformer(str(out), device="cpu")
         trained = model.state_dict()
         assert all(torch.equal(v, trained[k]) for k, v in loaded.state_dict().items())
+
+
+def test_precision_bf16_on_cuda_fp32_on_a_cpu_unless_asked(tiny_encoder, tmp_path, capsys):
+    """Issue 44: auto trains in bf16 on CUDA (fp32 left an H200 mostly idle) and stays fp32 on
+    a CPU (bf16 there not measured); bf16 asked for on a CPU is honoured; int8 is refused."""
+    from training.finetune.contrastive import contrastive_precision
+
+    assert contrastive_precision("auto", "cuda") == "bf16"
+    assert contrastive_precision("auto", "cpu") == "fp32"
+    assert contrastive_precision("bf16", "cpu") == "bf16"
+    assert contrastive_precision("fp32", "cuda") == "fp32"
+    pairs = write_pairs_file(tmp_path / "pairs.jsonl", n=16)
+    _, summary = fit(_cfg(tiny_encoder, tmp_path / "ft", pairs, max_steps=2, precision="bf16"))
+    assert summary["config"]["precision"] == "bf16" and summary["steps"] == 2
+    rc = main(["--pairs", str(pairs), "--no-eval", "--precision", "int8"])
+    assert rc == 2 and "--precision int8 is for inference only" in capsys.readouterr().err

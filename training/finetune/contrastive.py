@@ -29,7 +29,12 @@ from rag.models import is_sentence_transformer, resolve_model
 from rag.storage.paths import shared_data_dir
 from training.data import pairs as P
 from training.defaults import default_docs_if_no_data
-from training.finetune.recipe import FinetuneConfig, finetune_run
+from training.finetune.recipe import (
+    FinetuneConfig,
+    check_training_precision,
+    finetune_run,
+    training_precision,
+)
 
 log = logging.getLogger("training.finetune.contrastive")
 POOLING = {"mean": "mean", "cls": "cls", "last": "lasttoken"}
@@ -58,6 +63,10 @@ class ContrastiveConfig(FinetuneConfig):
     mine_depth: int = 30  # mined: candidates per miner that negatives are drawn from
     mine_skip: int = 0  # mined: skip each miner's top N (they may be unlabelled positives)
     max_seq_length: int = 256  # tokens per text, training and evaluation
+    # auto | fp32 | bf16 (rag.models.precision's words; int8 is refused): bf16 autocast in
+    # training; auto = bf16 on CUDA (fp32 there left an H200 mostly idle), fp32 on a CPU (bf16
+    # contrastive training was not measured on the CPUs with bf16 units)
+    precision: str = "auto"
     scale: float = 20.0  # similarity scale (inverse temperature) of the ranking loss
     eval: bool = True  # evaluate before and after on SciFact dev + SQuAD dev articles
     eval_scifact: str | None = None  # BEIR folder for the dev eval (--scifact or shared data)
@@ -299,6 +308,7 @@ def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
             )
         args = run.training_args(
             SentenceTransformerTrainingArguments,
+            bf16=contrastive_precision(cfg.precision, run.device) == "bf16",
             batch_sampler=BatchSamplers.NO_DUPLICATES,  # a repeated text = a false negative
             dataloader_drop_last=True,
             disable_tqdm=False,
@@ -314,6 +324,15 @@ def fit(cfg: ContrastiveConfig) -> tuple[Any, dict[str, Any]]:
             {"n_pairs": len(train_ds), "pair_kinds": kinds, "before": before, "after": after},
         )
     return model, summary
+
+
+def contrastive_precision(precision: str, device: str) -> str:
+    """``fp32`` or ``bf16``: what a contrastive fine-tune trains in on ``device`` (resolved:
+    ``cpu`` or ``cuda``). ``auto`` is bf16 on CUDA only (ContrastiveConfig.precision says why);
+    ``int8`` is refused (one line naming ``--precision``)."""
+    if precision == "auto" and device == "cpu":
+        return "fp32"
+    return training_precision(precision, device)
 
 
 def preset_config(
@@ -383,7 +402,13 @@ def _report(summary: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = config_parser("python -m training.finetune.contrastive", __doc__, ContrastiveConfig)
     return run_config_cli(
-        parser, ContrastiveConfig, train_contrastive, argv, report=_report, logs_to_stderr=True
+        parser,
+        ContrastiveConfig,
+        train_contrastive,
+        argv,
+        check=lambda cfg: check_training_precision(cfg.precision),
+        report=_report,
+        logs_to_stderr=True,
     )
 
 
