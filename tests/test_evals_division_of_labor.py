@@ -347,3 +347,33 @@ def test_pairs_run_as_parallel_workers_and_resume(shared_data, tmp_path, capsys)
     assert main(args) == 0
     assert "started" not in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in (out / "cells").iterdir()} == before
+
+
+def test_the_shared_tokenizer_is_renamed_into_place_and_a_race_loses_quietly(tmp_path, monkeypatch):
+    """Two processes that start together (one per seed) both train the shared tokenizer: each
+    in a folder of its own, the first rename wins, the second's copy goes; neither ever reads
+    a half-written folder, and no scratch folder is left."""
+    import training.tokenizer
+    from evals.division_of_labor import steps
+
+    out = tmp_path / "tokenizer"
+
+    def fake_train(corpus, vocab_size, out):
+        out.mkdir(parents=True)
+        (out / "tokenizer.json").write_text(json.dumps({"by": out.name}))
+
+    monkeypatch.setattr(training.tokenizer, "train_tokenizer", fake_train)
+    assert steps.train_tokenizer(["c"], 64, out) == out
+    first = (out / "tokenizer.json").read_text()
+    assert json.loads(first)["by"].startswith(".tokenizer-")  # trained aside, then renamed
+
+    def loses_the_race(corpus, vocab_size, out):
+        fake_train(corpus, vocab_size, out)
+        (tmp_path / "tokenizer").mkdir(exist_ok=True)  # the other process got there first
+        (tmp_path / "tokenizer" / "tokenizer.json").write_text('{"by": "other"}')
+
+    (out / "tokenizer.json").unlink()
+    monkeypatch.setattr(training.tokenizer, "train_tokenizer", loses_the_race)
+    assert steps.train_tokenizer(["c"], 64, out) == out
+    assert json.loads((out / "tokenizer.json").read_text()) == {"by": "other"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer"]

@@ -18,11 +18,25 @@ class StepUnavailable(RuntimeError):
 
 
 def train_tokenizer(corpus: list[str], vocab_size: int, out: Path) -> Path:
-    """One byte-level BPE tokenizer shared by every row (training.tokenizer)."""
+    """One byte-level BPE tokenizer shared by every row (training.tokenizer). Trained in a
+    folder of this process's own and renamed into place, so two processes that start together
+    (one per seed, side by side) never read each other's half-written files: the first rename
+    wins, the other's copy (the same tokenizer: training is deterministic) is dropped."""
+    import os
+    import shutil
+
     from training.tokenizer import train_tokenizer as train
 
     if not (out / "tokenizer.json").exists():
-        train([Path(c) for c in corpus], vocab_size=vocab_size, out=out)
+        tmp = out.with_name(f".{out.name}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        train([Path(c) for c in corpus], vocab_size=vocab_size, out=tmp)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # an empty folder left by an older run: renamed over below
+        try:
+            os.rename(tmp, out)
+        except OSError:  # another process put its tokenizer there first
+            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
