@@ -252,8 +252,7 @@ class Experiment:
 
         def work(pair: tuple[str, int]) -> str | None:
             row, seed = pair
-            cfg = replace(self.cfg, rows=[row], seeds=[seed], jobs=1, report=False)
-            cfg = replace(cfg, baselines=False)
+            cfg = replace(self.cfg, rows=[row], seeds=[seed], jobs=1, report=False, baselines=False)
             cmd = [sys.executable, "-m", "evals.division_of_labor", *config_argv(cfg)]
             tag = f"[{row}/s{seed}]"
             with lock:
