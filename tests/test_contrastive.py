@@ -138,8 +138,8 @@ def test_our_pretrained_folders_mlm_and_clm(tiny_mlm_dir, tiny_clm_dir, tmp_path
 
 
 def test_precision_bf16_on_cuda_fp32_on_a_cpu_unless_asked(tiny_encoder, tmp_path, capsys):
-    """Issue 44: auto trains in bf16 on CUDA (fp32 left an H200 mostly idle) and stays fp32 on
-    a CPU (bf16 there not measured); bf16 asked for on a CPU is honoured; int8 is refused."""
+    """Issue 44: auto trains in bf16 on CUDA (not fp32 matmuls on an H200) and stays fp32 on a
+    CPU (bf16 there not measured); bf16 asked for on a CPU is honoured; int8 is refused."""
     from training.finetune.contrastive import contrastive_precision
 
     assert contrastive_precision("auto", "cuda") == "bf16"

@@ -64,8 +64,9 @@ class ContrastiveConfig(FinetuneConfig):
     mine_skip: int = 0  # mined: skip each miner's top N (they may be unlabelled positives)
     max_seq_length: int = 256  # tokens per text, training and evaluation
     # auto | fp32 | bf16 (rag.models.precision's words; int8 is refused): bf16 autocast in
-    # training; auto = bf16 on CUDA (fp32 there left an H200 mostly idle), fp32 on a CPU (bf16
-    # contrastive training was not measured on the CPUs with bf16 units)
+    # training; auto = bf16 on CUDA (the base preset's contrastive stage had run its matmuls in
+    # fp32 on an H200), fp32 on a CPU (bf16 contrastive training was not measured on the CPUs
+    # with bf16 units)
     precision: str = "auto"
     scale: float = 20.0  # similarity scale (inverse temperature) of the ranking loss
     eval: bool = True  # evaluate before and after on SciFact dev + SQuAD dev articles
