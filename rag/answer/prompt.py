@@ -209,7 +209,7 @@ SHORT_ANSWER = "Short answer:"
 
 EVIDENCE_SYSTEM_PROMPT = (
     "You answer questions about the user's documents using only the numbered excerpts you are "
-    "given. Answer in one to three sentences that use only facts from the excerpts; end each "
+    "given. Answer in one or two sentences that use only facts from the excerpts; end each "
     "sentence with the number of the excerpt it comes from in square brackets, like [2]. Then "
     f"write a last line that starts with '{SHORT_ANSWER}' followed by the answer in a few words "
     "copied from the excerpts (a name, number, command or option). If the excerpts do not "
