@@ -246,8 +246,9 @@ def config_argv(cfg: Any) -> list[str]:
     """The flags that give ``cfg`` back through :func:`add_dataclass_args`'s parser: one per field
     with a flag (``--x`` / ``--no-x`` for a bool, a list's values after its flag, ``none`` for
     None); an empty list is left out (the parser cannot say "no values"), so it comes back as
-    the field's default; a positional field's values come bare. For a command that runs parts of itself as child processes
-    (``evals.division_of_labor --jobs``): the child gets the parent's config exactly."""
+    the field's default; a positional field's values come bare. For a command that runs parts
+    of itself as child processes (``evals.division_of_labor --jobs``): the child gets the
+    parent's config exactly."""
     hints = typing.get_type_hints(type(cfg))
     argv: list[str] = []
     for f in dataclasses.fields(cfg):
@@ -256,11 +257,12 @@ def config_argv(cfg: Any) -> list[str]:
         tp, is_list, _ = field_type(hints[f.name])
         if tp not in SCALARS:
             continue
-        flag, value = "--" + f.name.replace("_", "-"), getattr(cfg, f.name)
+        name, value = f.name.replace("_", "-"), getattr(cfg, f.name)
+        flag = "--" + name
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             argv += [str(v) for v in value] if is_list else [str(value)]  # positional
         elif tp is bool and not is_list:
-            argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            argv.append(flag if value else "--no-" + name)
         elif is_list:
             if value:
                 argv += [flag, *(str(v) for v in value)]

@@ -256,6 +256,7 @@ def read_pdf(
     # failure reports. A file it cannot read still raises and is reported once, by us.
     logging.getLogger("pypdf").setLevel(logging.ERROR)
     from pypdf import PdfReader
+    from pypdf.errors import FileNotDecryptedError
 
     ops = itertools.count(1)
 
@@ -287,7 +288,7 @@ def read_pdf(
     except DocumentError:
         raise
     except Exception as e:  # noqa: BLE001 - pypdf raises many types on hostile files
-        if type(e).__name__ == "FileNotDecryptedError":  # a user password, not only an owner's
+        if isinstance(e, FileNotDecryptedError):  # a user password, not only an owner's
             raise DocumentError(
                 path, "password-protected PDF: save a copy without the password"
             ) from None
